@@ -1,0 +1,4 @@
+export { generateWorkload, skuName, WORKLOAD_DEFAULTS, type Publish, type PublishKind, type Workload, type WorkloadOptions } from './workload.js';
+export { publishAll, ensureQueue, type PublishOptions } from './publisher.js';
+export { badSample, type BadSample } from './bad-corpus.js';
+export { seededRandom, randomInt, zipfPicker } from './random.js';

@@ -1,0 +1,86 @@
+#!/usr/bin/env node
+/**
+ * `pnpm tally <command>`: read counts and counters, publish a workload.
+ * Honours the same TALLY_* variables as the daemon.
+ */
+import { parseArgs } from 'node:util';
+import { CliUsageError, loadConfig } from '@tally/shared';
+import { createRedisClient } from '@tally/worker';
+import { countsToJson, readCounts } from './commands/counts.js';
+import { publishCommand } from './commands/publish.js';
+import { readStats } from './commands/stats.js';
+
+const USAGE = `usage: tally <command> [options]
+
+commands:
+  counts [--json] [--sku S ...]   counts per SKU under TALLY_PREFIX (all, or the SKUs named)
+  stats [--json]                  accumulated counters (received, duplicates, occupation_failures, ...)
+  publish [options]               publish a generated workload to TALLY_QUEUE
+      --messages N (10000)  --skus N (1000)  --changes MIN-MAX (1-8)  --deltas MIN-MAX (1-9)
+      --duplicate-rate R (0.02)  --bad-rate R (0)  --types a,b  --zipf S (0)  --seed N
+      --id-prefix P  --truth FILE (write the expected counts as JSON)
+
+Environment: TALLY_REDIS_URL, TALLY_AMQP_URL, TALLY_QUEUE, TALLY_PREFIX, TALLY_VIRTUAL_SHARDS, ... (see README)`;
+
+function out(line: string): void {
+  process.stdout.write(`${line}\n`);
+}
+
+async function main(argv: string[]): Promise<void> {
+  const [command, ...rest] = argv;
+  if (command === undefined || command === 'help' || command === '--help' || command === '-h') {
+    out(USAGE);
+    return;
+  }
+  const config = loadConfig(process.env);
+  if (command === 'publish') {
+    const { values } = parseArgs({
+      args: rest,
+      options: {
+        messages: { type: 'string' },
+        skus: { type: 'string' },
+        changes: { type: 'string' },
+        deltas: { type: 'string' },
+        'duplicate-rate': { type: 'string' },
+        'bad-rate': { type: 'string' },
+        seed: { type: 'string' },
+        types: { type: 'string' },
+        zipf: { type: 'string' },
+        'id-prefix': { type: 'string' },
+        truth: { type: 'string' },
+      },
+      strict: true,
+    });
+    await publishCommand(values, config, out);
+    return;
+  }
+  if (command !== 'counts' && command !== 'stats') throw new CliUsageError(`unknown command ${JSON.stringify(command)}\n${USAGE}`);
+  const { values } = parseArgs({
+    args: rest,
+    options: { json: { type: 'boolean', default: false }, sku: { type: 'string', multiple: true } },
+    strict: true,
+  });
+  // One attempt, no endless reconnects: a CLI should fail fast and say why.
+  const redis = createRedisClient(config.redisUrl, 'tally-cli', { maxRetriesPerRequest: 0, retryStrategy: () => null });
+  redis.on('error', () => {});
+  try {
+    if (command === 'counts') {
+      if (values.sku && command !== 'counts') throw new CliUsageError('--sku applies to counts only');
+      const counts = await readCounts(redis, config, values.sku ?? []);
+      if (values.json) out(countsToJson(counts));
+      else for (const [sku, value] of [...counts].sort(([a], [b]) => (a < b ? -1 : 1))) out(`${sku}\t${value}`);
+    } else {
+      const stats = await readStats(redis, config);
+      if (values.json) out(JSON.stringify(stats));
+      else for (const [name, value] of Object.entries(stats)) out(`${name.padEnd(22)} ${value}`);
+    }
+  } finally {
+    redis.disconnect();
+  }
+}
+
+main(process.argv.slice(2)).catch((error: unknown) => {
+  const message = error instanceof Error ? error.message : String(error);
+  process.stderr.write(`tally: ${message}\n`);
+  process.exit(error instanceof CliUsageError ? 64 : 1);
+});

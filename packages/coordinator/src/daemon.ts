@@ -1,0 +1,338 @@
+/**
+ * The daemon's lifecycle and the path of one delivery:
+ *
+ *   delivery -> parse -> (bad: dead-letter, ack) -> split by virtual shard
+ *            -> hold if the same id is in flight -> shard lanes -> worker thread
+ *            -> every part reported done -> ack (contiguous multiple-ack)
+ */
+import { setTimeout as sleep } from 'node:timers/promises';
+import type { ConsumeMessage } from 'amqplib';
+import type { Redis } from 'ioredis';
+import {
+  backoffDelay,
+  formatReason,
+  parseMessage,
+  redactUrl,
+  splitByShard,
+  type BatchTask,
+  type TallyConfig,
+} from '@tally/shared';
+import { createRedisClient } from '@tally/worker';
+import { AckTracker } from './ack-tracker.js';
+import { AmqpLink } from './amqp-link.js';
+import type { ChannelLink, Delivery } from './delivery.js';
+import { ensureLayout } from './layout-guard.js';
+import type { Logger } from './logger.js';
+import { ShardLanes, type PendingPart } from './shard-lanes.js';
+import { StatsRecorder } from './stats-recorder.js';
+import { WorkerPools } from './worker-pools.js';
+import { BadMessageLog } from './bad-message-log.js';
+
+export type DaemonState = 'created' | 'starting' | 'running' | 'stopping' | 'stopped';
+
+function describe(error: unknown): string {
+  return error instanceof Error ? error.message : String(error);
+}
+
+export class Daemon {
+  private state: DaemonState = 'created';
+  private redis: Redis | null = null;
+  private pools: WorkerPools | null = null;
+  private lanes: ShardLanes | null = null;
+  private link: AmqpLink | null = null;
+  private stats: StatsRecorder | null = null;
+  private readonly badLog: BadMessageLog;
+  /** Ack bookkeeping of the live channel; replaced on every reconnect. */
+  private acks: { link: ChannelLink; tracker: AckTracker } | null = null;
+  private ackScheduled = false;
+  /** Message ids with parts in flight: a second delivery of one waits for the first. */
+  private readonly inFlight = new Map<string, Delivery>();
+  private pendingDeadLetters = 0;
+  private stopping: Promise<void> | null = null;
+
+  constructor(
+    private readonly config: TallyConfig,
+    private readonly log: Logger,
+  ) {
+    this.badLog = new BadMessageLog(log);
+  }
+
+  get status(): { state: DaemonState; consuming: boolean; redisReady: boolean; inFlight: number } {
+    return {
+      state: this.state,
+      consuming: this.link?.consuming ?? false,
+      redisReady: this.redis?.status === 'ready',
+      inFlight: this.inFlight.size,
+    };
+  }
+
+  async start(): Promise<void> {
+    if (this.state !== 'created') throw new Error(`start() called in state ${this.state}`);
+    this.state = 'starting';
+    const { config, log } = this;
+    log.info(
+      {
+        amqp: redactUrl(config.amqpUrl),
+        redis: redactUrl(config.redisUrl),
+        queue: config.queue,
+        prefix: config.prefix,
+        mode: config.mode,
+        workers: config.workers,
+        virtualShards: config.virtualShards,
+        prefetch: config.prefetch,
+        batchSize: config.batchSize,
+        batchWaitMs: config.batchWaitMs,
+        markerTtlS: config.markerTtlS,
+        acceptTypes: config.acceptTypes ? [...config.acceptTypes] : 'all',
+      },
+      'starting',
+    );
+
+    this.redis = createRedisClient(config.redisUrl, 'tally-coordinator');
+    this.redis.on('error', () => {});
+    this.redis.on('ready', () => log.info({ redis: redactUrl(config.redisUrl) }, 'redis ready'));
+    this.redis.on('end', () => log.warn('redis connection ended'));
+    const layout = await this.untilRedis('layout check', () => ensureLayout(this.redis!, config));
+    log.info({ virtualShards: layout.virtualShards, created: layout.created }, 'shard layout verified');
+
+    this.stats = new StatsRecorder(this.redis, config.prefix, log);
+    this.stats.start();
+    this.pools = new WorkerPools(
+      {
+        redisUrl: config.redisUrl,
+        prefix: config.prefix,
+        mode: config.mode,
+        markerTtlS: config.markerTtlS,
+        countTtlS: config.countTtlS,
+        logLevel: config.logLevel,
+      },
+      config.workers,
+      config.virtualShards,
+    );
+    this.lanes = new ShardLanes(config, (vshard, parts) => this.runBatch(vshard, parts));
+    this.link = new AmqpLink(
+      { url: config.amqpUrl, queue: config.queue, deadLetterQueue: config.deadLetterQueue, prefetch: config.prefetch },
+      log,
+      {
+        onDelivery: (link, message) => this.onDelivery(link, message),
+        onLinkUp: (link) => {
+          this.acks = { link, tracker: new AckTracker() };
+        },
+        onLinkDown: (link, reason) => {
+          if (this.acks?.link === link) this.acks = null;
+          log.warn({ reason, generation: link.generation }, 'deliveries of the lost channel are left to redelivery');
+        },
+      },
+    );
+    await this.link.start();
+    this.state = 'running';
+  }
+
+  /** Startup steps wait for Redis like everything else (invariant 8), but fatal errors still stop the start. */
+  private async untilRedis<T>(what: string, step: () => Promise<T>): Promise<T> {
+    for (let attempt = 0; ; attempt++) {
+      try {
+        return await step();
+      } catch (error) {
+        if (error instanceof Error && 'code' in error && String((error as { code: unknown }).code).startsWith('TALLY_')) throw error;
+        const delayMs = backoffDelay(attempt);
+        this.log.warn({ what, attempt, delayMs, err: describe(error) }, 'redis unavailable; retrying');
+        await sleep(delayMs);
+      }
+    }
+  }
+
+  private onDelivery(link: ChannelLink, message: ConsumeMessage): void {
+    const acks = this.acks;
+    if (acks === null || acks.link !== link) return; // a late delivery from a dead channel: it will be redelivered
+    const tag = message.fields.deliveryTag;
+    acks.tracker.received(tag);
+    const stats = this.stats!;
+    stats.add('received');
+
+    const parsed = parseMessage(message.content, message.properties.messageId, { maxBytes: this.config.maxMessageBytes });
+    if (!parsed.ok) {
+      this.deadLetter(link, message, formatReason(parsed.reason, parsed.detail), parsed.reason);
+      return;
+    }
+    const parts = splitByShard(parsed.message.changes, this.config.virtualShards, this.config.acceptTypes);
+    if (parts.size === 0) {
+      stats.add('empty');
+      this.finish(link, tag);
+      return;
+    }
+    const delivery: Delivery = {
+      tag,
+      link,
+      id: parsed.message.id,
+      redelivered: message.fields.redelivered,
+      remaining: parts.size,
+      parts: parts.size,
+      markedParts: 0,
+      waiters: [],
+    };
+    const first = this.inFlight.get(delivery.id);
+    if (first !== undefined) {
+      // Invariant 4: the same id already has parts in flight. Counting this
+      // copy now could race the first past the marker pre-check; instead it
+      // waits and is settled as a duplicate when the first is done.
+      first.waiters.push(delivery);
+    } else {
+      this.inFlight.set(delivery.id, delivery);
+      for (const [vshard, changes] of parts) this.lanes!.add(vshard, { delivery, changes });
+    }
+    // Prefetch credit exhausted: nothing more arrives until something is
+    // acked, so waiting out the batch timers would only add latency.
+    if (acks.tracker.inProgress >= this.config.prefetch) this.lanes!.flushAll();
+  }
+
+  private deadLetter(link: ChannelLink, message: ConsumeMessage, reason: string, code: string): void {
+    this.badLog.record(code, reason, message.properties.messageId);
+    this.pendingDeadLetters++;
+    const attempt = async (): Promise<void> => {
+      for (let tries = 0; link.alive; tries++) {
+        try {
+          await this.link!.deadLetter(link, message, reason);
+          this.stats!.add('dead_lettered');
+          this.finish(link, message.fields.deliveryTag);
+          return;
+        } catch (error) {
+          if (!link.alive) return;
+          const delayMs = backoffDelay(tries);
+          this.log.warn({ err: describe(error), delayMs }, 'dead-letter publish not confirmed; retrying');
+          await sleep(delayMs);
+        }
+      }
+    };
+    void attempt().finally(() => {
+      this.pendingDeadLetters--;
+    });
+  }
+
+  /** Runs one shard batch on its owner thread; retried until it completes. */
+  private async runBatch(vshard: number, parts: PendingPart[]): Promise<void> {
+    const task: BatchTask = {
+      vshard,
+      ids: parts.map((part) => part.delivery.id),
+      changes: parts.map((part) => part.changes),
+    };
+    for (let attempt = 0; ; attempt++) {
+      try {
+        const result = await this.pools!.run(task);
+        const stats = this.stats!;
+        stats.add('occupation_failures', result.occupationFailures);
+        stats.add('write_retries', result.writeRetries);
+        stats.add('count_errors', result.countErrors);
+        for (let i = 0; i < parts.length; i++) {
+          const delivery = parts[i]!.delivery;
+          if (result.marked[i] === 1) delivery.markedParts++;
+          if (--delivery.remaining === 0) this.settle(delivery);
+        }
+        return;
+      } catch (error) {
+        // A thread that died mid-batch is replaced by piscina. Re-running the
+        // batch is safe: at worst it repeats a count write whose markers were
+        // never occupied, exactly the crash window the counters report.
+        const delayMs = backoffDelay(attempt);
+        this.log.error({ vshard, attempt, delayMs, err: describe(error) }, 'batch failed in its worker thread; retrying');
+        await sleep(delayMs);
+      }
+    }
+  }
+
+  /** Every part of a delivery is written and marked: classify it and release its waiters. */
+  private settle(delivery: Delivery): void {
+    const stats = this.stats!;
+    this.inFlight.delete(delivery.id);
+    if (delivery.markedParts === delivery.parts) stats.add('duplicates');
+    else if (delivery.markedParts === 0) {
+      stats.add('counted');
+      if (delivery.redelivered) stats.add('redelivered_unmarked');
+    } else stats.add('partial_duplicates');
+    this.finish(delivery.link, delivery.tag);
+    for (const waiter of delivery.waiters) {
+      stats.add('duplicates');
+      this.finish(waiter.link, waiter.tag);
+    }
+  }
+
+  private finish(link: ChannelLink, tag: number): void {
+    const acks = this.acks;
+    if (acks === null || acks.link !== link || !link.alive) return;
+    acks.tracker.finish(tag);
+    if (this.ackScheduled) return;
+    // Coalesce: every completion of this turn is covered by one multiple-ack.
+    this.ackScheduled = true;
+    setImmediate(() => {
+      this.ackScheduled = false;
+      this.sendAcks();
+    });
+  }
+
+  private sendAcks(): void {
+    const acks = this.acks;
+    if (acks === null) return;
+    const upTo = acks.tracker.takeAckable();
+    if (upTo !== null) this.link!.ack(acks.link, upTo);
+  }
+
+  private drained(): boolean {
+    const load = this.lanes?.load;
+    return (load === undefined || (load.pendingParts === 0 && load.busyLanes === 0)) && this.pendingDeadLetters === 0 && this.inFlight.size === 0;
+  }
+
+  /**
+   * Stops consuming, finishes and acks what is in flight, then closes. Safe
+   * to call twice: the second call returns the first one's promise.
+   */
+  stop(graceMs = this.config.shutdownGraceMs): Promise<void> {
+    this.stopping ??= this.stopOnce(graceMs);
+    return this.stopping;
+  }
+
+  private async stopOnce(graceMs: number): Promise<void> {
+    const { log } = this;
+    this.state = 'stopping';
+    log.info({ graceMs }, 'stopping: no new deliveries, finishing what is in flight');
+    try {
+      await this.link?.stopConsuming();
+    } catch (error) {
+      log.warn({ err: describe(error) }, 'stop consuming failed');
+    }
+    const deadline = Date.now() + graceMs;
+    this.lanes?.flushAll();
+    while (!this.drained() && Date.now() < deadline) await sleep(20);
+    if (!this.drained()) {
+      log.warn({ inFlight: this.inFlight.size, ...this.lanes?.load }, 'grace period over; unfinished deliveries stay unacked and will be redelivered');
+    }
+    try {
+      this.sendAcks();
+    } catch (error) {
+      log.warn({ err: describe(error) }, 'final ack failed');
+    }
+    this.lanes?.close();
+    try {
+      this.stats?.stop();
+      await this.stats?.flush();
+    } catch (error) {
+      log.warn({ err: describe(error) }, 'final stats flush failed');
+    }
+    try {
+      await this.link?.close();
+    } catch (error) {
+      log.warn({ err: describe(error) }, 'closing amqp failed');
+    }
+    try {
+      await this.pools?.destroy();
+    } catch (error) {
+      log.warn({ err: describe(error) }, 'stopping worker threads failed');
+    }
+    try {
+      await this.redis?.quit();
+    } catch {
+      this.redis?.disconnect();
+    }
+    this.state = 'stopped';
+    log.info({ counters: this.stats?.sinceStart }, 'stopped');
+  }
+}

@@ -1,0 +1,29 @@
+import type { Channel, ConsumeMessage } from 'amqplib';
+
+/**
+ * One delivery from the moment it is parsed until it is acked. A delivery
+ * belongs to the channel it arrived on (`link`): after a reconnect its tag
+ * means nothing on the new channel, so it is never acked there.
+ */
+export interface Delivery {
+  readonly tag: number;
+  readonly link: ChannelLink;
+  readonly id: string;
+  readonly redelivered: boolean;
+  /** Parts not yet reported done. */
+  remaining: number;
+  readonly parts: number;
+  /** Parts whose marker was already occupied. */
+  markedParts: number;
+  /** Other deliveries with the same id that arrived while this one was in flight. */
+  readonly waiters: Delivery[];
+}
+
+/** A channel generation: deliveries remember which one they came from. */
+export interface ChannelLink {
+  readonly generation: number;
+  readonly channel: Channel;
+  alive: boolean;
+}
+
+export type RawDelivery = ConsumeMessage;

@@ -1,0 +1,134 @@
+/**
+ * One lane per virtual shard: parts wait here until their batch flushes.
+ *
+ * A lane flushes at `batchSize` parts, when its oldest part has waited
+ * `batchWaitMs`, or when asked to (prefetch credit exhausted, shutdown).
+ * A lane has at most one batch in flight: its next batch is pre-checked
+ * only after the previous one occupied its markers, so a redelivered part
+ * can never slip past a marker that a batch in flight is about to set.
+ */
+import type { PartChanges } from '@tally/shared';
+import type { Delivery } from './delivery.js';
+
+export interface PendingPart {
+  readonly delivery: Delivery;
+  readonly changes: PartChanges;
+}
+
+export interface LaneOptions {
+  readonly virtualShards: number;
+  readonly batchSize: number;
+  readonly batchWaitMs: number;
+}
+
+/** Runs one batch to completion; never rejects (retries are the dispatcher's job). */
+export type DispatchBatch = (vshard: number, parts: PendingPart[]) => Promise<void>;
+
+interface Lane {
+  pending: PendingPart[];
+  oldestAt: number;
+  busy: boolean;
+  /** Asked to flush while busy: flush as soon as the batch in flight is done. */
+  flushRequested: boolean;
+  timer: NodeJS.Timeout | null;
+}
+
+export class ShardLanes {
+  private readonly lanes: Lane[];
+  private busyLanes = 0;
+  private pendingParts = 0;
+  private idleWaiters: Array<() => void> = [];
+
+  constructor(
+    private readonly options: LaneOptions,
+    private readonly dispatch: DispatchBatch,
+  ) {
+    this.lanes = Array.from({ length: options.virtualShards }, () => ({ pending: [], oldestAt: 0, busy: false, flushRequested: false, timer: null }));
+  }
+
+  add(vshard: number, part: PendingPart): void {
+    const lane = this.lanes[vshard]!;
+    if (lane.pending.length === 0) lane.oldestAt = performance.now();
+    lane.pending.push(part);
+    this.pendingParts++;
+    if (lane.pending.length >= this.options.batchSize) this.flush(vshard);
+    else this.arm(vshard);
+  }
+
+  /** Flushes every lane that has parts waiting. */
+  flushAll(): void {
+    for (let vshard = 0; vshard < this.lanes.length; vshard++) {
+      if (this.lanes[vshard]!.pending.length > 0) this.flush(vshard);
+    }
+  }
+
+  /** Parts waiting plus lanes with a batch in flight; 0 means fully drained. */
+  get load(): { pendingParts: number; busyLanes: number } {
+    return { pendingParts: this.pendingParts, busyLanes: this.busyLanes };
+  }
+
+  /** Per-lane waiting parts, for the per-shard queue depth gauge. */
+  depths(): number[] {
+    return this.lanes.map((lane) => lane.pending.length);
+  }
+
+  /** Resolves once no part waits and no batch is in flight. */
+  whenIdle(): Promise<void> {
+    if (this.pendingParts === 0 && this.busyLanes === 0) return Promise.resolve();
+    return new Promise((resolve) => this.idleWaiters.push(resolve));
+  }
+
+  /** Clears timers; parts still waiting are abandoned (their deliveries stay unacked). */
+  close(): void {
+    for (const lane of this.lanes) {
+      if (lane.timer) clearTimeout(lane.timer);
+      lane.timer = null;
+    }
+  }
+
+  private arm(vshard: number): void {
+    const lane = this.lanes[vshard]!;
+    if (lane.timer !== null || lane.busy || lane.pending.length === 0) return;
+    const waited = performance.now() - lane.oldestAt;
+    const delay = Math.max(0, this.options.batchWaitMs - waited);
+    lane.timer = setTimeout(() => {
+      lane.timer = null;
+      this.flush(vshard);
+    }, delay);
+  }
+
+  private flush(vshard: number): void {
+    const lane = this.lanes[vshard]!;
+    if (lane.pending.length === 0) return;
+    if (lane.busy) {
+      lane.flushRequested = true;
+      return;
+    }
+    lane.flushRequested = false;
+    if (lane.timer) {
+      clearTimeout(lane.timer);
+      lane.timer = null;
+    }
+    const parts = lane.pending.length <= this.options.batchSize ? lane.pending : lane.pending.slice(0, this.options.batchSize);
+    lane.pending = parts === lane.pending ? [] : lane.pending.slice(this.options.batchSize);
+    if (lane.pending.length > 0) lane.oldestAt = performance.now();
+    this.pendingParts -= parts.length;
+    lane.busy = true;
+    this.busyLanes++;
+    void this.dispatch(vshard, parts).finally(() => {
+      lane.busy = false;
+      this.busyLanes--;
+      const due =
+        lane.flushRequested ||
+        lane.pending.length >= this.options.batchSize ||
+        (lane.pending.length > 0 && performance.now() - lane.oldestAt >= this.options.batchWaitMs);
+      if (due) this.flush(vshard);
+      else this.arm(vshard);
+      if (this.pendingParts === 0 && this.busyLanes === 0) {
+        const waiters = this.idleWaiters;
+        this.idleWaiters = [];
+        for (const resolve of waiters) resolve();
+      }
+    });
+  }
+}

@@ -1,0 +1,44 @@
+import { Piscina } from 'piscina';
+import { ownerOf, type BatchResult, type BatchTask, type WorkerSettings } from '@tally/shared';
+import { WORKER_THREAD_FILE } from '@tally/worker';
+
+/**
+ * One single-thread piscina pool per owner: virtual shard v always runs on
+ * thread `v % threads`. Each thread runs the batches of all the shards it
+ * owns concurrently (their Redis round trips overlap), but never two
+ * batches of one shard (ShardLanes guarantees that).
+ */
+export class WorkerPools {
+  private readonly pools: Piscina[];
+
+  constructor(settings: WorkerSettings, threads: number, virtualShards: number) {
+    const shardsPerThread = Math.ceil(virtualShards / threads);
+    this.pools = Array.from(
+      { length: threads },
+      (_, index) =>
+        new Piscina({
+          filename: WORKER_THREAD_FILE,
+          name: 'default',
+          minThreads: 1,
+          maxThreads: 1,
+          idleTimeout: Number.MAX_SAFE_INTEGER,
+          concurrentTasksPerWorker: shardsPerThread,
+          workerData: settings,
+          env: { ...process.env, TALLY_THREAD_INDEX: String(index) },
+        }),
+    );
+  }
+
+  run(task: BatchTask): Promise<BatchResult> {
+    const pool = this.pools[ownerOf(task.vshard, this.pools.length)]!;
+    return pool.run(task) as Promise<BatchResult>;
+  }
+
+  get threads(): number {
+    return this.pools.length;
+  }
+
+  async destroy(): Promise<void> {
+    await Promise.allSettled(this.pools.map((pool) => pool.destroy()));
+  }
+}

@@ -1,0 +1,190 @@
+import { availableParallelism } from 'node:os';
+import { ConfigError } from './errors.js';
+
+export type TallyMode = 'two-step' | 'atomic';
+
+/** Modes this build can run. `atomic` is reserved in the contract; see README. */
+export const SUPPORTED_MODES: readonly TallyMode[] = Object.freeze(['two-step']);
+
+export type LogLevel = 'fatal' | 'error' | 'warn' | 'info' | 'debug' | 'trace' | 'silent';
+const LOG_LEVELS: readonly LogLevel[] = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'];
+
+export interface TallyConfig {
+  readonly amqpUrl: string;
+  readonly redisUrl: string;
+  readonly queue: string;
+  /** `<queue>.dead`: where bad messages go, with `x-tally-reason`. */
+  readonly deadLetterQueue: string;
+  readonly prefix: string;
+  readonly mode: TallyMode;
+  readonly workers: number;
+  readonly prefetch: number;
+  readonly batchSize: number;
+  readonly batchWaitMs: number;
+  readonly markerTtlS: number;
+  readonly countTtlS: number;
+  /** null accepts every change type. */
+  readonly acceptTypes: ReadonlySet<string> | null;
+  /** null: no metrics endpoint. */
+  readonly metricsPort: number | null;
+  readonly virtualShards: number;
+  readonly maxMessageBytes: number;
+  readonly shutdownGraceMs: number;
+  readonly logLevel: LogLevel;
+}
+
+/** Frozen defaults, the single place where a default value is written down. */
+export const DEFAULTS = Object.freeze({
+  amqpUrl: 'amqp://guest:guest@127.0.0.1:5672',
+  redisUrl: 'redis://127.0.0.1:6379',
+  queue: 'inventory.changes',
+  prefix: 'tally:',
+  mode: 'two-step' as TallyMode,
+  prefetch: 2000,
+  batchSize: 500,
+  batchWaitMs: 50,
+  markerTtlS: 600,
+  countTtlS: 2_592_000,
+  virtualShards: 16,
+  maxMessageBytes: 65_536,
+  shutdownGraceMs: 30_000,
+  logLevel: 'info' as LogLevel,
+});
+
+/** Ranges, named so the error message can quote them. */
+export const LIMITS = Object.freeze({
+  workers: [1, 64],
+  prefetch: [1, 65_535],
+  batchSize: [1, 100_000],
+  batchWaitMs: [0, 60_000],
+  markerTtlS: [1, 31_536_000],
+  countTtlS: [1, 315_360_000],
+  metricsPort: [0, 65_535],
+  virtualShards: [1, 1024],
+  maxMessageBytes: [64, 16_777_216],
+  shutdownGraceMs: [0, 600_000],
+} as const);
+
+export type Env = Readonly<Record<string, string | undefined>>;
+
+function read(env: Env, name: string): string | undefined {
+  const value = env[name];
+  if (value === undefined) return undefined;
+  const trimmed = value.trim();
+  return trimmed === '' ? undefined : trimmed;
+}
+
+function integer(env: Env, name: string, fallback: number, [min, max]: readonly [number, number]): number {
+  const raw = read(env, name);
+  if (raw === undefined) return fallback;
+  if (!/^-?\d+$/.test(raw)) {
+    throw new ConfigError(name, `expected an integer from ${min} to ${max}, got ${JSON.stringify(raw)}`);
+  }
+  const value = Number(raw);
+  if (!Number.isSafeInteger(value) || value < min || value > max) {
+    throw new ConfigError(name, `expected an integer from ${min} to ${max}, got ${raw}`);
+  }
+  return value;
+}
+
+function url(env: Env, name: string, fallback: string, schemes: readonly string[]): string {
+  const raw = read(env, name) ?? fallback;
+  let parsed: URL;
+  try {
+    parsed = new URL(raw);
+  } catch {
+    // The raw value may hold a password: never echo it back.
+    throw new ConfigError(name, `not a valid URL; expected ${schemes.map((s) => `${s}//…`).join(' or ')}`);
+  }
+  if (!schemes.includes(parsed.protocol)) {
+    throw new ConfigError(name, `unsupported scheme ${JSON.stringify(parsed.protocol)}; expected one of ${schemes.join(', ')}`);
+  }
+  return raw;
+}
+
+/** Queue names: AMQP allows up to 255 bytes; `.dead` is appended. */
+function queueName(env: Env, name: string, fallback: string): string {
+  const raw = read(env, name) ?? fallback;
+  if (Buffer.byteLength(raw) > 250 || raw.startsWith('amq.')) {
+    throw new ConfigError(name, `expected a queue name of at most 250 bytes not starting with "amq.", got ${JSON.stringify(raw)}`);
+  }
+  return raw;
+}
+
+/**
+ * The prefix is spliced into every key and into SCAN patterns. Braces would
+ * move the Redis Cluster hash tag and glob characters would widen a SCAN, so
+ * only a plain alphabet is accepted.
+ */
+function prefix(env: Env, name: string, fallback: string): string {
+  const raw = env[name] === undefined ? fallback : (env[name] as string);
+  if (!/^[A-Za-z0-9_.:-]{1,64}$/.test(raw)) {
+    throw new ConfigError(name, `expected 1 to 64 characters from [A-Za-z0-9_.:-], got ${JSON.stringify(raw)}`);
+  }
+  return raw;
+}
+
+function mode(env: Env, name: string): TallyMode {
+  const raw = read(env, name) ?? DEFAULTS.mode;
+  if (raw === 'atomic' && !SUPPORTED_MODES.includes('atomic')) {
+    throw new ConfigError(name, `"atomic" is reserved but not available in this build; accepted: ${SUPPORTED_MODES.join(', ')}`);
+  }
+  if (!(SUPPORTED_MODES as readonly string[]).includes(raw)) {
+    throw new ConfigError(name, `expected one of ${SUPPORTED_MODES.join(', ')}, got ${JSON.stringify(raw)}`);
+  }
+  return raw as TallyMode;
+}
+
+function acceptTypes(env: Env, name: string): ReadonlySet<string> | null {
+  const raw = read(env, name);
+  if (raw === undefined) return null;
+  const types = raw.split(',').map((t) => t.trim()).filter((t) => t !== '');
+  if (types.length === 0) return null;
+  for (const t of types) {
+    if (t.length > 64) throw new ConfigError(name, `type names are at most 64 characters, got ${JSON.stringify(t)}`);
+  }
+  return new Set(types);
+}
+
+function logLevel(env: Env, name: string): LogLevel {
+  const raw = read(env, name) ?? DEFAULTS.logLevel;
+  if (!(LOG_LEVELS as readonly string[]).includes(raw)) {
+    throw new ConfigError(name, `expected one of ${LOG_LEVELS.join(', ')}, got ${JSON.stringify(raw)}`);
+  }
+  return raw as LogLevel;
+}
+
+/**
+ * Turns the environment into a validated, frozen config. This is the only
+ * function that reads TALLY_* variables; everything else takes TallyConfig.
+ */
+export function loadConfig(env: Env = process.env): TallyConfig {
+  const virtualShards = integer(env, 'TALLY_VIRTUAL_SHARDS', DEFAULTS.virtualShards, LIMITS.virtualShards);
+  const defaultWorkers = Math.min(Math.max(1, availableParallelism()), virtualShards);
+  const workers = integer(env, 'TALLY_WORKERS', defaultWorkers, LIMITS.workers);
+  if (workers > virtualShards) {
+    throw new ConfigError('TALLY_WORKERS', `must not exceed TALLY_VIRTUAL_SHARDS (${virtualShards}): each thread owns at least one virtual shard, got ${workers}`);
+  }
+  const queue = queueName(env, 'TALLY_QUEUE', DEFAULTS.queue);
+  const metricsPortRaw = read(env, 'TALLY_METRICS_PORT');
+  return Object.freeze({
+    amqpUrl: url(env, 'TALLY_AMQP_URL', DEFAULTS.amqpUrl, ['amqp:', 'amqps:']),
+    redisUrl: url(env, 'TALLY_REDIS_URL', DEFAULTS.redisUrl, ['redis:', 'rediss:']),
+    queue,
+    deadLetterQueue: `${queue}.dead`,
+    prefix: prefix(env, 'TALLY_PREFIX', DEFAULTS.prefix),
+    mode: mode(env, 'TALLY_MODE'),
+    workers,
+    prefetch: integer(env, 'TALLY_PREFETCH', DEFAULTS.prefetch, LIMITS.prefetch),
+    batchSize: integer(env, 'TALLY_BATCH_SIZE', DEFAULTS.batchSize, LIMITS.batchSize),
+    batchWaitMs: integer(env, 'TALLY_BATCH_WAIT_MS', DEFAULTS.batchWaitMs, LIMITS.batchWaitMs),
+    markerTtlS: integer(env, 'TALLY_MARKER_TTL_S', DEFAULTS.markerTtlS, LIMITS.markerTtlS),
+    countTtlS: integer(env, 'TALLY_COUNT_TTL_S', DEFAULTS.countTtlS, LIMITS.countTtlS),
+    acceptTypes: acceptTypes(env, 'TALLY_ACCEPT_TYPES'),
+    metricsPort: metricsPortRaw === undefined ? null : integer(env, 'TALLY_METRICS_PORT', 0, LIMITS.metricsPort),
+    virtualShards,
+    maxMessageBytes: integer(env, 'TALLY_MAX_MESSAGE_BYTES', DEFAULTS.maxMessageBytes, LIMITS.maxMessageBytes),
+    shutdownGraceMs: integer(env, 'TALLY_SHUTDOWN_GRACE_MS', DEFAULTS.shutdownGraceMs, LIMITS.shutdownGraceMs),
+    logLevel: logLevel(env, 'TALLY_LOG_LEVEL'),
+  });
+}

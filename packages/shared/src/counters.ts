@@ -1,0 +1,28 @@
+/**
+ * The deviation made visible (invariant 9). Each counter lives as a field of
+ * the `<prefix>stats` hash, so totals survive restarts and add up across
+ * daemons, and is exported as the metric `tally.<field>`.
+ */
+export const COUNTERS = Object.freeze({
+  received: 'deliveries taken from the queue, redeliveries included',
+  counted: 'messages whose every part was newly counted',
+  duplicates: 'messages recognised as already counted: markers hit, or the same id already in flight',
+  partial_duplicates: 'messages with some parts already counted and some not (a crash between shard batches)',
+  occupation_failures: 'batches whose marker occupation failed after their counts were written: the crash window was open',
+  dead_lettered: 'messages sent to the dead-letter queue',
+  redelivered_unmarked: 'redelivered messages none of whose parts was marked: possibly counted again',
+  empty: 'valid messages with no change left after filtering (zero deltas, unaccepted types)',
+  write_retries: 'count writes retried after a Redis error (each resolved by its write receipt)',
+  count_errors: 'count increments Redis refused (overflow or a foreign value in a count key)',
+} as const);
+
+export type CounterName = keyof typeof COUNTERS;
+export const COUNTER_NAMES = Object.freeze(Object.keys(COUNTERS) as CounterName[]);
+
+export type CounterValues = Record<CounterName, number>;
+
+export function zeroCounters(): CounterValues {
+  const values = {} as CounterValues;
+  for (const name of COUNTER_NAMES) values[name] = 0;
+  return values;
+}

@@ -1,0 +1,54 @@
+/**
+ * Errors with a stable `code`. Callers and tests branch on the code, never on
+ * the message text, so messages can be improved without breaking anyone.
+ */
+export type TallyErrorCode =
+  | 'TALLY_CONFIG_INVALID'
+  | 'TALLY_SHARD_LAYOUT_MISMATCH'
+  | 'TALLY_MODE_MISMATCH'
+  | 'TALLY_REDIS_UNAVAILABLE'
+  | 'TALLY_AMQP_UNAVAILABLE'
+  | 'TALLY_QUEUE_INCOMPATIBLE'
+  | 'TALLY_SHUTDOWN_TIMEOUT'
+  | 'TALLY_CLI_USAGE';
+
+export class TallyError extends Error {
+  readonly code: TallyErrorCode;
+
+  constructor(code: TallyErrorCode, message: string, options?: { cause?: unknown }) {
+    super(message, options);
+    this.name = new.target.name;
+    this.code = code;
+  }
+}
+
+/** A configuration value is missing or out of range. Names the variable. */
+export class ConfigError extends TallyError {
+  readonly variable: string;
+
+  constructor(variable: string, message: string) {
+    super('TALLY_CONFIG_INVALID', `${variable}: ${message}`);
+    this.variable = variable;
+  }
+}
+
+/**
+ * The Redis prefix was initialised with a different virtual-shard layout.
+ * Starting anyway would move SKUs between shards and let a redelivery skip or
+ * repeat parts (invariant 3), so the daemon refuses to start.
+ */
+export class ShardLayoutMismatchError extends TallyError {
+  constructor(message: string) {
+    super('TALLY_SHARD_LAYOUT_MISMATCH', message);
+  }
+}
+
+export class CliUsageError extends TallyError {
+  constructor(message: string) {
+    super('TALLY_CLI_USAGE', message);
+  }
+}
+
+export function isTallyError(error: unknown): error is TallyError {
+  return error instanceof TallyError;
+}

@@ -1,0 +1,56 @@
+/**
+ * The Redis key layout. Every key of a virtual shard carries the hash tag
+ * `{<vshard>}`, so on Redis Cluster a shard's counts, markers and receipts
+ * share one slot: pipelines stay single-slot and a server-side script (the
+ * atomic mode) can touch them all.
+ *
+ *   <prefix>c:{<vshard>}:<sku>        count (integer, TTL TALLY_COUNT_TTL_S, refreshed on write)
+ *   <prefix>m:{<vshard>}:<id>         marker: this message's part for this shard is counted (TTL TALLY_MARKER_TTL_S)
+ *   <prefix>w:{<vshard>}:<batch id>   write receipt: this batch's counts landed (TTL TALLY_MARKER_TTL_S)
+ *   <prefix>stats                     hash of accumulated counters
+ *   <prefix>layout                    hash: virtual shard count, hash function, mode
+ */
+
+export function countKey(prefix: string, vshard: number, sku: string): string {
+  return `${prefix}c:{${vshard}}:${sku}`;
+}
+
+export function markerKey(prefix: string, vshard: number, id: string): string {
+  return `${prefix}m:{${vshard}}:${id}`;
+}
+
+export function receiptKey(prefix: string, vshard: number, batchId: string): string {
+  return `${prefix}w:{${vshard}}:${batchId}`;
+}
+
+export function statsKey(prefix: string): string {
+  return `${prefix}stats`;
+}
+
+export function layoutKey(prefix: string): string {
+  return `${prefix}layout`;
+}
+
+/** Escapes Redis glob metacharacters so a prefix matches only itself. */
+export function escapeGlob(text: string): string {
+  return text.replace(/[*?[\]\\]/g, (c) => `\\${c}`);
+}
+
+export function countScanPattern(prefix: string): string {
+  return `${escapeGlob(prefix)}c:{*}:*`;
+}
+
+export function markerScanPattern(prefix: string): string {
+  return `${escapeGlob(prefix)}m:{*}:*`;
+}
+
+/** The SKU inside a count key, or null if the key is not one. */
+export function skuOfCountKey(prefix: string, key: string): string | null {
+  const head = `${prefix}c:{`;
+  if (!key.startsWith(head)) return null;
+  const close = key.indexOf('}:', head.length);
+  if (close < 0) return null;
+  const vshard = key.slice(head.length, close);
+  if (!/^\d+$/.test(vshard)) return null;
+  return key.slice(close + 2);
+}

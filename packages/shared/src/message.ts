@@ -1,0 +1,175 @@
+/**
+ * Parsing and validation of one delivery body. Every body is hostile: this
+ * module never throws, it returns either a message or a reason code plus a
+ * detail saying what was wrong and where. The reason goes to the dead-letter
+ * queue in `x-tally-reason`.
+ */
+
+export interface Change {
+  readonly sku: string;
+  readonly delta: number;
+  readonly type?: string;
+}
+
+export interface InventoryMessage {
+  readonly id: string;
+  readonly changes: readonly Change[];
+}
+
+/** Stable reason codes; the README lists them. */
+export const BAD_MESSAGE_REASONS = [
+  'empty-body',
+  'oversized-body',
+  'invalid-utf8',
+  'malformed-json',
+  'not-an-object',
+  'missing-id',
+  'invalid-id',
+  'missing-changes',
+  'changes-not-array',
+  'too-many-changes',
+  'invalid-change',
+  'invalid-sku',
+  'invalid-delta',
+  'unsafe-delta',
+  'invalid-type',
+] as const;
+export type BadMessageReason = (typeof BAD_MESSAGE_REASONS)[number];
+
+export type ParseResult =
+  | { readonly ok: true; readonly message: InventoryMessage }
+  | { readonly ok: false; readonly reason: BadMessageReason; readonly detail: string };
+
+export const MESSAGE_LIMITS = Object.freeze({
+  maxIdLength: 256,
+  maxSkuLength: 256,
+  maxTypeLength: 64,
+  maxChanges: 10_000,
+});
+
+export interface ParseOptions {
+  /** Bodies larger than this are rejected before they are decoded. */
+  readonly maxBytes: number;
+}
+
+const utf8 = new TextDecoder('utf-8', { fatal: true, ignoreBOM: false });
+
+function bad(reason: BadMessageReason, detail: string): ParseResult {
+  return { ok: false, reason, detail };
+}
+
+/** Short, log-safe rendering of a hostile value for a detail string. */
+function show(value: unknown): string {
+  if (value === null) return 'null';
+  if (Array.isArray(value)) return 'an array';
+  if (typeof value === 'string') {
+    return value.length > 40 ? `a string of length ${value.length}` : JSON.stringify(value);
+  }
+  if (typeof value === 'object') return 'an object';
+  if (typeof value === 'number') return String(value);
+  return typeof value;
+}
+
+function checkId(value: unknown, where: string): ParseResult | string {
+  if (typeof value !== 'string') return bad('invalid-id', `${where} must be a string, got ${show(value)}`);
+  if (value.length === 0) return bad('invalid-id', `${where} must not be empty`);
+  if (value.length > MESSAGE_LIMITS.maxIdLength) {
+    return bad('invalid-id', `${where} is ${value.length} characters, the limit is ${MESSAGE_LIMITS.maxIdLength}`);
+  }
+  return value;
+}
+
+/**
+ * @param body the raw delivery body
+ * @param messageIdProperty the AMQP `messageId` property, used when the body has no `id`
+ */
+export function parseMessage(body: Uint8Array, messageIdProperty: unknown, options: ParseOptions): ParseResult {
+  if (body.byteLength === 0) return bad('empty-body', 'the body is empty');
+  if (body.byteLength > options.maxBytes) {
+    return bad('oversized-body', `the body is ${body.byteLength} bytes, the limit is ${options.maxBytes}`);
+  }
+  let text: string;
+  try {
+    text = utf8.decode(body);
+  } catch {
+    return bad('invalid-utf8', 'the body is not valid UTF-8');
+  }
+  let root: unknown;
+  try {
+    root = JSON.parse(text);
+  } catch (error) {
+    // V8's message names the position ("at position 17"), which is the "where".
+    const why = error instanceof Error ? error.message.slice(0, 160) : 'unparseable';
+    return bad('malformed-json', why);
+  }
+  if (root === null || typeof root !== 'object' || Array.isArray(root)) {
+    return bad('not-an-object', `the body must be a JSON object, got ${show(root)}`);
+  }
+  const record = root as Record<string, unknown>;
+
+  let id: string;
+  if (Object.hasOwn(record, 'id')) {
+    const checked = checkId(record.id, 'id');
+    if (typeof checked !== 'string') return checked;
+    id = checked;
+  } else if (messageIdProperty !== undefined && messageIdProperty !== null && messageIdProperty !== '') {
+    const checked = checkId(messageIdProperty, 'the messageId property');
+    if (typeof checked !== 'string') return checked;
+    id = checked;
+  } else {
+    return bad('missing-id', 'no "id" field and no messageId property: the message cannot be deduplicated');
+  }
+
+  if (!Object.hasOwn(record, 'changes')) return bad('missing-changes', 'no "changes" field');
+  const rawChanges = record.changes;
+  if (!Array.isArray(rawChanges)) return bad('changes-not-array', `"changes" must be an array, got ${show(rawChanges)}`);
+  if (rawChanges.length > MESSAGE_LIMITS.maxChanges) {
+    return bad('too-many-changes', `"changes" has ${rawChanges.length} entries, the limit is ${MESSAGE_LIMITS.maxChanges}`);
+  }
+
+  const changes: Change[] = new Array(rawChanges.length);
+  // Per-SKU sums, so that a message whose deltas for one SKU add up beyond the
+  // safe range is refused here rather than rounded later.
+  const sums = new Map<string, number>();
+  for (let i = 0; i < rawChanges.length; i++) {
+    const raw: unknown = rawChanges[i];
+    const where = `changes[${i}]`;
+    if (raw === null || typeof raw !== 'object' || Array.isArray(raw)) {
+      return bad('invalid-change', `${where} must be an object, got ${show(raw)}`);
+    }
+    const entry = raw as Record<string, unknown>;
+    const sku = entry.sku;
+    if (typeof sku !== 'string') return bad('invalid-sku', `${where}.sku must be a string, got ${show(sku)}`);
+    if (sku.length === 0) return bad('invalid-sku', `${where}.sku must not be empty`);
+    if (sku.length > MESSAGE_LIMITS.maxSkuLength) {
+      return bad('invalid-sku', `${where}.sku is ${sku.length} characters, the limit is ${MESSAGE_LIMITS.maxSkuLength}`);
+    }
+    const delta = entry.delta;
+    if (typeof delta !== 'number') return bad('invalid-delta', `${where}.delta must be an integer, got ${show(delta)}`);
+    if (!Number.isInteger(delta)) return bad('invalid-delta', `${where}.delta must be an integer, got ${show(delta)}`);
+    if (!Number.isSafeInteger(delta)) {
+      return bad('unsafe-delta', `${where}.delta ${show(delta)} is outside ±${Number.MAX_SAFE_INTEGER}`);
+    }
+    const sum = (sums.get(sku) ?? 0) + delta;
+    if (!Number.isSafeInteger(sum)) {
+      return bad('unsafe-delta', `the deltas for ${where}.sku ${show(sku)} add up beyond ±${Number.MAX_SAFE_INTEGER}`);
+    }
+    sums.set(sku, sum);
+    const type = entry.type;
+    if (type !== undefined) {
+      if (typeof type !== 'string') return bad('invalid-type', `${where}.type must be a string, got ${show(type)}`);
+      if (type.length > MESSAGE_LIMITS.maxTypeLength) {
+        return bad('invalid-type', `${where}.type is ${type.length} characters, the limit is ${MESSAGE_LIMITS.maxTypeLength}`);
+      }
+      changes[i] = { sku, delta, type };
+    } else {
+      changes[i] = { sku, delta };
+    }
+  }
+  return { ok: true, message: { id, changes } };
+}
+
+/** `x-tally-reason` header value: the stable code, then the detail. */
+export function formatReason(reason: BadMessageReason, detail: string): string {
+  return `${reason}: ${detail}`;
+}

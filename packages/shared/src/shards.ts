@@ -1,0 +1,90 @@
+/**
+ * Virtual shards: the unit of identity for counts and markers.
+ *
+ * A SKU's virtual shard depends only on the SKU and the number of virtual
+ * shards, never on the number of threads or daemons, so a redelivery after a
+ * restart with other settings finds its markers where it left them
+ * (invariant 3). Threads own virtual shards (`vshard % workers`), daemons
+ * share them through RabbitMQ's round-robin of whole messages.
+ */
+import type { Change } from './message.js';
+
+export const SHARD_HASH = 'fnv1a32-utf8' as const;
+
+/** FNV-1a 32-bit over the UTF-8 bytes of the SKU. Portable: any language gets the same shard. */
+export function fnv1a32(text: string): number {
+  let hash = 0x811c9dc5;
+  for (let i = 0; i < text.length; i++) {
+    let code = text.charCodeAt(i);
+    if (code < 0x80) {
+      hash = Math.imul(hash ^ code, 0x01000193);
+      continue;
+    }
+    // Non-ASCII: hash the UTF-8 encoding so the result matches other languages.
+    if (code >= 0xd800 && code <= 0xdbff && i + 1 < text.length) {
+      const low = text.charCodeAt(i + 1);
+      if (low >= 0xdc00 && low <= 0xdfff) {
+        code = 0x10000 + ((code - 0xd800) << 10) + (low - 0xdc00);
+        i++;
+      }
+    } else if (code >= 0xd800 && code <= 0xdfff) {
+      code = 0xfffd; // lone surrogate: encoded as U+FFFD, as Buffer.from does
+    }
+    const bytes =
+      code < 0x800
+        ? [0xc0 | (code >> 6), 0x80 | (code & 0x3f)]
+        : code < 0x10000
+          ? [0xe0 | (code >> 12), 0x80 | ((code >> 6) & 0x3f), 0x80 | (code & 0x3f)]
+          : [0xf0 | (code >> 18), 0x80 | ((code >> 12) & 0x3f), 0x80 | ((code >> 6) & 0x3f), 0x80 | (code & 0x3f)];
+    for (const byte of bytes) hash = Math.imul(hash ^ byte, 0x01000193);
+  }
+  return hash >>> 0;
+}
+
+export function shardOf(sku: string, virtualShards: number): number {
+  return fnv1a32(sku) % virtualShards;
+}
+
+/** The thread that owns a virtual shard. */
+export function ownerOf(vshard: number, workers: number): number {
+  return vshard % workers;
+}
+
+/** One message's changes bound for one virtual shard: `[sku, delta]` pairs, SKUs unique. */
+export type PartChanges = Array<[sku: string, delta: number]>;
+
+/**
+ * Filters a message's changes (zero deltas, unaccepted types) and splits the
+ * rest by virtual shard, summing repeated SKUs. A SKU whose deltas cancel out
+ * inside the message stays in its part with delta 0: the part still exists,
+ * so its marker is still occupied and a redelivery is still recognised.
+ */
+export function splitByShard(
+  changes: readonly Change[],
+  virtualShards: number,
+  acceptTypes: ReadonlySet<string> | null,
+): Map<number, PartChanges> {
+  const parts = new Map<number, PartChanges>();
+  // Index by SKU so a message with thousands of changes stays linear.
+  const entries = new Map<string, [string, number]>();
+  for (const change of changes) {
+    if (change.delta === 0) continue;
+    if (acceptTypes !== null && (change.type === undefined || !acceptTypes.has(change.type))) continue;
+    const existing = entries.get(change.sku);
+    if (existing) {
+      // parseMessage guarantees per-SKU sums within a message stay safe.
+      existing[1] += change.delta;
+      continue;
+    }
+    const vshard = shardOf(change.sku, virtualShards);
+    let part = parts.get(vshard);
+    if (part === undefined) {
+      part = [];
+      parts.set(vshard, part);
+    }
+    const entry: [string, number] = [change.sku, change.delta];
+    entries.set(change.sku, entry);
+    part.push(entry);
+  }
+  return parts;
+}

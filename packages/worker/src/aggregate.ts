@@ -1,0 +1,47 @@
+import type { PartChanges } from '@tally/shared';
+
+/** A SKU's summed delta for one batch; bigint only once a sum leaves the safe range. */
+export type Sum = number | bigint;
+
+/**
+ * Sums the changes of the parts that are new (not marked) into one delta per
+ * SKU: one INCRBY per SKU per batch, however many messages touched it. A SKU
+ * whose deltas cancel out still gets an entry (0): its key's TTL is refreshed
+ * like any other written SKU, and skipping it would save nothing measurable.
+ */
+export function aggregateNewParts(changes: readonly PartChanges[], isNew: (index: number) => boolean): Map<string, Sum> {
+  const sums = new Map<string, Sum>();
+  for (let i = 0; i < changes.length; i++) {
+    if (!isNew(i)) continue;
+    for (const [sku, delta] of changes[i]!) {
+      const previous = sums.get(sku);
+      if (previous === undefined) {
+        sums.set(sku, delta);
+      } else if (typeof previous === 'number') {
+        const next = previous + delta;
+        // Past 2^53 a double rounds; switch to bigint so the sum stays exact.
+        sums.set(sku, Number.isSafeInteger(next) ? next : BigInt(previous) + BigInt(delta));
+      } else {
+        sums.set(sku, previous + BigInt(delta));
+      }
+    }
+  }
+  return sums;
+}
+
+/**
+ * Which parts of a batch are new: their marker was not found, and no earlier
+ * part of the same batch carries the same id (invariant 4, the last line of
+ * defence: the coordinator already holds back an id that is in flight).
+ */
+export function selectNewParts(ids: readonly string[], markerValues: readonly (string | null)[]): Uint8Array {
+  const marked = new Uint8Array(ids.length);
+  const seen = new Set<string>();
+  for (let i = 0; i < ids.length; i++) {
+    const id = ids[i]!;
+    if (markerValues[i] !== null && markerValues[i] !== undefined) marked[i] = 1;
+    else if (seen.has(id)) marked[i] = 1;
+    seen.add(id);
+  }
+  return marked;
+}
