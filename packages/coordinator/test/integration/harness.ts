@@ -1,0 +1,213 @@
+/**
+ * Drives the built daemon as a real child process against the real RabbitMQ
+ * and Redis of this machine. Each test gets its own queue and key prefix.
+ */
+import { spawn, type ChildProcess } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
+import { fileURLToPath } from 'node:url';
+import { setTimeout as sleep } from 'node:timers/promises';
+import amqp from 'amqplib';
+import { Redis } from 'ioredis';
+import { readCounts } from '../../src/commands/counts.js';
+import { readStats } from '../../src/commands/stats.js';
+
+export const AMQP_URL = process.env.TALLY_AMQP_URL ?? 'amqp://guest:guest@127.0.0.1:5672';
+export const REDIS_URL = process.env.TALLY_REDIS_URL ?? 'redis://127.0.0.1:6379';
+export const MAIN = fileURLToPath(new URL('../../src/main.js', import.meta.url));
+export const CLI = fileURLToPath(new URL('../../src/cli.js', import.meta.url));
+
+export function uniqueName(label: string): string {
+  return `t.${label}.${Date.now().toString(36)}${randomBytes(3).toString('hex')}`;
+}
+
+export interface TestSpace {
+  readonly queue: string;
+  readonly prefix: string;
+  readonly env: Record<string, string>;
+}
+
+export function testSpace(label: string, extra: Record<string, string> = {}): TestSpace {
+  const name = uniqueName(label);
+  const queue = name;
+  const prefix = `${name}:`;
+  return {
+    queue,
+    prefix,
+    env: { TALLY_QUEUE: queue, TALLY_PREFIX: prefix, TALLY_AMQP_URL: AMQP_URL, TALLY_REDIS_URL: REDIS_URL, TALLY_LOG_LEVEL: 'info', ...extra },
+  };
+}
+
+export interface DaemonProcess {
+  readonly child: ChildProcess;
+  readonly logs: string[];
+  readonly stderr: string[];
+  /** Resolves with the exit code (null when killed by a signal) and the signal. */
+  readonly exited: Promise<{ code: number | null; signal: NodeJS.Signals | null }>;
+  waitForLog(text: string, timeoutMs?: number): Promise<string>;
+}
+
+export function spawnDaemon(env: Record<string, string>): DaemonProcess {
+  const child = spawn(process.execPath, [MAIN], { env: { ...process.env, ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
+  const logs: string[] = [];
+  const stderr: string[] = [];
+  let buffer = '';
+  child.stdout!.setEncoding('utf8').on('data', (chunk: string) => {
+    buffer += chunk;
+    const lines = buffer.split('\n');
+    buffer = lines.pop()!;
+    logs.push(...lines);
+  });
+  child.stderr!.setEncoding('utf8').on('data', (chunk: string) => stderr.push(chunk));
+  const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) =>
+    child.on('exit', (code, signal) => resolve({ code, signal })),
+  );
+  return {
+    child,
+    logs,
+    stderr,
+    exited,
+    async waitForLog(text, timeoutMs = 20_000) {
+      const deadline = Date.now() + timeoutMs;
+      while (Date.now() < deadline) {
+        const line = logs.find((l) => l.includes(text));
+        if (line) return line;
+        if (child.exitCode !== null || child.signalCode !== null) break;
+        await sleep(25);
+      }
+      throw new Error(`daemon did not log ${JSON.stringify(text)}; stderr: ${stderr.join('')}; last logs:\n${logs.slice(-10).join('\n')}`);
+    },
+  };
+}
+
+/** Starts the daemon and waits until it consumes. */
+export async function startDaemon(env: Record<string, string>): Promise<DaemonProcess> {
+  const daemon = spawnDaemon(env);
+  await daemon.waitForLog('"msg":"consuming"');
+  return daemon;
+}
+
+export async function stopDaemon(daemon: DaemonProcess, timeoutMs = 40_000): Promise<{ code: number | null; signal: NodeJS.Signals | null }> {
+  if (daemon.child.exitCode !== null || daemon.child.signalCode !== null) return daemon.exited;
+  daemon.child.kill('SIGTERM');
+  const timer = setTimeout(() => daemon.child.kill('SIGKILL'), timeoutMs);
+  try {
+    return await daemon.exited;
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+export function killDaemon(daemon: DaemonProcess): Promise<{ code: number | null; signal: NodeJS.Signals | null }> {
+  daemon.child.kill('SIGKILL');
+  return daemon.exited;
+}
+
+/** Ready messages (not counting unacked ones) and consumers of a queue. */
+export async function queueState(queue: string): Promise<{ messageCount: number; consumerCount: number }> {
+  const connection = await amqp.connect(AMQP_URL);
+  try {
+    const channel = await connection.createChannel();
+    channel.on('error', () => {});
+    const reply = await channel.checkQueue(queue);
+    return { messageCount: reply.messageCount, consumerCount: reply.consumerCount };
+  } finally {
+    await connection.close().catch(() => {});
+  }
+}
+
+/** Waits until no message of the queue is ready (deliveries may still be unacked). */
+export async function waitForReadyEmpty(queue: string, timeoutMs = 120_000): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  while (Date.now() < deadline) {
+    if ((await queueState(queue)).messageCount === 0) return;
+    await sleep(100);
+  }
+  throw new Error(`queue ${queue} still has ready messages after ${timeoutMs} ms`);
+}
+
+/**
+ * Drains a queue completely with the daemon: runs it until nothing is ready,
+ * stops it with SIGTERM (which finishes and acks what is in flight), and
+ * repeats if anything came back. Asserts nothing itself; returns the exits.
+ */
+export async function drainWithDaemon(env: Record<string, string>, queue: string): Promise<Array<{ code: number | null; signal: NodeJS.Signals | null }>> {
+  const exits = [];
+  for (let round = 0; round < 5; round++) {
+    const daemon = await startDaemon(env);
+    await waitForReadyEmpty(queue);
+    await sleep(300);
+    exits.push(await stopDaemon(daemon));
+    if ((await queueState(queue)).messageCount === 0) return exits;
+  }
+  throw new Error(`queue ${queue} did not drain`);
+}
+
+export async function withRedis<T>(run: (redis: Redis) => Promise<T>): Promise<T> {
+  const redis = new Redis(REDIS_URL, { lazyConnect: false });
+  try {
+    return await run(redis);
+  } finally {
+    redis.disconnect();
+  }
+}
+
+export async function countsOf(prefix: string, virtualShards = 16): Promise<Map<string, number>> {
+  return withRedis(async (redis) => {
+    const raw = await readCounts(redis, { prefix, virtualShards }, []);
+    return new Map([...raw].map(([sku, value]) => [sku, Number(value)]));
+  });
+}
+
+export async function statsOf(prefix: string): Promise<Awaited<ReturnType<typeof readStats>>> {
+  return withRedis((redis) => readStats(redis, { prefix }));
+}
+
+/** Removes a test's queues and keys. */
+export async function cleanup(space: TestSpace): Promise<void> {
+  const connection = await amqp.connect(AMQP_URL);
+  try {
+    const channel = await connection.createChannel();
+    channel.on('error', () => {});
+    await channel.deleteQueue(space.queue).catch(() => {});
+    await channel.deleteQueue(`${space.queue}.dead`).catch(() => {});
+  } finally {
+    await connection.close().catch(() => {});
+  }
+  await withRedis(async (redis) => {
+    let cursor = '0';
+    do {
+      const [next, keys] = await redis.scan(cursor, 'MATCH', `${space.prefix.replace(/[*?[\]\\]/g, '\\$&')}*`, 'COUNT', 1000);
+      cursor = next;
+      if (keys.length > 0) await redis.unlink(...keys);
+    } while (cursor !== '0');
+  });
+}
+
+/** Reads every message of a queue (acking them). */
+export async function drainQueue(queue: string): Promise<amqp.GetMessage[]> {
+  const connection = await amqp.connect(AMQP_URL);
+  const messages: amqp.GetMessage[] = [];
+  try {
+    const channel = await connection.createChannel();
+    for (;;) {
+      const message = await channel.get(queue, { noAck: true });
+      if (message === false) break;
+      messages.push(message);
+    }
+  } finally {
+    await connection.close().catch(() => {});
+  }
+  return messages;
+}
+
+/** Differences between counts and truth: missing (below truth) and excess units per SKU. */
+export function compare(counts: Map<string, number>, truth: Map<string, number>): { below: string[]; excess: Map<string, number>; exact: boolean } {
+  const below: string[] = [];
+  const excess = new Map<string, number>();
+  for (const sku of new Set([...counts.keys(), ...truth.keys()])) {
+    const diff = (counts.get(sku) ?? 0) - (truth.get(sku) ?? 0);
+    if (diff < 0) below.push(sku);
+    if (diff > 0) excess.set(sku, diff);
+  }
+  return { below, excess, exact: below.length === 0 && excess.size === 0 };
+}
