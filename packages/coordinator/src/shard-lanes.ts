@@ -26,10 +26,11 @@ export type DispatchBatch = (vshard: number, parts: PendingPart[]) => Promise<vo
 
 interface Lane {
   pending: PendingPart[];
-  oldestAt: number;
+  /** When each pending part arrived, parallel to `pending`. */
+  arrivedAt: number[];
   busy: boolean;
-  /** Asked to flush while busy: flush as soon as the batch in flight is done. */
-  flushRequested: boolean;
+  /** flushAll() was called: keep flushing, without waiting, until the lane is empty. */
+  drainRequested: boolean;
   timer: NodeJS.Timeout | null;
 }
 
@@ -43,13 +44,13 @@ export class ShardLanes {
     private readonly options: LaneOptions,
     private readonly dispatch: DispatchBatch,
   ) {
-    this.lanes = Array.from({ length: options.virtualShards }, () => ({ pending: [], oldestAt: 0, busy: false, flushRequested: false, timer: null }));
+    this.lanes = Array.from({ length: options.virtualShards }, () => ({ pending: [], arrivedAt: [], busy: false, drainRequested: false, timer: null }));
   }
 
   add(vshard: number, part: PendingPart): void {
     const lane = this.lanes[vshard]!;
-    if (lane.pending.length === 0) lane.oldestAt = performance.now();
     lane.pending.push(part);
+    lane.arrivedAt.push(performance.now());
     this.pendingParts++;
     if (lane.pending.length >= this.options.batchSize) this.flush(vshard);
     else this.arm(vshard);
@@ -58,7 +59,10 @@ export class ShardLanes {
   /** Flushes every lane that has parts waiting. */
   flushAll(): void {
     for (let vshard = 0; vshard < this.lanes.length; vshard++) {
-      if (this.lanes[vshard]!.pending.length > 0) this.flush(vshard);
+      const lane = this.lanes[vshard]!;
+      if (lane.pending.length === 0) continue;
+      lane.drainRequested = true;
+      this.flush(vshard);
     }
   }
 
@@ -89,7 +93,7 @@ export class ShardLanes {
   private arm(vshard: number): void {
     const lane = this.lanes[vshard]!;
     if (lane.timer !== null || lane.busy || lane.pending.length === 0) return;
-    const waited = performance.now() - lane.oldestAt;
+    const waited = performance.now() - lane.arrivedAt[0]!;
     const delay = Math.max(0, this.options.batchWaitMs - waited);
     lane.timer = setTimeout(() => {
       lane.timer = null;
@@ -99,19 +103,16 @@ export class ShardLanes {
 
   private flush(vshard: number): void {
     const lane = this.lanes[vshard]!;
-    if (lane.pending.length === 0) return;
-    if (lane.busy) {
-      lane.flushRequested = true;
-      return;
-    }
-    lane.flushRequested = false;
+    if (lane.busy || lane.pending.length === 0) return;
     if (lane.timer) {
       clearTimeout(lane.timer);
       lane.timer = null;
     }
-    const parts = lane.pending.length <= this.options.batchSize ? lane.pending : lane.pending.slice(0, this.options.batchSize);
-    lane.pending = parts === lane.pending ? [] : lane.pending.slice(this.options.batchSize);
-    if (lane.pending.length > 0) lane.oldestAt = performance.now();
+    const size = this.options.batchSize;
+    const parts = lane.pending.length <= size ? lane.pending : lane.pending.slice(0, size);
+    lane.pending = parts === lane.pending ? [] : lane.pending.slice(size);
+    lane.arrivedAt = lane.pending.length === 0 ? [] : lane.arrivedAt.slice(size);
+    if (lane.pending.length === 0) lane.drainRequested = false;
     this.pendingParts -= parts.length;
     lane.busy = true;
     this.busyLanes++;
@@ -119,9 +120,10 @@ export class ShardLanes {
       lane.busy = false;
       this.busyLanes--;
       const due =
-        lane.flushRequested ||
-        lane.pending.length >= this.options.batchSize ||
-        (lane.pending.length > 0 && performance.now() - lane.oldestAt >= this.options.batchWaitMs);
+        lane.pending.length > 0 &&
+        (lane.drainRequested ||
+          lane.pending.length >= this.options.batchSize ||
+          performance.now() - lane.arrivedAt[0]! >= this.options.batchWaitMs);
       if (due) this.flush(vshard);
       else this.arm(vshard);
       if (this.pendingParts === 0 && this.busyLanes === 0) {

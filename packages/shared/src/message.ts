@@ -128,8 +128,8 @@ export function parseMessage(body: Uint8Array, messageIdProperty: unknown, optio
   }
 
   const changes: Change[] = new Array(rawChanges.length);
-  // Per-SKU sums, so that a message whose deltas for one SKU add up beyond the
-  // safe range is refused here rather than rounded later.
+  // Per-SKU sums of |delta|: bounding those keeps every partial sum safe,
+  // whatever subset the type filter later keeps, so nothing is ever rounded.
   const sums = new Map<string, number>();
   for (let i = 0; i < rawChanges.length; i++) {
     const raw: unknown = rawChanges[i];
@@ -150,9 +150,9 @@ export function parseMessage(body: Uint8Array, messageIdProperty: unknown, optio
     if (!Number.isSafeInteger(delta)) {
       return bad('unsafe-delta', `${where}.delta ${show(delta)} is outside ±${Number.MAX_SAFE_INTEGER}`);
     }
-    const sum = (sums.get(sku) ?? 0) + delta;
+    const sum = (sums.get(sku) ?? 0) + Math.abs(delta);
     if (!Number.isSafeInteger(sum)) {
-      return bad('unsafe-delta', `the deltas for ${where}.sku ${show(sku)} add up beyond ±${Number.MAX_SAFE_INTEGER}`);
+      return bad('unsafe-delta', `the deltas for ${where}.sku ${show(sku)} add up (in absolute value) beyond ${Number.MAX_SAFE_INTEGER}`);
     }
     sums.set(sku, sum);
     const type = entry.type;

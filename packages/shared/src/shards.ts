@@ -21,14 +21,14 @@ export function fnv1a32(text: string): number {
       continue;
     }
     // Non-ASCII: hash the UTF-8 encoding so the result matches other languages.
-    if (code >= 0xd800 && code <= 0xdbff && i + 1 < text.length) {
-      const low = text.charCodeAt(i + 1);
+    if (code >= 0xd800 && code <= 0xdfff) {
+      const low = code <= 0xdbff && i + 1 < text.length ? text.charCodeAt(i + 1) : 0;
       if (low >= 0xdc00 && low <= 0xdfff) {
         code = 0x10000 + ((code - 0xd800) << 10) + (low - 0xdc00);
         i++;
+      } else {
+        code = 0xfffd; // lone surrogate: encoded as U+FFFD, as Buffer.from does
       }
-    } else if (code >= 0xd800 && code <= 0xdfff) {
-      code = 0xfffd; // lone surrogate: encoded as U+FFFD, as Buffer.from does
     }
     const bytes =
       code < 0x800
@@ -72,7 +72,8 @@ export function splitByShard(
     if (acceptTypes !== null && (change.type === undefined || !acceptTypes.has(change.type))) continue;
     const existing = entries.get(change.sku);
     if (existing) {
-      // parseMessage guarantees per-SKU sums within a message stay safe.
+      // parseMessage bounds the sum of |delta| per SKU, so any subset of a
+      // SKU's changes (after filtering) sums safely.
       existing[1] += change.delta;
       continue;
     }

@@ -7,8 +7,10 @@ import { Redis, type RedisOptions } from 'ioredis';
  * - autoResendUnfulfilledCommands off: after a disconnect ioredis would
  *   otherwise replay a count write that may already have landed. Tally
  *   retries itself, guarded by a write receipt, so a replay is never blind.
- * - maxRetriesPerRequest low: a command fails fast during an outage and the
- *   caller's backoff loop (which logs and is observable) takes over.
+ * - maxRetriesPerRequest 0: every command pending on a connection that drops
+ *   is rejected at once (with autoResend off ioredis would otherwise forget
+ *   it until commandTimeout), and the caller's backoff loop, which logs and
+ *   is observable, takes over.
  * - commandTimeout: a server that stops answering is treated as an outage,
  *   not waited on forever.
  */
@@ -19,7 +21,7 @@ export function createRedisClient(url: string, connectionName: string, overrides
     enableReadyCheck: true,
     enableOfflineQueue: true,
     autoResendUnfulfilledCommands: false,
-    maxRetriesPerRequest: 1,
+    maxRetriesPerRequest: 0,
     commandTimeout: 10_000,
     retryStrategy: (times) => Math.min(50 * 2 ** Math.min(times, 6), 2_000),
     ...overrides,

@@ -1,0 +1,197 @@
+import { expect } from 'chai';
+import { AckTracker } from '../../src/ack-tracker.js';
+
+/** Seeded PRNG (mulberry32): a failing seed can be replayed. */
+function mulberry32(seed: number): () => number {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+function shuffled(n: number, random: () => number): number[] {
+  const tags = Array.from({ length: n }, (_, i) => i + 1);
+  for (let i = tags.length - 1; i > 0; i--) {
+    const j = Math.floor(random() * (i + 1));
+    [tags[i], tags[j]] = [tags[j]!, tags[i]!];
+  }
+  return tags;
+}
+
+function receiveUpTo(tracker: AckTracker, n: number): void {
+  for (let tag = 1; tag <= n; tag++) tracker.received(tag);
+}
+
+describe('AckTracker', () => {
+  it('has nothing to ack when nothing was received', () => {
+    const tracker = new AckTracker();
+    expect(tracker.takeAckable()).to.equal(null);
+    expect(tracker.unacked).to.equal(0);
+    expect(tracker.inProgress).to.equal(0);
+  });
+
+  it('acks a delivery finished in order', () => {
+    const tracker = new AckTracker();
+    tracker.received(1);
+    expect(tracker.takeAckable()).to.equal(null);
+    tracker.finish(1);
+    expect(tracker.takeAckable()).to.equal(1);
+    expect(tracker.takeAckable()).to.equal(null);
+  });
+
+  it('gives only contiguous multiple-acks when completions come out of order', () => {
+    const tracker = new AckTracker();
+    receiveUpTo(tracker, 6);
+    tracker.finish(3);
+    tracker.finish(2);
+    expect(tracker.takeAckable(), '1 still in progress').to.equal(null);
+    tracker.finish(5);
+    expect(tracker.takeAckable()).to.equal(null);
+    tracker.finish(1);
+    expect(tracker.takeAckable(), '1..3 finished, 4 not').to.equal(3);
+    expect(tracker.takeAckable()).to.equal(null);
+    tracker.finish(6);
+    expect(tracker.takeAckable(), '4 still in progress').to.equal(null);
+    tracker.finish(4);
+    expect(tracker.takeAckable()).to.equal(6);
+    expect(tracker.takeAckable()).to.equal(null);
+  });
+
+  it('reports unacked and inProgress along the way', () => {
+    const tracker = new AckTracker();
+    receiveUpTo(tracker, 5);
+    expect([tracker.unacked, tracker.inProgress]).to.deep.equal([5, 5]);
+    tracker.finish(2);
+    tracker.finish(4);
+    expect([tracker.unacked, tracker.inProgress]).to.deep.equal([5, 3]);
+    expect(tracker.takeAckable()).to.equal(null);
+    expect([tracker.unacked, tracker.inProgress]).to.deep.equal([5, 3]);
+    tracker.finish(1);
+    expect([tracker.unacked, tracker.inProgress]).to.deep.equal([5, 2]);
+    expect(tracker.takeAckable()).to.equal(2);
+    expect([tracker.unacked, tracker.inProgress]).to.deep.equal([3, 2]);
+    tracker.received(6);
+    expect([tracker.unacked, tracker.inProgress]).to.deep.equal([4, 3]);
+    for (const tag of [3, 5, 6]) tracker.finish(tag);
+    expect([tracker.unacked, tracker.inProgress]).to.deep.equal([4, 0]);
+    expect(tracker.takeAckable()).to.equal(6);
+    expect([tracker.unacked, tracker.inProgress]).to.deep.equal([0, 0]);
+  });
+
+  it('throws when a delivery is finished twice, before or after its ack', () => {
+    const tracker = new AckTracker();
+    receiveUpTo(tracker, 3);
+    tracker.finish(2);
+    expect(() => tracker.finish(2)).to.throw(RangeError);
+    tracker.finish(1);
+    expect(tracker.takeAckable()).to.equal(2);
+    expect(() => tracker.finish(1)).to.throw(RangeError);
+    expect(() => tracker.finish(2)).to.throw(RangeError);
+    // The failed calls changed nothing.
+    expect([tracker.unacked, tracker.inProgress]).to.deep.equal([1, 1]);
+    tracker.finish(3);
+    expect(tracker.takeAckable()).to.equal(3);
+  });
+
+  it('throws when a delivery that was never received is finished', () => {
+    const tracker = new AckTracker();
+    expect(() => tracker.finish(1)).to.throw(RangeError);
+    receiveUpTo(tracker, 2);
+    expect(() => tracker.finish(3)).to.throw(RangeError);
+    expect(() => tracker.finish(0)).to.throw(RangeError);
+    expect(() => tracker.finish(-1)).to.throw(RangeError);
+    expect(tracker.inProgress).to.equal(2);
+  });
+
+  it('throws when deliveries are received out of sequence', () => {
+    const tracker = new AckTracker();
+    expect(() => tracker.received(2), 'first tag must be 1').to.throw(RangeError, /out of sequence/);
+    expect(() => tracker.received(0)).to.throw(RangeError);
+    tracker.received(1);
+    expect(() => tracker.received(1), 'repeated').to.throw(RangeError);
+    expect(() => tracker.received(3), 'gap').to.throw(RangeError);
+    tracker.received(2);
+    expect(tracker.unacked).to.equal(2);
+  });
+
+  it('property: random permutations of 1..N with acks taken at random moments', () => {
+    const random = mulberry32(0xacc);
+    let runs = 0;
+    let acksTaken = 0;
+    for (let run = 0; run < 300; run++) {
+      // Mostly mid-sized, always including the edges 1 and 500.
+      const n = run === 0 ? 1 : run === 1 ? 500 : 1 + Math.floor(random() * 500);
+      const tracker = new AckTracker();
+      const order = shuffled(n, random);
+      const finished = new Set<number>();
+      let received = 0;
+      let lastAck = 0;
+      const interleaveReceives = random() < 0.5;
+      if (!interleaveReceives) {
+        receiveUpTo(tracker, n);
+        received = n;
+      }
+
+      const take = () => {
+        const tag = tracker.takeAckable();
+        const expectedEnd = (() => {
+          let t = lastAck;
+          while (finished.has(t + 1)) t++;
+          return t;
+        })();
+        if (tag === null) {
+          expect(expectedEnd, `seed run ${run}: nothing ackable although ${lastAck + 1} is finished`).to.equal(lastAck);
+          return;
+        }
+        acksTaken++;
+        // Never acked twice: every ack moves strictly forward.
+        expect(tag, `run ${run}`).to.be.greaterThan(lastAck);
+        // Every tag it covers is finished...
+        for (let t = lastAck + 1; t <= tag; t++) {
+          if (!finished.has(t)) expect.fail(`run ${run}: ack ${tag} covers unfinished tag ${t}`);
+        }
+        // ...and it covers the whole contiguous run, no less.
+        expect(tag, `run ${run}`).to.equal(expectedEnd);
+        lastAck = tag;
+      };
+
+      for (const tag of order) {
+        // Deliveries arrive in tag order; a tag can only finish once received.
+        while (received < tag) {
+          tracker.received(++received);
+          if (random() < 0.1) take();
+        }
+        tracker.finish(tag);
+        finished.add(tag);
+        expect(tracker.unacked).to.equal(received - lastAck);
+        expect(tracker.inProgress).to.equal(received - finished.size);
+        if (random() < 0.3) take();
+        expect(tracker.unacked).to.equal(received - lastAck);
+        expect(tracker.inProgress).to.equal(received - finished.size);
+      }
+      take();
+      expect(lastAck, `run ${run}: everything acked at the end`).to.equal(n);
+      expect(tracker.takeAckable()).to.equal(null);
+      expect(tracker.unacked).to.equal(0);
+      expect(tracker.inProgress).to.equal(0);
+      expect(() => tracker.finish(1 + Math.floor(random() * n))).to.throw(RangeError);
+      runs++;
+    }
+    expect(runs).to.equal(300);
+    expect(acksTaken).to.be.greaterThan(300);
+  });
+
+  it('acks every 500th tag over a million deliveries finished in order', () => {
+    const tracker = new AckTracker();
+    for (let tag = 1; tag <= 1_000_000; tag++) {
+      tracker.received(tag);
+      tracker.finish(tag);
+      if (tag % 500 === 0) expect(tracker.takeAckable()).to.equal(tag);
+    }
+    expect(tracker.unacked).to.equal(0);
+  });
+});

@@ -1,0 +1,242 @@
+import { readFileSync } from 'node:fs';
+import { availableParallelism } from 'node:os';
+import { fileURLToPath } from 'node:url';
+import { expect } from 'chai';
+import { DEFAULTS, LIMITS, loadConfig, type Env, type TallyConfig } from '../src/config.js';
+import { ConfigError, TallyError } from '../src/errors.js';
+
+function configError(env: Env): ConfigError {
+  try {
+    loadConfig(env);
+  } catch (error) {
+    expect(error).to.be.instanceOf(ConfigError);
+    expect(error).to.be.instanceOf(TallyError);
+    return error as ConfigError;
+  }
+  return expect.fail(`expected a ConfigError for ${JSON.stringify(env)}`);
+}
+
+/** Every TALLY_* variable with values it must refuse. */
+const BAD_VALUES: ReadonlyArray<readonly [variable: string, values: readonly string[]]> = [
+  ['TALLY_AMQP_URL', ['http://user:s3cret@host', 'redis://127.0.0.1:6379', 'not a url', 'amqp//host', 'file:///etc/passwd']],
+  ['TALLY_REDIS_URL', ['amqp://127.0.0.1:5672', 'http://localhost:6379', 'localhost:6379x', '127.0.0.1']],
+  ['TALLY_QUEUE', ['amq.changes', 'q'.repeat(251), 'é'.repeat(126)]],
+  ['TALLY_PREFIX', ['{tally}:', 'a{b', 'a}b', 'tally*', 'tal?y', 'x[1]', 'a b', 'back\\slash', '', 'p'.repeat(65), 'préfix']],
+  ['TALLY_MODE', ['bogus', 'atomic', 'TWO-STEP', 'two_step']],
+  ['TALLY_WORKERS', ['0', '65', '-1', 'four', '2.5', '1e1', '0x4']],
+  ['TALLY_PREFETCH', ['0', '65536', 'lots', '10.0']],
+  ['TALLY_BATCH_SIZE', ['0', '100001', '-5', '500ms']],
+  ['TALLY_BATCH_WAIT_MS', ['-1', '60001', '50ms', '1.5']],
+  ['TALLY_MARKER_TTL_S', ['0', '31536001', '600s', '99999999999999999999']],
+  ['TALLY_COUNT_TTL_S', ['0', '315360001', 'forever']],
+  ['TALLY_ACCEPT_TYPES', [`sale,${'t'.repeat(65)}`]],
+  ['TALLY_METRICS_PORT', ['65536', '-1', 'http', '9464.5']],
+  ['TALLY_VIRTUAL_SHARDS', ['0', '1025', 'sixteen', '16.0', '-16']],
+  ['TALLY_MAX_MESSAGE_BYTES', ['63', '16777217', '64k']],
+  ['TALLY_SHUTDOWN_GRACE_MS', ['-1', '600001', '30s']],
+  ['TALLY_LOG_LEVEL', ['loud', 'verbose', 'INFO', 'warning']],
+];
+
+describe('loadConfig', () => {
+  it('fills every default from an empty environment', () => {
+    const config = loadConfig({});
+    const expected: TallyConfig = {
+      amqpUrl: 'amqp://guest:guest@127.0.0.1:5672',
+      redisUrl: 'redis://127.0.0.1:6379',
+      queue: 'inventory.changes',
+      deadLetterQueue: 'inventory.changes.dead',
+      prefix: 'tally:',
+      mode: 'two-step',
+      workers: Math.min(Math.max(1, availableParallelism()), 16),
+      prefetch: 2000,
+      batchSize: 500,
+      batchWaitMs: 50,
+      markerTtlS: 600,
+      countTtlS: 2_592_000,
+      acceptTypes: null,
+      metricsPort: null,
+      virtualShards: 16,
+      maxMessageBytes: 65_536,
+      shutdownGraceMs: 30_000,
+      logLevel: 'info',
+    };
+    expect(config).to.deep.equal(expected);
+    expect(Object.isFrozen(config)).to.equal(true);
+    expect(DEFAULTS.batchSize).to.equal(500);
+  });
+
+  it('treats empty and blank values as unset', () => {
+    const env: Record<string, string> = {};
+    for (const name of ['TALLY_AMQP_URL', 'TALLY_REDIS_URL', 'TALLY_QUEUE', 'TALLY_MODE', 'TALLY_WORKERS', 'TALLY_BATCH_SIZE', 'TALLY_METRICS_PORT', 'TALLY_LOG_LEVEL', 'TALLY_ACCEPT_TYPES']) {
+      env[name] = '  ';
+    }
+    expect(loadConfig(env)).to.deep.equal(loadConfig({}));
+  });
+
+  it('ignores variables outside TALLY_*', () => {
+    expect(loadConfig({ AMQP_URL: 'http://x', TALLY: 'x', tally_workers: '999' })).to.deep.equal(loadConfig({}));
+  });
+
+  it('reads process.env when no environment is given', () => {
+    const saved = process.env.TALLY_BATCH_SIZE;
+    process.env.TALLY_BATCH_SIZE = '123';
+    try {
+      expect(loadConfig().batchSize).to.equal(123);
+    } finally {
+      if (saved === undefined) delete process.env.TALLY_BATCH_SIZE;
+      else process.env.TALLY_BATCH_SIZE = saved;
+    }
+  });
+
+  describe('rejects bad values with a ConfigError naming the variable', () => {
+    for (const [variable, values] of BAD_VALUES) {
+      for (const value of values) {
+        it(`${variable}=${JSON.stringify(value.length > 40 ? `${value.slice(0, 12)}…(${value.length})` : value)}`, () => {
+          const error = configError({ [variable]: value });
+          expect(error.code).to.equal('TALLY_CONFIG_INVALID');
+          expect(error.variable).to.equal(variable);
+          expect(error.message.startsWith(`${variable}: `)).to.equal(true);
+          expect(error.name).to.equal('ConfigError');
+        });
+      }
+    }
+
+    it('covers every TALLY_* variable the config reads', () => {
+      // The variable names as written in the compiled config module.
+      const source = readFileSync(fileURLToPath(new URL('../src/config.js', import.meta.url)), 'utf8');
+      const read = new Set([...source.matchAll(/'(TALLY_[A-Z_]+)'/g)].map((m) => m[1]!));
+      const covered = new Set(BAD_VALUES.map(([name]) => name));
+      expect([...covered].sort()).to.deep.equal([...read].sort());
+      expect(covered.size).to.equal(17);
+    });
+
+    it('names the accepted range for integers', () => {
+      const error = configError({ TALLY_BATCH_SIZE: '0' });
+      expect(error.message).to.include(String(LIMITS.batchSize[0])).and.include(String(LIMITS.batchSize[1]));
+    });
+
+    it('refuses TALLY_WORKERS above TALLY_VIRTUAL_SHARDS', () => {
+      const error = configError({ TALLY_WORKERS: '8', TALLY_VIRTUAL_SHARDS: '4' });
+      expect(error.code).to.equal('TALLY_CONFIG_INVALID');
+      expect(error.variable).to.equal('TALLY_WORKERS');
+      expect(error.message).to.include('TALLY_VIRTUAL_SHARDS');
+      // Against the default of 16 virtual shards too.
+      expect(configError({ TALLY_WORKERS: '17' }).variable).to.equal('TALLY_WORKERS');
+    });
+
+    it('explains that TALLY_MODE=atomic is not available yet', () => {
+      const error = configError({ TALLY_MODE: 'atomic' });
+      expect(error.variable).to.equal('TALLY_MODE');
+      expect(error.message).to.include('atomic');
+      expect(error.message).to.include('two-step');
+    });
+  });
+
+  describe('never echoes a password', () => {
+    const cases: ReadonlyArray<readonly [string, string]> = [
+      ['TALLY_AMQP_URL', 'http://user:s3cret@host'],
+      ['TALLY_AMQP_URL', 'amqp://user:s3cret@host:99999'],
+      ['TALLY_AMQP_URL', 'amqp//user:s3cret@host'],
+      ['TALLY_AMQP_URL', 'redis://user:s3cret@host'],
+      ['TALLY_REDIS_URL', 'http://:s3cret@host:6379'],
+      ['TALLY_REDIS_URL', 'amqp://user:s3cret@host'],
+      ['TALLY_REDIS_URL', 'redis://user:s3cret@[::1'],
+    ];
+    for (const [variable, value] of cases) {
+      it(`${variable}=${value}`, () => {
+        const error = configError({ [variable]: value });
+        expect(error.variable).to.equal(variable);
+        expect(error.code).to.equal('TALLY_CONFIG_INVALID');
+        expect(error.message).not.to.include('s3cret');
+        expect(String(error.stack)).not.to.include('s3cret');
+        expect(String(error)).not.to.include('s3cret');
+      });
+    }
+  });
+
+  describe('accepts good values', () => {
+    it('amqps:// and rediss:// URLs, kept as given', () => {
+      const config = loadConfig({ TALLY_AMQP_URL: 'amqps://u:p@broker.example:5671/vhost', TALLY_REDIS_URL: 'rediss://:p@cache.example:6380/2' });
+      expect(config.amqpUrl).to.equal('amqps://u:p@broker.example:5671/vhost');
+      expect(config.redisUrl).to.equal('rediss://:p@cache.example:6380/2');
+    });
+
+    it('amqp:// and redis:// URLs with surrounding blanks trimmed', () => {
+      const config = loadConfig({ TALLY_AMQP_URL: ' amqp://h ', TALLY_REDIS_URL: '\tredis://h:1\n' });
+      expect(config.amqpUrl).to.equal('amqp://h');
+      expect(config.redisUrl).to.equal('redis://h:1');
+    });
+
+    it('every integer at both ends of its range', () => {
+      const names: Record<string, keyof typeof LIMITS> = {
+        TALLY_PREFETCH: 'prefetch',
+        TALLY_BATCH_SIZE: 'batchSize',
+        TALLY_BATCH_WAIT_MS: 'batchWaitMs',
+        TALLY_MARKER_TTL_S: 'markerTtlS',
+        TALLY_COUNT_TTL_S: 'countTtlS',
+        TALLY_METRICS_PORT: 'metricsPort',
+        TALLY_MAX_MESSAGE_BYTES: 'maxMessageBytes',
+        TALLY_SHUTDOWN_GRACE_MS: 'shutdownGraceMs',
+      };
+      for (const [variable, key] of Object.entries(names)) {
+        for (const value of LIMITS[key]) {
+          const config = loadConfig({ [variable]: ` ${value} ` }) as unknown as Record<string, unknown>;
+          expect(config[key], `${variable}=${value}`).to.equal(value);
+        }
+      }
+      expect(loadConfig({ TALLY_VIRTUAL_SHARDS: '1024', TALLY_WORKERS: '64' })).to.include({ virtualShards: 1024, workers: 64 });
+      expect(loadConfig({ TALLY_VIRTUAL_SHARDS: '1', TALLY_WORKERS: '1' })).to.include({ virtualShards: 1, workers: 1 });
+    });
+
+    it('workers equal to virtual shards, and a default worker count capped by the virtual shards', () => {
+      expect(loadConfig({ TALLY_WORKERS: '4', TALLY_VIRTUAL_SHARDS: '4' }).workers).to.equal(4);
+      expect(loadConfig({ TALLY_VIRTUAL_SHARDS: '1' }).workers).to.equal(1);
+    });
+
+    it('a queue name and its dead-letter queue', () => {
+      const config = loadConfig({ TALLY_QUEUE: 'stock.moves' });
+      expect(config.queue).to.equal('stock.moves');
+      expect(config.deadLetterQueue).to.equal('stock.moves.dead');
+      expect(loadConfig({ TALLY_QUEUE: 'q'.repeat(250) }).queue).to.have.length(250);
+    });
+
+    it('prefixes from the plain alphabet', () => {
+      for (const prefix of ['t:', 'tally-prod.eu_1:', 'A', 'p'.repeat(64)]) {
+        expect(loadConfig({ TALLY_PREFIX: prefix }).prefix).to.equal(prefix);
+      }
+    });
+
+    it('TALLY_MODE=two-step and every log level', () => {
+      expect(loadConfig({ TALLY_MODE: 'two-step' }).mode).to.equal('two-step');
+      for (const level of ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']) {
+        expect(loadConfig({ TALLY_LOG_LEVEL: level }).logLevel).to.equal(level);
+      }
+    });
+
+    it('TALLY_METRICS_PORT: null when unset, a number when set', () => {
+      expect(loadConfig({}).metricsPort).to.equal(null);
+      expect(loadConfig({ TALLY_METRICS_PORT: '9464' }).metricsPort).to.equal(9464);
+      expect(loadConfig({ TALLY_METRICS_PORT: '0' }).metricsPort).to.equal(0);
+    });
+  });
+
+  describe('TALLY_ACCEPT_TYPES', () => {
+    it('is null (accept everything) when unset, empty or only commas', () => {
+      for (const value of [undefined, '', '   ', ',', ' , ,, ']) {
+        expect(loadConfig({ TALLY_ACCEPT_TYPES: value }).acceptTypes, JSON.stringify(value)).to.equal(null);
+      }
+    });
+
+    it('splits on commas, trims, drops empties and duplicates', () => {
+      const types = loadConfig({ TALLY_ACCEPT_TYPES: ' sale, return ,,restock,sale ' }).acceptTypes;
+      expect(types).to.be.instanceOf(Set);
+      expect([...types!].sort()).to.deep.equal(['restock', 'return', 'sale']);
+    });
+
+    it('is case-sensitive and accepts a single type and one of 64 characters', () => {
+      expect([...loadConfig({ TALLY_ACCEPT_TYPES: 'Sale' }).acceptTypes!]).to.deep.equal(['Sale']);
+      const long = 't'.repeat(64);
+      expect([...loadConfig({ TALLY_ACCEPT_TYPES: long }).acceptTypes!]).to.deep.equal([long]);
+    });
+  });
+});

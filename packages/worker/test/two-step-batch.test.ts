@@ -1,0 +1,206 @@
+import { spawn } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
+import { fileURLToPath } from 'node:url';
+import { expect } from 'chai';
+import { Redis } from 'ioredis';
+import { countKey, markerKey, type BatchTask, type WorkerSettings } from '@tally/shared';
+import { createRedisClient } from '../src/redis-connection.js';
+import { runTwoStepBatch, type BatchLog } from '../src/two-step-batch.js';
+import { startProxy } from './tcp-proxy.js';
+
+const REDIS_URL = process.env.TALLY_REDIS_URL ?? 'redis://127.0.0.1:6379';
+const quiet: BatchLog = process.env.TEST_VERBOSE ? { warn: (f, m) => console.log(Date.now() % 100000, m, JSON.stringify(f)), error: (f, m) => console.log(m, f) } : { warn() {}, error() {} };
+
+function settingsFor(prefix: string): WorkerSettings {
+  return { redisUrl: REDIS_URL, prefix, mode: 'two-step', markerTtlS: 600, countTtlS: 2_592_000, logLevel: 'silent' };
+}
+
+function taskFor(runId: string, vshard = 3, parts = 50): BatchTask {
+  const ids: string[] = [];
+  const changes: Array<Array<[string, number]>> = [];
+  for (let i = 0; i < parts; i++) {
+    ids.push(`${runId}-m${i}`);
+    changes.push([[`S${i % 7}`, 1 + (i % 3)], [`T${i % 5}`, 2]]);
+  }
+  return { vshard, ids, changes };
+}
+
+function expectedCounts(task: BatchTask): Map<string, number> {
+  const sums = new Map<string, number>();
+  for (const part of task.changes) for (const [sku, delta] of part) sums.set(sku, (sums.get(sku) ?? 0) + delta);
+  return sums;
+}
+
+async function countsIn(redis: Redis, prefix: string, task: BatchTask): Promise<Map<string, number>> {
+  const result = new Map<string, number>();
+  for (const sku of expectedCounts(task).keys()) result.set(sku, Number(await redis.get(countKey(prefix, task.vshard, sku))));
+  return result;
+}
+
+async function markersIn(redis: Redis, prefix: string, task: BatchTask): Promise<number> {
+  const values = await redis.mget(task.ids.map((id) => markerKey(prefix, task.vshard, id)));
+  return values.filter((v) => v !== null).length;
+}
+
+describe('two-step batch against a real Redis', function () {
+  this.timeout(60_000);
+  let redis: Redis;
+  let prefix: string;
+  let runId: string;
+
+  beforeEach(() => {
+    runId = randomBytes(4).toString('hex');
+    prefix = `t.batch.${runId}:`;
+    redis = new Redis(REDIS_URL);
+  });
+  afterEach(async () => {
+    const keys = await redis.keys(`${prefix}*`);
+    if (keys.length > 0) await redis.del(...keys);
+    redis.disconnect();
+  });
+
+  it('writes the counts once and occupies every marker; a second run is all duplicates', async () => {
+    const client = createRedisClient(REDIS_URL, 'test');
+    try {
+      const task = taskFor(runId);
+      const first = await runTwoStepBatch(client, settingsFor(prefix), task, quiet);
+      expect([...first.marked]).to.deep.equal(task.ids.map(() => 0));
+      expect(await countsIn(redis, prefix, task)).to.deep.equal(expectedCounts(task));
+      expect(await markersIn(redis, prefix, task)).to.equal(task.ids.length);
+      const ttl = await redis.ttl(markerKey(prefix, task.vshard, task.ids[0]!));
+      expect(ttl).to.be.within(590, 600);
+      expect(await redis.ttl(countKey(prefix, task.vshard, 'S0'))).to.be.greaterThan(2_500_000);
+
+      const second = await runTwoStepBatch(client, settingsFor(prefix), task, quiet);
+      expect([...second.marked]).to.deep.equal(task.ids.map(() => 1));
+      expect(await countsIn(redis, prefix, task)).to.deep.equal(expectedCounts(task));
+    } finally {
+      client.disconnect();
+    }
+  });
+
+  it('writes the counts before it occupies any marker (invariant 2, seen by MONITOR)', async () => {
+    const monitor = await new Redis(REDIS_URL).monitor();
+    const seen: string[] = [];
+    monitor.on('monitor', (_time: string, args: string[]) => {
+      if (args[0] && args[1]?.startsWith(prefix)) seen.push(`${args[0].toLowerCase()} ${args[1]}`);
+      else if (args[0]?.toLowerCase() === 'exec') seen.push('exec');
+    });
+    const client = createRedisClient(REDIS_URL, 'test');
+    try {
+      const task = taskFor(runId);
+      await runTwoStepBatch(client, settingsFor(prefix), task, quiet);
+      await new Promise((resolve) => setTimeout(resolve, 200));
+      const firstMarkerSet = seen.findIndex((line) => line.startsWith(`set ${prefix}m:`));
+      const lastIncr = seen.map((line) => line.startsWith('incrby ')).lastIndexOf(true);
+      const exec = seen.indexOf('exec');
+      expect(firstMarkerSet, 'markers were set').to.be.greaterThan(-1);
+      expect(lastIncr, 'counts were written').to.be.greaterThan(-1);
+      expect(lastIncr, 'every INCRBY comes before the first marker SET').to.be.lessThan(firstMarkerSet);
+      expect(exec, 'the count transaction committed before the first marker SET').to.be.within(lastIncr, firstMarkerSet);
+    } finally {
+      client.disconnect();
+      monitor.disconnect();
+    }
+  });
+
+  it('a SIGKILL inside the crash window leaves counts written and markers absent: the redelivery overcounts visibly, never loses', async () => {
+    const task = taskFor(runId);
+    const script = `
+      import { runTwoStepBatch, createRedisClient } from ${JSON.stringify(fileURLToPath(new URL('../src/index.js', import.meta.url)))};
+      const settings = JSON.parse(process.env.SETTINGS);
+      const task = JSON.parse(process.env.TASK);
+      const client = createRedisClient(settings.redisUrl, 'crasher');
+      await runTwoStepBatch(client, settings, task, { warn() {}, error() {} }, {
+        afterCountWrite: () => process.kill(process.pid, 'SIGKILL'),
+      });
+    `;
+    const child = spawn(process.execPath, ['--input-type=module', '-e', script], {
+      env: { ...process.env, SETTINGS: JSON.stringify(settingsFor(prefix)), TASK: JSON.stringify(task) },
+      stdio: 'inherit',
+    });
+    const signal = await new Promise((resolve) => child.on('exit', (_code, sig) => resolve(sig)));
+    expect(signal).to.equal('SIGKILL');
+    expect(await countsIn(redis, prefix, task), 'counts written before the crash').to.deep.equal(expectedCounts(task));
+    expect(await markersIn(redis, prefix, task), 'no marker occupied').to.equal(0);
+
+    // The redelivery finds no marker and counts again: double, never zero.
+    const client = createRedisClient(REDIS_URL, 'test');
+    try {
+      const redelivery = await runTwoStepBatch(client, settingsFor(prefix), task, quiet);
+      expect([...redelivery.marked].every((m) => m === 0)).to.equal(true);
+      const doubled = new Map([...expectedCounts(task)].map(([sku, n]) => [sku, 2 * n]));
+      expect(await countsIn(redis, prefix, task)).to.deep.equal(doubled);
+      expect(await markersIn(redis, prefix, task)).to.equal(task.ids.length);
+    } finally {
+      client.disconnect();
+    }
+  });
+
+  it('counts an occupation failure after a successful write, retries the markers, and does not write twice', async () => {
+    const proxy = await startProxy(6379);
+    const client = createRedisClient(`redis://127.0.0.1:${proxy.port}`, 'test');
+    client.on('error', () => {});
+    try {
+      const task = taskFor(runId);
+      const result = await runTwoStepBatch(client, settingsFor(prefix), task, quiet, {
+        afterCountWrite: () => {
+          proxy.pause();
+          setTimeout(() => proxy.resume(), 400);
+        },
+      });
+      expect(result.occupationFailures).to.equal(1);
+      expect(result.writeRetries).to.equal(0);
+      expect(await countsIn(redis, prefix, task)).to.deep.equal(expectedCounts(task));
+      expect(await markersIn(redis, prefix, task)).to.equal(task.ids.length);
+    } finally {
+      client.disconnect();
+      await proxy.close();
+    }
+  });
+
+  it('resolves a count write whose reply was lost by its receipt, without writing twice', async () => {
+    const proxy = await startProxy(6379);
+    const client = createRedisClient(`redis://127.0.0.1:${proxy.port}`, 'test');
+    client.on('error', () => {});
+    try {
+      let cut = false;
+      proxy.inspect = (chunk) => {
+        // The transaction reaches Redis and commits; its reply never arrives.
+        if (!cut && /\bexec\b/i.test(chunk.toString('latin1'))) {
+          cut = true;
+          return 'cut-after';
+        }
+        return 'forward';
+      };
+      const task = taskFor(runId);
+      const result = await runTwoStepBatch(client, settingsFor(prefix), task, quiet);
+      expect(cut, 'the reply was cut').to.equal(true);
+      expect(result.writeRetries, 'the write failed once').to.equal(1);
+      expect(await countsIn(redis, prefix, task), 'written once, not twice').to.deep.equal(expectedCounts(task));
+      expect(await markersIn(redis, prefix, task)).to.equal(task.ids.length);
+    } finally {
+      client.disconnect();
+      await proxy.close();
+    }
+  });
+
+  it('waits out a Redis outage before the write and then counts exactly once', async () => {
+    const proxy = await startProxy(6379);
+    const client = createRedisClient(`redis://127.0.0.1:${proxy.port}`, 'test');
+    client.on('error', () => {});
+    try {
+      await client.ping();
+      proxy.pause();
+      setTimeout(() => proxy.resume(), 1_500);
+      const task = taskFor(runId);
+      const result = await runTwoStepBatch(client, settingsFor(prefix), task, quiet);
+      expect([...result.marked].every((m) => m === 0)).to.equal(true);
+      expect(await countsIn(redis, prefix, task)).to.deep.equal(expectedCounts(task));
+      expect(await markersIn(redis, prefix, task)).to.equal(task.ids.length);
+    } finally {
+      client.disconnect();
+      await proxy.close();
+    }
+  });
+});
