@@ -9,18 +9,27 @@ import { createRedisClient } from '@tally/worker';
 import { countsToJson, readCounts } from './commands/counts.js';
 import { publishCommand } from './commands/publish.js';
 import { readStats } from './commands/stats.js';
+import { readTruth, verify } from './commands/verify.js';
 
 const USAGE = `usage: tally <command> [options]
 
 commands:
   counts [--json] [--sku S ...]   counts per SKU under TALLY_PREFIX (all, or the SKUs named)
   stats [--json]                  accumulated counters (received, duplicates, occupation_failures, ...)
+  verify --truth FILE [--exact]   compare the counts with a truth file (exit 1 if any SKU is below it,
+                                  or with --exact if any differs)
   publish [options]               publish a generated workload to TALLY_QUEUE
       --messages N (10000)  --skus N (1000)  --changes MIN-MAX (1-8)  --deltas MIN-MAX (1-9)
       --duplicate-rate R (0.02)  --bad-rate R (0)  --types a,b  --zipf S (0)  --seed N
       --id-prefix P  --truth FILE (write the expected counts as JSON)
 
 Environment: TALLY_REDIS_URL, TALLY_AMQP_URL, TALLY_QUEUE, TALLY_PREFIX, TALLY_VIRTUAL_SHARDS, ... (see README)`;
+
+// `tally counts | head` closes the pipe early: that is a normal end, not an error.
+process.stdout.on('error', (error: NodeJS.ErrnoException) => {
+  if (error.code === 'EPIPE') process.exit(0);
+  throw error;
+});
 
 function out(line: string): void {
   process.stdout.write(`${line}\n`);
@@ -54,18 +63,31 @@ async function main(argv: string[]): Promise<void> {
     await publishCommand(values, config, out);
     return;
   }
-  if (command !== 'counts' && command !== 'stats') throw new CliUsageError(`unknown command ${JSON.stringify(command)}\n${USAGE}`);
+  if (command !== 'counts' && command !== 'stats' && command !== 'verify') throw new CliUsageError(`unknown command ${JSON.stringify(command)}\n${USAGE}`);
   const { values } = parseArgs({
     args: rest,
-    options: { json: { type: 'boolean', default: false }, sku: { type: 'string', multiple: true } },
+    options: {
+      json: { type: 'boolean', default: false },
+      sku: { type: 'string', multiple: true },
+      truth: { type: 'string' },
+      exact: { type: 'boolean', default: false },
+    },
     strict: true,
   });
+  if (values.sku && command !== 'counts') throw new CliUsageError('--sku applies to counts only');
+  if (command === 'verify' && !values.truth) throw new CliUsageError('verify needs --truth FILE');
   // One attempt, no endless reconnects: a CLI should fail fast and say why.
   const redis = createRedisClient(config.redisUrl, 'tally-cli', { maxRetriesPerRequest: 0, retryStrategy: () => null });
   redis.on('error', () => {});
   try {
-    if (command === 'counts') {
-      if (values.sku && command !== 'counts') throw new CliUsageError('--sku applies to counts only');
+    if (command === 'verify') {
+      const verdict = verify(await readCounts(redis, config, []), await readTruth(values.truth!));
+      if (values.json) out(JSON.stringify(verdict));
+      else {
+        out(`${verdict.skus} SKUs: ${verdict.exact} exact, ${verdict.below} below the truth (${verdict.missingUnits} units lost), ${verdict.above} above it (${verdict.excessUnits} units overcounted)`);
+      }
+      if (verdict.below > 0 || (values.exact && verdict.above > 0)) process.exitCode = 1;
+    } else if (command === 'counts') {
       const counts = await readCounts(redis, config, values.sku ?? []);
       if (values.json) out(countsToJson(counts));
       else for (const [sku, value] of [...counts].sort(([a], [b]) => (a < b ? -1 : 1))) out(`${sku}\t${value}`);

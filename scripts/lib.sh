@@ -1,0 +1,56 @@
+# Shared by demo.sh, test.sh and .ci/run: puts pnpm 12.4.2 on PATH and makes
+# sure RabbitMQ and Redis answer on their local ports.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+export TURBO_TELEMETRY_DISABLED=1 DO_NOT_TRACK=1
+PNPM_VERSION=12.4.2
+
+ensure_pnpm() {
+  if command -v pnpm >/dev/null 2>&1 && [ "$(pnpm --version 2>/dev/null)" = "$PNPM_VERSION" ]; then return; fi
+  # A project-local copy: no global install, no corepack (it does not work here).
+  if [ ! -x "$ROOT/.tools/node_modules/.bin/pnpm" ]; then
+    echo "installing pnpm $PNPM_VERSION into .tools/" >&2
+    npm install --silent --no-audit --no-fund --prefix "$ROOT/.tools" "pnpm@$PNPM_VERSION" >&2
+  fi
+  export PATH="$ROOT/.tools/node_modules/.bin:$PATH"
+}
+
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+wait_port() {
+  local port=$1 name=$2
+  for _ in $(seq 1 120); do
+    if port_open "$port"; then return 0; fi
+    sleep 1
+  done
+  echo "$name did not answer on 127.0.0.1:$port" >&2
+  return 1
+}
+
+ensure_services() {
+  if ! port_open 6379; then
+    echo "starting redis-server" >&2
+    redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no >&2
+  fi
+  if ! port_open 5672; then
+    echo "starting rabbitmq-server" >&2
+    rabbitmq-server -detached >&2 || true
+  fi
+  wait_port 6379 Redis
+  wait_port 5672 RabbitMQ
+  # The port opens before the broker accepts logins; wait until it does.
+  if command -v rabbitmqctl >/dev/null 2>&1; then
+    for _ in $(seq 1 60); do
+      if rabbitmqctl -q await_startup >/dev/null 2>&1; then break; fi
+      sleep 1
+    done
+  fi
+}
+
+install_and_build() {
+  ensure_pnpm
+  cd "$ROOT"
+  pnpm install --frozen-lockfile
+  pnpm build
+}
