@@ -3,3 +3,4 @@ export { publishAll, ensureQueue, type PublishOptions } from './publisher.js';
 export { badSample, type BadSample } from './bad-corpus.js';
 export { seededRandom, randomInt, zipfPicker } from './random.js';
 export { resetNamespace, type Namespace } from './namespace.js';
+export { startProxy, type ProxyControl } from './tcp-proxy.js';

@@ -6,6 +6,9 @@
  *            -> every part reported done -> ack (contiguous multiple-ack)
  */
 import { setTimeout as sleep } from 'node:timers/promises';
+import { metrics, trace, type Tracer } from '@opentelemetry/api';
+import { PrometheusExporter } from '@opentelemetry/exporter-prometheus';
+import { MeterProvider } from '@opentelemetry/sdk-metrics';
 import type { ConsumeMessage } from 'amqplib';
 import type { Redis } from 'ioredis';
 import {
@@ -27,6 +30,9 @@ import { ShardLanes, type PendingPart } from './shard-lanes.js';
 import { StatsRecorder } from './stats-recorder.js';
 import { WorkerPools } from './worker-pools.js';
 import { BadMessageLog } from './bad-message-log.js';
+import { endBatchSpan, failBatchSpan, recordDeadLetter, startBatchSpan } from './telemetry/batch-span.js';
+import { HttpEndpoints } from './telemetry/http-endpoints.js';
+import { DaemonMetrics, timestampToMs } from './telemetry/metrics.js';
 
 export type DaemonState = 'created' | 'starting' | 'running' | 'stopping' | 'stopped';
 
@@ -49,6 +55,12 @@ export class Daemon {
   private readonly inFlight = new Map<string, Delivery>();
   private pendingDeadLetters = 0;
   private stopping: Promise<void> | null = null;
+  private readonly tracer: Tracer = trace.getTracer('tally.coordinator');
+  private metrics: DaemonMetrics | null = null;
+  private meterProvider: MeterProvider | null = null;
+  private endpoints: HttpEndpoints | null = null;
+  /** The port the HTTP endpoint listens on, once started (TALLY_METRICS_PORT=0 picks one). */
+  metricsPort: number | null = null;
 
   constructor(
     private readonly config: TallyConfig,
@@ -64,6 +76,34 @@ export class Daemon {
       redisReady: this.redis?.status === 'ready',
       inFlight: this.inFlight.size,
     };
+  }
+
+  /** Ready: running, connected to both servers, consuming. What /readyz answers. */
+  get ready(): boolean {
+    const status = this.status;
+    return status.state === 'running' && status.consuming && status.redisReady;
+  }
+
+  /** Metrics and the HTTP endpoint, when TALLY_METRICS_PORT is set. */
+  private async startMetrics(): Promise<void> {
+    const { config } = this;
+    if (config.metricsPort === null) return;
+    const exporter = new PrometheusExporter({ preventServerStart: true });
+    this.meterProvider = new MeterProvider({ readers: [exporter] });
+    metrics.setGlobalMeterProvider(this.meterProvider);
+    this.metrics = new DaemonMetrics(
+      this.meterProvider.getMeter('tally'),
+      { queue: config.queue, mode: config.mode, virtualShards: config.virtualShards },
+      {
+        counters: () => this.stats!.sinceStart,
+        inFlight: () => this.acks?.tracker.unacked ?? 0,
+        shardDepths: () => this.lanes?.depths() ?? [],
+        connections: () => ({ amqp: this.link?.current !== null && this.link !== null, redis: this.redis?.status === 'ready' }),
+      },
+    );
+    this.endpoints = new HttpEndpoints(exporter, () => ({ ready: this.ready, detail: this.status }));
+    this.metricsPort = await this.endpoints.listen(config.metricsPort);
+    this.log.info({ port: this.metricsPort, paths: ['/metrics', '/healthz', '/readyz'] }, 'http endpoint listening');
   }
 
   async start(): Promise<void> {
@@ -97,6 +137,7 @@ export class Daemon {
 
     this.stats = new StatsRecorder(this.redis, config.prefix, log);
     this.stats.start();
+    await this.startMetrics();
     this.pools = new WorkerPools(
       {
         redisUrl: config.redisUrl,
@@ -152,6 +193,7 @@ export class Daemon {
 
     const parsed = parseMessage(message.content, message.properties.messageId, { maxBytes: this.config.maxMessageBytes });
     if (!parsed.ok) {
+      recordDeadLetter(this.tracer, this.config.queue, parsed.reason, message.properties.headers?.traceparent);
       this.deadLetter(link, message, formatReason(parsed.reason, parsed.detail), parsed.reason);
       return;
     }
@@ -170,6 +212,9 @@ export class Daemon {
       parts: parts.size,
       markedParts: 0,
       waiters: [],
+      receivedAt: performance.now(),
+      publishedAt: timestampToMs(message.properties.timestamp),
+      traceparent: message.properties.headers?.traceparent,
     };
     const first = this.inFlight.get(delivery.id);
     if (first !== undefined) {
@@ -211,14 +256,26 @@ export class Daemon {
 
   /** Runs one shard batch on its owner thread; retried until it completes. */
   private async runBatch(vshard: number, parts: PendingPart[]): Promise<void> {
+    const { span, traceparent } = startBatchSpan(this.tracer, {
+      vshard,
+      queue: this.config.queue,
+      mode: this.config.mode,
+      parts: parts.length,
+      traceparents: parts.map((part) => part.delivery.traceparent as string | undefined),
+      distinctSkus: () => new Set(parts.flatMap((part) => part.changes.map(([sku]) => sku))).size,
+    });
     const task: BatchTask = {
       vshard,
       ids: parts.map((part) => part.delivery.id),
       changes: parts.map((part) => part.changes),
+      ...(traceparent === undefined ? {} : { traceparent }),
     };
+    const started = performance.now();
     for (let attempt = 0; ; attempt++) {
       try {
         const result = await this.pools!.run(task);
+        endBatchSpan(span, result);
+        this.metrics?.recordBatch(parts.length, performance.now() - started, result);
         const stats = this.stats!;
         stats.add('occupation_failures', result.occupationFailures);
         stats.add('write_retries', result.writeRetries);
@@ -234,7 +291,11 @@ export class Daemon {
         // batch is safe: at worst it repeats a count write whose markers were
         // never occupied, exactly the crash window the counters report.
         const delayMs = backoffDelay(attempt);
-        this.log.error({ vshard, attempt, delayMs, err: describe(error) }, 'batch failed in its worker thread; retrying');
+        failBatchSpan(span, error);
+        this.log.error(
+          { vshard, attempt, delayMs, err: describe(error), trace_id: traceparent?.slice(3, 35) },
+          'batch failed in its worker thread; retrying',
+        );
         await sleep(delayMs);
       }
     }
@@ -244,6 +305,12 @@ export class Daemon {
   private settle(delivery: Delivery): void {
     const stats = this.stats!;
     this.inFlight.delete(delivery.id);
+    if (this.metrics) {
+      const now = performance.now();
+      const wallNow = Date.now();
+      this.metrics.recordAck(delivery.receivedAt, delivery.publishedAt === undefined ? undefined : delivery.publishedAt, wallNow, now);
+      for (const waiter of delivery.waiters) this.metrics.recordAck(waiter.receivedAt, waiter.publishedAt, wallNow, now);
+    }
     if (delivery.markedParts === delivery.parts) stats.add('duplicates');
     else if (delivery.markedParts === 0) {
       stats.add('counted');
@@ -331,6 +398,12 @@ export class Daemon {
       await this.redis?.quit();
     } catch {
       this.redis?.disconnect();
+    }
+    try {
+      await this.endpoints?.close();
+      await this.meterProvider?.shutdown();
+    } catch (error) {
+      log.warn({ err: describe(error) }, 'closing the metrics endpoint failed');
     }
     this.state = 'stopped';
     log.info({ counters: this.stats?.sinceStart }, 'stopped');

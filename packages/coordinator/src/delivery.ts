@@ -17,6 +17,12 @@ export interface Delivery {
   markedParts: number;
   /** Other deliveries with the same id that arrived while this one was in flight. */
   readonly waiters: Delivery[];
+  /** performance.now() at delivery, for the process-duration histogram. */
+  readonly receivedAt: number;
+  /** Epoch ms of the message's timestamp property, when it has one. */
+  readonly publishedAt: number | undefined;
+  /** The producer's W3C traceparent header, unvalidated (checked when a span links to it). */
+  readonly traceparent: unknown;
 }
 
 /** A channel generation: deliveries remember which one they came from. */

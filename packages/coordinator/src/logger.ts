@@ -1,3 +1,4 @@
+import { trace } from '@opentelemetry/api';
 import { pino, type Logger } from 'pino';
 import type { LogLevel } from '@tally/shared';
 
@@ -13,6 +14,14 @@ export function createLogger(level: LogLevel, bindings: Record<string, unknown> 
     level,
     base: { service: 'tally', pid: process.pid, ...bindings },
     timestamp: pino.stdTimeFunctions.isoTime,
+    // Every record made inside a span carries its trace id, so a log line
+    // leads to its trace in Jaeger and back.
+    mixin() {
+      const span = trace.getActiveSpan();
+      if (span === undefined) return {};
+      const { traceId, spanId } = span.spanContext();
+      return { trace_id: traceId, span_id: spanId };
+    },
     redact: { paths: ['amqpUrl', 'redisUrl', 'config.amqpUrl', 'config.redisUrl', 'password', '*.password'], censor: '[redacted]' },
   });
 }

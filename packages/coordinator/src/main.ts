@@ -5,6 +5,7 @@
  * 2 configuration error (with a one-line reason naming the variable).
  */
 import { isTallyError, loadConfig, type TallyConfig } from '@tally/shared';
+import { startTracing } from '@tally/worker';
 import { Daemon } from './daemon.js';
 import { createLogger } from './logger.js';
 
@@ -21,7 +22,15 @@ try {
 }
 
 const log = createLogger(config.logLevel, { component: 'coordinator' });
+// Before the daemon, so its tracer is the SDK's; off unless OTEL_* asks for traces.
+const tracing = startTracing(process.env);
+if (tracing) log.info({ exporter: process.env.OTEL_TRACES_EXPORTER ?? 'otlp', protocol: process.env.OTEL_EXPORTER_OTLP_TRACES_PROTOCOL ?? process.env.OTEL_EXPORTER_OTLP_PROTOCOL ?? 'http/protobuf' }, 'tracing on');
 const daemon = new Daemon(config, log);
+
+async function stopAll(): Promise<void> {
+  await daemon.stop();
+  await tracing?.shutdown().catch((error: unknown) => log.warn({ err: String(error) }, 'flushing traces failed'));
+}
 
 let signalled = false;
 function onSignal(signal: NodeJS.Signals): void {
@@ -32,7 +41,7 @@ function onSignal(signal: NodeJS.Signals): void {
   }
   signalled = true;
   log.info({ signal }, 'signal received');
-  daemon.stop().then(
+  stopAll().then(
     () => process.exit(0),
     (error) => {
       log.error({ err: error instanceof Error ? error.message : String(error) }, 'stop failed');

@@ -22,6 +22,8 @@ export interface BatchTask {
   /** Message id of each part, parallel to `changes`. */
   readonly ids: readonly string[];
   readonly changes: readonly PartChanges[];
+  /** W3C traceparent of the coordinator's `tally.batch` span, when tracing is on. */
+  readonly traceparent?: string;
 }
 
 export interface BatchResult {

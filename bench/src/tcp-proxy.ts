@@ -1,5 +1,5 @@
 /**
- * A loopback TCP proxy the test controls, to cut or stall a real Redis
+ * A loopback TCP proxy a test or the bench controls, to cut or stall a real Redis
  * connection at a chosen moment (never a mock: the bytes go to the real server).
  */
 import net from 'node:net';

@@ -1,0 +1,126 @@
+/**
+ * The `tally.batch` span of one shard batch, made in the coordinator. It
+ * links to the producer context of each message it holds (W3C traceparent
+ * header), and its context travels to the worker thread in the task, where
+ * the step spans (pre-check, write, crash window, occupy) become its children.
+ */
+import { context, propagation, SpanKind, SpanStatusCode, trace, type Link, type Span, type Tracer } from '@opentelemetry/api';
+import type { BatchResult, TallyMode } from '@tally/shared';
+
+/** Links beyond this are counted in `tally.links.dropped`, not recorded. */
+export const MAX_LINKS_PER_SPAN = 64;
+
+const TRACEPARENT = /^[0-9a-f]{2}-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$/;
+
+/** A producer's span context from a traceparent header; hostile input yields undefined. */
+export function producerLink(traceparent: unknown): Link | undefined {
+  if (typeof traceparent !== 'string' || traceparent.length !== 55) return undefined;
+  const match = TRACEPARENT.exec(traceparent);
+  if (!match || /^0+$/.test(match[1]!) || /^0+$/.test(match[2]!)) return undefined;
+  return { context: { traceId: match[1]!, spanId: match[2]!, traceFlags: Number.parseInt(match[3]!, 16) & 1, isRemote: true } };
+}
+
+export interface BatchSpanInput {
+  readonly vshard: number;
+  readonly queue: string;
+  readonly mode: TallyMode;
+  readonly parts: number;
+  readonly traceparents: readonly (string | undefined)[];
+  readonly distinctSkus: () => number;
+}
+
+export interface StartedBatchSpan {
+  readonly span: Span;
+  /** The span's context as a traceparent, for the worker thread; undefined when not recording. */
+  readonly traceparent: string | undefined;
+}
+
+export function startBatchSpan(tracer: Tracer, input: BatchSpanInput): StartedBatchSpan {
+  const links: Link[] = [];
+  const seen = new Set<string>();
+  let dropped = 0;
+  for (const header of input.traceparents) {
+    if (header === undefined || seen.has(header)) continue;
+    seen.add(header);
+    const link = producerLink(header);
+    if (link === undefined) continue;
+    if (links.length < MAX_LINKS_PER_SPAN) links.push(link);
+    else dropped++;
+  }
+  // A new root per batch: a batch serves many producers, so it links to them
+  // rather than pretending to be the child of one.
+  const span = tracer.startSpan(
+    'tally.batch',
+    {
+      kind: SpanKind.CONSUMER,
+      root: true,
+      links,
+      attributes: {
+        'messaging.system': 'rabbitmq',
+        'messaging.destination.name': input.queue,
+        'messaging.operation.type': 'process',
+        'messaging.operation.name': 'process',
+        'messaging.batch.message_count': input.parts,
+        'tally.shard': input.vshard,
+        'tally.mode': input.mode,
+        'tally.links.dropped': dropped,
+      },
+    },
+    context.active(),
+  );
+  if (!span.isRecording()) return { span, traceparent: undefined };
+  span.setAttribute('tally.skus.distinct', input.distinctSkus());
+  const carrier: Record<string, string> = {};
+  propagation.inject(trace.setSpan(context.active(), span), carrier);
+  return { span, traceparent: carrier.traceparent };
+}
+
+export function endBatchSpan(span: Span, result: BatchResult): void {
+  if (span.isRecording()) {
+    let duplicates = 0;
+    for (const flag of result.marked) duplicates += flag;
+    span.setAttributes({
+      'tally.messages.new': result.marked.length - duplicates,
+      'tally.messages.duplicate': duplicates,
+      'tally.messages.dead_lettered': 0,
+      'tally.occupation_failures': result.occupationFailures,
+      'tally.write_retries': result.writeRetries,
+    });
+    if (result.occupationFailures > 0) {
+      span.addEvent('tally.occupation_failure', { 'tally.shard': result.vshard });
+      span.setStatus({ code: SpanStatusCode.ERROR, message: 'marker occupation failed after the counts were written (crash window open)' });
+    } else if (result.countErrors > 0) {
+      span.setStatus({ code: SpanStatusCode.ERROR, message: `${result.countErrors} count increments refused by Redis` });
+    }
+  }
+  span.end();
+}
+
+export function failBatchSpan(span: Span, error: unknown): void {
+  if (span.isRecording()) {
+    span.recordException(error instanceof Error ? error : new Error(String(error)));
+    span.addEvent('tally.batch_retry');
+  }
+}
+
+/** A short span for one dead-lettered message, linked to its producer. */
+export function recordDeadLetter(tracer: Tracer, queue: string, reasonCode: string, traceparent: unknown): void {
+  const link = producerLink(traceparent);
+  const span = tracer.startSpan('tally.dead_letter', {
+    kind: SpanKind.CONSUMER,
+    root: true,
+    links: link ? [link] : [],
+    attributes: {
+      'messaging.system': 'rabbitmq',
+      'messaging.destination.name': queue,
+      'messaging.operation.type': 'process',
+      'tally.messages.dead_lettered': 1,
+      'error.type': reasonCode,
+    },
+  });
+  if (span.isRecording()) {
+    span.addEvent('tally.dead_letter', { 'tally.reason': reasonCode });
+    span.setStatus({ code: SpanStatusCode.ERROR, message: `dead-lettered: ${reasonCode}` });
+  }
+  span.end();
+}
