@@ -8,14 +8,15 @@ import { CliUsageError, loadConfig } from '@tally/shared';
 import { createRedisClient } from '@tally/worker';
 import { countsToJson, readCounts } from './commands/counts.js';
 import { publishCommand } from './commands/publish.js';
-import { readStats } from './commands/stats.js';
+import { readStatsReport } from './commands/stats.js';
 import { readTruth, verify } from './commands/verify.js';
 
 const USAGE = `usage: tally <command> [options]
 
 commands:
   counts [--json] [--sku S ...]   counts per SKU under TALLY_PREFIX (all, or the SKUs named)
-  stats [--json]                  accumulated counters (received, duplicates, occupation_failures, ...)
+  stats [--json]                  the prefix's mode and accumulated counters (received, duplicates,
+                                  occupation_failures: null in atomic mode, where it cannot happen, ...)
   verify --truth FILE [--exact]   compare the counts with a truth file (exit 1 if any SKU is below it,
                                   or with --exact if any differs)
   publish [options]               publish a generated workload to TALLY_QUEUE
@@ -92,9 +93,14 @@ async function main(argv: string[]): Promise<void> {
       if (values.json) out(countsToJson(counts));
       else for (const [sku, value] of [...counts].sort(([a], [b]) => (a < b ? -1 : 1))) out(`${sku}\t${value}`);
     } else {
-      const stats = await readStats(redis, config);
+      const stats = await readStatsReport(redis, config);
       if (values.json) out(JSON.stringify(stats));
-      else for (const [name, value] of Object.entries(stats)) out(`${name.padEnd(22)} ${value}`);
+      else {
+        for (const [name, value] of Object.entries(stats)) {
+          const shown = value === null && name === 'occupation_failures' ? 'n/a (atomic mode: counts and markers are written in one step)' : value;
+          out(`${name.padEnd(22)} ${shown}`);
+        }
+      }
     }
   } finally {
     redis.disconnect();

@@ -3,8 +3,8 @@ import { ConfigError } from './errors.js';
 
 export type TallyMode = 'two-step' | 'atomic';
 
-/** Modes this build can run. `atomic` is reserved in the contract; see README. */
-export const SUPPORTED_MODES: readonly TallyMode[] = Object.freeze(['two-step']);
+/** Modes this build can run; see README "Atomic mode" for when to pick which. */
+export const SUPPORTED_MODES: readonly TallyMode[] = Object.freeze(['two-step', 'atomic']);
 
 export type LogLevel = 'fatal' | 'error' | 'warn' | 'info' | 'debug' | 'trace' | 'silent';
 const LOG_LEVELS: readonly LogLevel[] = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'];

@@ -43,6 +43,17 @@ export class ShardLayoutMismatchError extends TallyError {
   }
 }
 
+/**
+ * TALLY_MODE differs from the mode recorded for the prefix while markers are
+ * live: daemons of the two modes would share them, and a message seen by
+ * both could be counted twice, which atomic mode exists to rule out.
+ */
+export class ModeSwitchRefusedError extends TallyError {
+  constructor(message: string) {
+    super('TALLY_MODE_MISMATCH', message);
+  }
+}
+
 export class CliUsageError extends TallyError {
   constructor(message: string) {
     super('TALLY_CLI_USAGE', message);

@@ -22,7 +22,7 @@ const BAD_VALUES: ReadonlyArray<readonly [variable: string, values: readonly str
   ['TALLY_REDIS_URL', ['amqp://127.0.0.1:5672', 'http://localhost:6379', 'localhost:6379x', '127.0.0.1']],
   ['TALLY_QUEUE', ['amq.changes', 'q'.repeat(251), 'é'.repeat(126)]],
   ['TALLY_PREFIX', ['{tally}:', 'a{b', 'a}b', 'tally*', 'tal?y', 'x[1]', 'a b', 'back\\slash', '', 'p'.repeat(65), 'préfix']],
-  ['TALLY_MODE', ['bogus', 'atomic', 'TWO-STEP', 'two_step']],
+  ['TALLY_MODE', ['bogus', 'ATOMIC', 'TWO-STEP', 'two_step', 'atomic-mode']],
   ['TALLY_WORKERS', ['0', '65', '-1', 'four', '2.5', '1e1', '0x4']],
   ['TALLY_PREFETCH', ['0', '65536', 'lots', '10.0']],
   ['TALLY_BATCH_SIZE', ['0', '100001', '-5', '500ms']],
@@ -124,8 +124,8 @@ describe('loadConfig', () => {
       expect(configError({ TALLY_WORKERS: '17' }).variable).to.equal('TALLY_WORKERS');
     });
 
-    it('explains that TALLY_MODE=atomic is not available yet', () => {
-      const error = configError({ TALLY_MODE: 'atomic' });
+    it('names both modes when TALLY_MODE is neither', () => {
+      const error = configError({ TALLY_MODE: 'exactly-once' });
       expect(error.variable).to.equal('TALLY_MODE');
       expect(error.message).to.include('atomic');
       expect(error.message).to.include('two-step');
@@ -208,6 +208,8 @@ describe('loadConfig', () => {
 
     it('TALLY_MODE=two-step and every log level', () => {
       expect(loadConfig({ TALLY_MODE: 'two-step' }).mode).to.equal('two-step');
+      expect(loadConfig({ TALLY_MODE: 'atomic' }).mode).to.equal('atomic');
+      expect(loadConfig({}).mode, 'the default').to.equal('two-step');
       for (const level of ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']) {
         expect(loadConfig({ TALLY_LOG_LEVEL: level }).logLevel).to.equal(level);
       }

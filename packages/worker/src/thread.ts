@@ -6,6 +6,7 @@ import { workerData } from 'piscina';
 import { pino } from 'pino';
 import type { BatchResult, BatchTask, WorkerSettings } from '@tally/shared';
 import { createRedisClient } from './redis-connection.js';
+import { runAtomicBatch } from './atomic-batch.js';
 import { runTwoStepBatch } from './two-step-batch.js';
 
 const settings = workerData as WorkerSettings;
@@ -15,6 +16,9 @@ const redis = createRedisClient(settings.redisUrl, 'tally-worker');
 // ioredis from reporting each reconnect attempt as an unhandled 'error'.
 redis.on('error', () => {});
 
+// Chosen once per thread: the mode is fixed for the life of the daemon.
+const runBatch = settings.mode === 'atomic' ? runAtomicBatch : runTwoStepBatch;
+
 export default function processBatch(task: BatchTask): Promise<BatchResult> {
-  return runTwoStepBatch(redis, settings, task, log);
+  return runBatch(redis, settings, task, log);
 }

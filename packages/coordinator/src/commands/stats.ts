@@ -1,5 +1,5 @@
 import type { Redis } from 'ioredis';
-import { COUNTER_NAMES, statsKey, type CounterValues, type TallyConfig } from '@tally/shared';
+import { COUNTER_NAMES, layoutKey, statsKey, type CounterValues, type TallyConfig, type TallyMode } from '@tally/shared';
 
 /** The accumulated counters; every known counter is present, 0 when never incremented. */
 export async function readStats(redis: Redis, config: Pick<TallyConfig, 'prefix'>): Promise<CounterValues & Record<string, number>> {
@@ -8,4 +8,34 @@ export async function readStats(redis: Redis, config: Pick<TallyConfig, 'prefix'
   for (const name of COUNTER_NAMES) stats[name] = Number(stored[name] ?? 0);
   for (const [name, value] of Object.entries(stored)) if (!(name in stats)) stats[name] = Number(value);
   return stats as CounterValues & Record<string, number>;
+}
+
+/** The mode recorded for the prefix by its daemons; a prefix never laid out, or laid out before modes were recorded, is two-step. */
+export async function readMode(redis: Redis, config: Pick<TallyConfig, 'prefix'>): Promise<TallyMode> {
+  return (await redis.hget(layoutKey(config.prefix), 'mode')) === 'atomic' ? 'atomic' : 'two-step';
+}
+
+/**
+ * What `tally stats` prints: `mode` first, then every counter as a number,
+ * except that in atomic mode `occupation_failures` is null. It cannot happen
+ * there (counts and markers are written by one script), and a 0 would read
+ * as "the crash window never fired" rather than "there is none". A prefix
+ * switched from two-step keeps the failures of its two-step past, under
+ * `occupation_failures_two_step` when there were any.
+ */
+export type StatsReport = { mode: TallyMode } & Record<string, number | null | TallyMode>;
+
+export function statsReport(mode: TallyMode, counters: Record<string, number>): StatsReport {
+  const report: StatsReport = { mode };
+  for (const [name, value] of Object.entries(counters)) report[name] = value;
+  if (mode === 'atomic') {
+    const past = counters.occupation_failures ?? 0;
+    report.occupation_failures = null;
+    if (past > 0) report.occupation_failures_two_step = past;
+  }
+  return report;
+}
+
+export async function readStatsReport(redis: Redis, config: Pick<TallyConfig, 'prefix'>): Promise<StatsReport> {
+  return statsReport(await readMode(redis, config), await readStats(redis, config));
 }

@@ -1,0 +1,242 @@
+import { randomBytes } from 'node:crypto';
+import { expect } from 'chai';
+import { Redis } from 'ioredis';
+import { countKey, markerKey, type BatchTask, type WorkerSettings } from '@tally/shared';
+import { startProxy } from '@tally/bench';
+import { atomicBatchArgs, runAtomicBatch } from '../src/atomic-batch.js';
+import { createRedisClient } from '../src/redis-connection.js';
+import { runTwoStepBatch, type BatchLog } from '../src/two-step-batch.js';
+
+const REDIS_URL = process.env.TALLY_REDIS_URL ?? 'redis://127.0.0.1:6379';
+const quiet: BatchLog = { warn() {}, error() {} };
+
+function settingsFor(prefix: string, mode: WorkerSettings['mode'] = 'atomic'): WorkerSettings {
+  return { redisUrl: REDIS_URL, prefix, mode, markerTtlS: 600, countTtlS: 2_592_000, logLevel: 'silent' };
+}
+
+function taskFor(runId: string, vshard = 5, parts = 60): BatchTask {
+  const ids: string[] = [];
+  const changes: Array<Array<[string, number]>> = [];
+  for (let i = 0; i < parts; i++) {
+    ids.push(`${runId}-m${i}`);
+    changes.push([[`S${i % 7}`, 1 + (i % 3)], [`T${i % 5}`, -2]]);
+  }
+  return { vshard, ids, changes };
+}
+
+function expectedCounts(task: BatchTask, counted: (i: number) => boolean = () => true): Map<string, bigint> {
+  const sums = new Map<string, bigint>();
+  task.changes.forEach((part, i) => {
+    if (!counted(i)) return;
+    for (const [sku, delta] of part) sums.set(sku, (sums.get(sku) ?? 0n) + BigInt(delta));
+  });
+  return sums;
+}
+
+async function countsIn(redis: Redis, prefix: string, task: BatchTask): Promise<Map<string, bigint>> {
+  const result = new Map<string, bigint>();
+  for (const part of task.changes) {
+    for (const [sku] of part) {
+      const value = await redis.get(countKey(prefix, task.vshard, sku));
+      if (value !== null) result.set(sku, BigInt(value));
+    }
+  }
+  return result;
+}
+
+async function markersIn(redis: Redis, prefix: string, task: BatchTask): Promise<number> {
+  const values = await redis.mget(task.ids.map((id) => markerKey(prefix, task.vshard, id)));
+  return values.filter((v) => v !== null).length;
+}
+
+/** The Redis Cluster hash tag of a key: what decides its slot. */
+function hashTag(key: string): string {
+  const open = key.indexOf('{');
+  if (open < 0) return key;
+  const close = key.indexOf('}', open + 1);
+  if (close < 0 || close === open + 1) return key;
+  return key.slice(open + 1, close);
+}
+
+describe('atomic batch against a real Redis', function () {
+  this.timeout(60_000);
+  let redis: Redis;
+  let client: Redis;
+  let prefix: string;
+  let runId: string;
+
+  beforeEach(() => {
+    runId = randomBytes(4).toString('hex');
+    prefix = `t.atomic.${runId}:`;
+    redis = new Redis(REDIS_URL);
+    client = createRedisClient(REDIS_URL, 'test-atomic');
+  });
+  afterEach(async () => {
+    const keys = await redis.keys(`${prefix}*`);
+    if (keys.length > 0) await redis.del(...keys);
+    redis.disconnect();
+    client.disconnect();
+  });
+
+  it('counts a batch exactly and occupies every marker in one call; the same batch again is all duplicates', async () => {
+    const task = taskFor(runId);
+    const first = await runAtomicBatch(client, settingsFor(prefix), task, quiet);
+    expect([...first.marked]).to.deep.equal(new Array(task.ids.length).fill(0));
+    expect(first.occupationFailures, 'no window to fail in').to.equal(0);
+    expect(await countsIn(redis, prefix, task)).to.deep.equal(expectedCounts(task));
+    expect(await markersIn(redis, prefix, task)).to.equal(task.ids.length);
+    const ttl = await redis.ttl(countKey(prefix, task.vshard, 'S0'));
+    expect(ttl, 'count TTL set').to.be.within(2_592_000 - 5, 2_592_000);
+    expect(await redis.ttl(markerKey(prefix, task.vshard, task.ids[0]!)), 'marker TTL set').to.be.within(595, 600);
+
+    const again = await runAtomicBatch(client, settingsFor(prefix), task, quiet);
+    expect([...again.marked]).to.deep.equal(new Array(task.ids.length).fill(1));
+    expect(await countsIn(redis, prefix, task), 'nothing added twice').to.deep.equal(expectedCounts(task));
+  });
+
+  it('counts only the parts whose marker is absent, and the same id twice in one batch once', async () => {
+    const task = taskFor(runId, 2, 20);
+    // Parts 0..4 were counted before; part 7 appears again at the end of the batch.
+    await redis.mset(...task.ids.slice(0, 5).flatMap((id) => [markerKey(prefix, 2, id), '1']));
+    const withRepeat: BatchTask = { vshard: 2, ids: [...task.ids, task.ids[7]!], changes: [...task.changes, task.changes[7]!] };
+    const result = await runAtomicBatch(client, settingsFor(prefix), withRepeat, quiet);
+    const expectedMarked = withRepeat.ids.map((_, i) => (i < 5 || i === 20 ? 1 : 0));
+    expect([...result.marked]).to.deep.equal(expectedMarked);
+    expect(await countsIn(redis, prefix, task)).to.deep.equal(expectedCounts(task, (i) => i >= 5));
+  });
+
+  it('adds a SKU exactly across several new parts, past 2^53, with deltas of both signs', async () => {
+    const max = Number.MAX_SAFE_INTEGER;
+    const task: BatchTask = {
+      vshard: 9,
+      ids: ['a', 'b', 'c', 'd', 'e'].map((s) => `${runId}-${s}`),
+      changes: [
+        [['BIG', max], ['NEG', -max], ['ZERO', 5]],
+        [['BIG', max], ['NEG', -max], ['ZERO', -5]],
+        [['BIG', 1], ['NEG', -1]],
+        [['BIG', -3]],
+        [['BIG', max]],
+      ],
+    };
+    const result = await runAtomicBatch(client, settingsFor(prefix), task, quiet);
+    expect(result.countErrors).to.equal(0);
+    const counts = await countsIn(redis, prefix, task);
+    expect(counts.get('BIG')).to.equal(3n * BigInt(max) + 1n - 3n);
+    expect(counts.get('NEG')).to.equal(-2n * BigInt(max) - 1n);
+    expect(counts.get('ZERO'), 'a sum that cancels out is still written (and its TTL refreshed)').to.equal(0n);
+  });
+
+  it('counts a refused increment (a foreign value in a count key) and still writes the rest and the markers', async () => {
+    const task = taskFor(runId, 4, 10);
+    await redis.hset(countKey(prefix, 4, 'S0'), 'not', 'a count');
+    const result = await runAtomicBatch(client, settingsFor(prefix), task, quiet);
+    expect(result.countErrors).to.equal(1);
+    expect(await redis.type(countKey(prefix, 4, 'S0')), 'the foreign value is left alone').to.equal('hash');
+    const withoutS0: BatchTask = { ...task, changes: task.changes.map((part) => part.filter(([sku]) => sku !== 'S0')) };
+    expect(await countsIn(redis, prefix, withoutS0)).to.deep.equal(expectedCounts(withoutS0));
+    expect(await markersIn(redis, prefix, task)).to.equal(task.ids.length);
+  });
+
+  it('fails the whole batch on a script refusal and writes nothing: no count, no marker', async () => {
+    const task: BatchTask = { vshard: 1, ids: [`${runId}-ok`, `${runId}-bad`], changes: [[['OK', 2]], [['BAD', 1.5]]] };
+    let thrown: unknown = null;
+    try {
+      await runAtomicBatch(client, settingsFor(prefix), task, quiet);
+    } catch (error) {
+      thrown = error;
+    }
+    expect(thrown, 'the batch failed').to.be.instanceOf(Error);
+    expect((thrown as Error).message).to.match(/^TALLY_SCRIPT_ARGS/);
+    expect(await redis.exists(countKey(prefix, 1, 'OK'), countKey(prefix, 1, 'BAD'))).to.equal(0);
+    expect(await markersIn(redis, prefix, task)).to.equal(0);
+  });
+
+  it('keys every call to one hash slot: receipt, markers and counts all carry the shard tag', () => {
+    const task = taskFor(runId, 13, 30);
+    const args = atomicBatchArgs(settingsFor(prefix), task, 'batch-1');
+    const numKeys = Number(args[1]);
+    expect(numKeys).to.equal(1 + 30 + 12);
+    const keys = args.slice(2, 2 + numKeys).map(String);
+    expect(new Set(keys.map(hashTag))).to.deep.equal(new Set(['13']));
+  });
+
+  it('answers a retry after a lost reply from the receipt: the new parts are not reported as duplicates', async () => {
+    const proxy = await startProxy(6379);
+    const viaProxy = createRedisClient(`redis://127.0.0.1:${proxy.port}`, 'test-atomic-proxy');
+    viaProxy.on('error', () => {});
+    try {
+      let cut = false;
+      proxy.inspect = (chunk) => {
+        // The script reaches Redis and runs; its reply never arrives.
+        if (!cut && /evalsha/i.test(chunk.toString('latin1'))) {
+          cut = true;
+          return 'cut-after';
+        }
+        return 'forward';
+      };
+      const task = taskFor(runId, 6, 40);
+      const result = await runAtomicBatch(viaProxy, settingsFor(prefix), task, quiet);
+      expect(cut, 'the reply was cut').to.equal(true);
+      expect(result.writeRetries, 'the call failed at least once').to.be.at.least(1);
+      expect([...result.marked], 'every part reported new, as it was').to.deep.equal(new Array(40).fill(0));
+      expect(await countsIn(redis, prefix, task), 'written once').to.deep.equal(expectedCounts(task));
+      expect(await markersIn(redis, prefix, task)).to.equal(40);
+    } finally {
+      viaProxy.disconnect();
+      await proxy.close();
+    }
+  });
+
+  it('waits out a Redis outage and then counts exactly once', async () => {
+    const proxy = await startProxy(6379);
+    const viaProxy = createRedisClient(`redis://127.0.0.1:${proxy.port}`, 'test-atomic-proxy');
+    viaProxy.on('error', () => {});
+    try {
+      const task = taskFor(runId, 8, 30);
+      proxy.pause();
+      setTimeout(() => proxy.resume(), 1_200);
+      const result = await runAtomicBatch(viaProxy, settingsFor(prefix), task, quiet);
+      expect(result.writeRetries).to.be.at.least(1);
+      expect(await countsIn(redis, prefix, task)).to.deep.equal(expectedCounts(task));
+      expect(await markersIn(redis, prefix, task)).to.equal(30);
+    } finally {
+      viaProxy.disconnect();
+      await proxy.close();
+    }
+  });
+
+  it('serialises two processes racing the same batch: one counts it, the other sees duplicates (two-step counts it twice)', async () => {
+    const other = createRedisClient(REDIS_URL, 'test-atomic-2');
+    try {
+      const rounds = 20;
+      let atomicExcess = 0n;
+      let twoStepExcess = 0n;
+      for (let r = 0; r < rounds; r++) {
+        for (const mode of ['atomic', 'two-step'] as const) {
+          const task = taskFor(`${runId}-${mode}-${r}`, 3, 50);
+          const run = mode === 'atomic' ? runAtomicBatch : runTwoStepBatch;
+          const skuPrefix = `${mode}-${r}-`;
+          const renamed: BatchTask = { ...task, changes: task.changes.map((part) => part.map(([sku, d]) => [skuPrefix + sku, d] as [string, number])) };
+          const [a, b] = await Promise.all([run(client, settingsFor(prefix, mode), renamed, quiet), run(other, settingsFor(prefix, mode), renamed, quiet)]);
+          const counts = await countsIn(redis, prefix, renamed);
+          let excess = 0n;
+          for (const [sku, want] of expectedCounts(renamed)) {
+            const diff = (counts.get(sku) ?? 0n) - want;
+            excess += diff < 0n ? -diff : diff;
+          }
+          if (mode === 'atomic') {
+            atomicExcess += excess;
+            // Exactly one of the two saw each part as new.
+            for (let i = 0; i < 50; i++) expect(a.marked[i]! + b.marked[i]!, `part ${i} counted by exactly one`).to.equal(1);
+          } else {
+            twoStepExcess += excess;
+          }
+        }
+      }
+      expect(atomicExcess, 'atomic: the race adds nothing').to.equal(0n);
+      console.log(`      racing the same batch ${rounds} times: atomic excess ${atomicExcess}, two-step ${twoStepExcess} units off the truth`);
+    } finally {
+      other.disconnect();
+    }
+  });
+});
