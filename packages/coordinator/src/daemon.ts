@@ -390,6 +390,7 @@ export class Daemon {
       log.warn({ err: describe(error) }, 'closing amqp failed');
     }
     try {
+      await this.pools?.flushTelemetry();
       await this.pools?.destroy();
     } catch (error) {
       log.warn({ err: describe(error) }, 'stopping worker threads failed');

@@ -1,6 +1,6 @@
-import { trace } from '@opentelemetry/api';
 import { pino, type Logger } from 'pino';
 import type { LogLevel } from '@tally/shared';
+import { traceIdsOfActiveSpan } from '@tally/worker';
 
 export type { Logger };
 
@@ -16,12 +16,7 @@ export function createLogger(level: LogLevel, bindings: Record<string, unknown> 
     timestamp: pino.stdTimeFunctions.isoTime,
     // Every record made inside a span carries its trace id, so a log line
     // leads to its trace in Jaeger and back.
-    mixin() {
-      const span = trace.getActiveSpan();
-      if (span === undefined) return {};
-      const { traceId, spanId } = span.spanContext();
-      return { trace_id: traceId, span_id: spanId };
-    },
+    mixin: traceIdsOfActiveSpan,
     redact: { paths: ['amqpUrl', 'redisUrl', 'config.amqpUrl', 'config.redisUrl', 'password', '*.password'], censor: '[redacted]' },
   });
 }

@@ -23,6 +23,10 @@ export class WorkerPools {
           maxThreads: 1,
           idleTimeout: Number.MAX_SAFE_INTEGER,
           concurrentTasksPerWorker: shardsPerThread,
+          // 'sync' would park an idle thread in Atomics.wait, freezing its
+          // event loop: ioredis could not reconnect and the span exporter's
+          // timers would not fire between batches.
+          atomics: 'async',
           workerData: settings,
           env: { ...process.env, TALLY_THREAD_INDEX: String(index) },
         }),
@@ -36,6 +40,11 @@ export class WorkerPools {
 
   get threads(): number {
     return this.pools.length;
+  }
+
+  /** Asks every thread to export its buffered spans (a no-op when tracing is off). */
+  async flushTelemetry(): Promise<void> {
+    await Promise.allSettled(this.pools.map((pool) => pool.run(null, { name: 'flushTelemetry' })));
   }
 
   async destroy(): Promise<void> {

@@ -2,15 +2,19 @@
  * Piscina entry for a worker thread. It only dispatches: settings arrive once
  * as workerData, each task is one virtual-shard batch.
  */
+import { context, propagation, ROOT_CONTEXT } from '@opentelemetry/api';
 import { workerData } from 'piscina';
 import { pino } from 'pino';
 import type { BatchResult, BatchTask, WorkerSettings } from '@tally/shared';
 import { createRedisClient } from './redis-connection.js';
+import { startTracing, traceIdsOfActiveSpan } from './tracing.js';
 import { runAtomicBatch } from './atomic-batch.js';
 import { runTwoStepBatch } from './two-step-batch.js';
 
 const settings = workerData as WorkerSettings;
-const log = pino({ level: settings.logLevel, base: { component: 'worker' } });
+// Each thread is its own isolate: it registers its own tracer provider.
+const tracing = startTracing(process.env);
+const log = pino({ level: settings.logLevel, base: { component: 'worker' }, mixin: traceIdsOfActiveSpan });
 const redis = createRedisClient(settings.redisUrl, 'tally-worker');
 // Connection errors surface through the batch steps' retries; this keeps
 // ioredis from reporting each reconnect attempt as an unhandled 'error'.
@@ -20,5 +24,13 @@ redis.on('error', () => {});
 const runBatch = settings.mode === 'atomic' ? runAtomicBatch : runTwoStepBatch;
 
 export default function processBatch(task: BatchTask): Promise<BatchResult> {
-  return runBatch(redis, settings, task, log);
+  if (task.traceparent === undefined) return runBatch(redis, settings, task, log);
+  // The coordinator's tally.batch span becomes the parent of this thread's spans.
+  const parent = propagation.extract(ROOT_CONTEXT, { traceparent: task.traceparent });
+  return context.with(parent, () => runBatch(redis, settings, task, log));
+}
+
+/** Exports this thread's buffered spans; the coordinator calls it before stopping the threads. */
+export async function flushTelemetry(): Promise<void> {
+  await tracing?.flush();
 }

@@ -7,6 +7,7 @@
  * them asks for traces: with tracing off the OpenTelemetry API stays a no-op
  * and costs nothing measurable.
  */
+import { trace } from '@opentelemetry/api';
 import { NodeSDK } from '@opentelemetry/sdk-node';
 
 export type Env = Readonly<Record<string, string | undefined>>;
@@ -38,10 +39,20 @@ export function startTracing(env: Env = process.env, serviceName = 'tally'): Tra
   sdk.start();
   return {
     flush: async () => {
-      const { trace } = await import('@opentelemetry/api');
       const provider = trace.getTracerProvider() as unknown as { getDelegate?: () => { forceFlush?: () => Promise<void> } };
       await provider.getDelegate?.().forceFlush?.();
     },
     shutdown: () => sdk.shutdown(),
   };
+}
+
+/**
+ * pino mixin: every record made inside a span carries its trace and span ids,
+ * so a log line leads to its trace in Jaeger and back.
+ */
+export function traceIdsOfActiveSpan(): { trace_id?: string; span_id?: string } {
+  const span = trace.getActiveSpan();
+  if (span === undefined) return {};
+  const { traceId, spanId } = span.spanContext();
+  return { trace_id: traceId, span_id: spanId };
 }

@@ -13,6 +13,7 @@
  */
 import { randomUUID } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
+import { SpanStatusCode, trace, type Span, type Tracer } from '@opentelemetry/api';
 import type { Redis } from 'ioredis';
 import { ReplyError } from 'ioredis';
 import {
@@ -35,6 +36,26 @@ export interface BatchLog {
 /** Test hook: called between the count write and the marker occupation. */
 export interface BatchHooks {
   afterCountWrite?: (task: BatchTask) => void | Promise<void>;
+}
+
+/**
+ * The tracer is looked up per batch, not at import: this ESM module and the
+ * CommonJS SDK hold separate copies of the API's proxy provider, so a tracer
+ * taken before the thread registered its provider would stay a no-op.
+ */
+function batchTracer(): Tracer {
+  return trace.getTracer('tally.worker');
+}
+
+/** Runs a step inside its own span, a child of the batch span in the active context. */
+function inSpan<T>(tracer: Tracer, name: string, attributes: Record<string, number>, run: (span: Span) => Promise<T>): Promise<T> {
+  return tracer.startActiveSpan(name, { attributes }, async (span) => {
+    try {
+      return await run(span);
+    } finally {
+      span.end();
+    }
+  });
 }
 
 type ExecResults = Array<[Error | null, unknown]> | null;
@@ -62,6 +83,9 @@ async function untilDone<T>(step: string, task: BatchTask, log: BatchLog, run: (
       return await run();
     } catch (error) {
       onFailure?.();
+      const span = trace.getActiveSpan();
+      span?.addEvent('tally.redis_error', { 'tally.step': step, 'tally.attempt': attempt, 'exception.message': describe(error) });
+      span?.setStatus({ code: SpanStatusCode.ERROR, message: `redis error in ${step}: ${describe(error)}` });
       const delayMs = backoffDelay(attempt);
       log.warn({ step, vshard: task.vshard, attempt, delayMs, err: describe(error) }, 'redis step failed; retrying');
       await sleep(delayMs);
@@ -80,18 +104,24 @@ export async function runTwoStepBatch(
   const { vshard, ids, changes } = task;
   const markerKeys = ids.map((id) => markerKey(prefix, vshard, id));
 
+  const tracer = batchTracer();
   const t0 = performance.now();
-  const values = await untilDone('precheck', task, log, () => redis.mget(markerKeys));
+  const values = await inSpan(tracer, 'tally.precheck', { 'tally.shard': vshard, 'tally.markers': markerKeys.length }, () =>
+    untilDone('precheck', task, log, () => redis.mget(markerKeys)),
+  );
   const marked = selectNewParts(ids, values);
   const t1 = performance.now();
 
   const sums = aggregateNewParts(changes, (i) => marked[i] === 0);
+  // The window opens with the count write and closes when the markers are
+  // occupied; its span is a sibling of the two step spans it spans.
+  const crashWindow = tracer.startSpan('tally.crash_window', { attributes: { 'tally.shard': vshard } });
   let writeRetries = 0;
   let countErrors = 0;
   if (sums.size > 0) {
     const receipt = receiptKey(prefix, vshard, randomUUID());
     let outcomeUnknown = false;
-    countErrors = await untilDone(
+    countErrors = await inSpan(tracer, 'tally.write_counts', { 'tally.shard': vshard, 'tally.skus.distinct': sums.size }, () => untilDone(
       'write_counts',
       task,
       log,
@@ -113,7 +143,7 @@ export async function runTwoStepBatch(
       () => {
         writeRetries++;
       },
-    );
+    ));
     if (countErrors > 0) {
       log.error({ vshard, countErrors }, 'redis refused count increments (overflow or a non-integer value in a count key)');
     }
@@ -124,7 +154,7 @@ export async function runTwoStepBatch(
 
   let occupationFailures = 0;
   if (marked.includes(0)) {
-    await untilDone(
+    await inSpan(tracer, 'tally.occupy_markers', { 'tally.shard': vshard }, () => untilDone(
       'occupy_markers',
       task,
       log,
@@ -137,10 +167,15 @@ export async function runTwoStepBatch(
       () => {
         // The counts are written and the markers are not: the crash window
         // is open for this batch until a retry succeeds. Counted once per batch.
+        if (occupationFailures === 0) {
+          crashWindow.addEvent('tally.occupation_failure', { 'tally.shard': vshard });
+          crashWindow.setStatus({ code: SpanStatusCode.ERROR, message: 'marker occupation failed after the counts were written' });
+        }
         occupationFailures = 1;
       },
-    );
+    ));
   }
+  crashWindow.end();
   const t3 = performance.now();
 
   return {
