@@ -7,6 +7,7 @@ import { parseArgs } from 'node:util';
 import { CliUsageError, loadConfig } from '@tally/shared';
 import { createRedisClient } from '@tally/worker';
 import { countsToJson, readCounts } from './commands/counts.js';
+import { deviationEstimate, deviationText } from './commands/deviation.js';
 import { publishCommand } from './commands/publish.js';
 import { readStatsReport } from './commands/stats.js';
 import { readTruth, verify } from './commands/verify.js';
@@ -19,6 +20,10 @@ commands:
                                   occupation_failures: null in atomic mode, where it cannot happen, ...)
   verify --truth FILE [--exact]   compare the counts with a truth file (exit 1 if any SKU is below it,
                                   or with --exact if any differs)
+  deviation --crashes-per-month N --recovery p50=90s,p90=5m,p99=20m [--json]
+                                  expected overcount per month and its bound, each term shown, from the
+                                  counters, TALLY_MARKER_TTL_S, TALLY_BATCH_SIZE, TALLY_PREFETCH and
+                                  TALLY_VIRTUAL_SHARDS, and the crash pattern (percentiles: pNN, min, max)
   publish [options]               publish a generated workload to TALLY_QUEUE
       --messages N (10000)  --skus N (1000)  --changes MIN-MAX (1-8)  --deltas MIN-MAX (1-9)
       --duplicate-rate R (0.02)  --bad-rate R (0)  --types a,b  --zipf S (0)  --seed N
@@ -62,6 +67,22 @@ async function main(argv: string[]): Promise<void> {
       strict: true,
     });
     await publishCommand(values, config, out);
+    return;
+  }
+  if (command === 'deviation') {
+    const { values } = parseArgs({
+      args: rest,
+      options: { json: { type: 'boolean', default: false }, 'crashes-per-month': { type: 'string' }, recovery: { type: 'string' } },
+      strict: true,
+    });
+    const redis = createRedisClient(config.redisUrl, 'tally-cli', { maxRetriesPerRequest: 0, retryStrategy: () => null });
+    redis.on('error', () => {});
+    try {
+      const estimate = await deviationEstimate(redis, config, values);
+      out(values.json ? JSON.stringify(estimate) : deviationText(estimate, config.prefix));
+    } finally {
+      redis.disconnect();
+    }
     return;
   }
   if (command !== 'counts' && command !== 'stats' && command !== 'verify') throw new CliUsageError(`unknown command ${JSON.stringify(command)}\n${USAGE}`);

@@ -30,6 +30,7 @@ import { ShardLanes, type PendingPart } from './shard-lanes.js';
 import { StatsRecorder } from './stats-recorder.js';
 import { WorkerPools } from './worker-pools.js';
 import { BadMessageLog } from './bad-message-log.js';
+import { ExposureMeter } from './exposure-meter.js';
 import { endBatchSpan, failBatchSpan, recordDeadLetter, startBatchSpan } from './telemetry/batch-span.js';
 import { HttpEndpoints } from './telemetry/http-endpoints.js';
 import { DaemonMetrics, timestampToMs } from './telemetry/metrics.js';
@@ -47,6 +48,8 @@ export class Daemon {
   private lanes: ShardLanes | null = null;
   private link: AmqpLink | null = null;
   private stats: StatsRecorder | null = null;
+  /** What a crash would cost right now, integrated for `tally deviation`. */
+  private exposure: ExposureMeter | null = null;
   private readonly badLog: BadMessageLog;
   /** Ack bookkeeping of the live channel; replaced on every reconnect. */
   private acks: { link: ChannelLink; tracker: AckTracker } | null = null;
@@ -137,6 +140,8 @@ export class Daemon {
 
     this.stats = new StatsRecorder(this.redis, config.prefix, log);
     this.stats.start();
+    this.exposure = new ExposureMeter(this.stats, () => this.acks?.tracker.unacked ?? 0, config.mode === 'two-step');
+    this.exposure.start();
     await this.startMetrics();
     this.pools = new WorkerPools(
       {
@@ -158,6 +163,7 @@ export class Daemon {
         onDelivery: (link, message) => this.onDelivery(link, message),
         onLinkUp: (link) => {
           this.acks = { link, tracker: new AckTracker() };
+          this.exposure?.channelChanged(link);
         },
         onLinkDown: (link, reason) => {
           if (this.acks?.link === link) this.acks = null;
@@ -280,6 +286,7 @@ export class Daemon {
         stats.add('occupation_failures', result.occupationFailures);
         stats.add('write_retries', result.writeRetries);
         stats.add('count_errors', result.countErrors);
+        this.exposure?.batchDone(parts.map((part) => part.delivery), result.timings);
         for (let i = 0; i < parts.length; i++) {
           const delivery = parts[i]!.delivery;
           if (result.marked[i] === 1) delivery.markedParts++;
@@ -319,6 +326,7 @@ export class Daemon {
     this.finish(delivery.link, delivery.tag);
     for (const waiter of delivery.waiters) {
       stats.add('duplicates');
+      this.exposure?.occupied(waiter.link, waiter.tag, 1);
       this.finish(waiter.link, waiter.tag);
     }
   }
@@ -340,7 +348,9 @@ export class Daemon {
     const acks = this.acks;
     if (acks === null) return;
     const upTo = acks.tracker.takeAckable();
-    if (upTo !== null) this.link!.ack(acks.link, upTo);
+    if (upTo === null) return;
+    this.link!.ack(acks.link, upTo);
+    this.exposure?.acked(upTo);
   }
 
   private drained(): boolean {
@@ -379,6 +389,7 @@ export class Daemon {
     }
     this.lanes?.close();
     try {
+      this.exposure?.stop();
       this.stats?.stop();
       await this.stats?.flush();
     } catch (error) {
