@@ -7,3 +7,4 @@ export * from './keys.js';
 export * from './counters.js';
 export * from './backoff.js';
 export * from './batch-protocol.js';
+export * from './deviation.js';

@@ -1,0 +1,52 @@
+import { expect } from 'chai';
+import type { CounterName } from '@tally/shared';
+import { ExposureMeter } from '../../src/exposure-meter.js';
+
+function sink(): { totals: Map<CounterName, number>; add(name: CounterName, amount: number): void } {
+  const totals = new Map<CounterName, number>();
+  return { totals, add: (name, amount) => totals.set(name, (totals.get(name) ?? 0) + amount) };
+}
+
+const TIMINGS = { precheckMs: 1, writeMs: 4, occupyMs: 2 };
+
+describe('ExposureMeter', () => {
+  it('integrates occupied-but-unacked messages over busy time, and drops them once acked', () => {
+    const out = sink();
+    let unacked = 3;
+    const meter = new ExposureMeter(out, () => unacked, true);
+    const link = {};
+    meter.channelChanged(link);
+    meter.sample(0);
+    // Tag 2 done (one part of one), tag 3 half done (one part of two); tag 1 still in progress.
+    meter.batchDone([{ link, tag: 2, parts: 1 }, { link, tag: 3, parts: 2 }], TIMINGS);
+    meter.sample(1000);
+    expect(out.totals.get('busy_ms')).to.equal(1000);
+    expect(out.totals.get('occupied_unacked_message_ms')).to.equal(1500);
+    // The window: 1.5 messages for (4 + 2) / 2 ms.
+    expect(out.totals.get('window_message_ms')).to.equal(4);
+    meter.acked(2);
+    unacked = 1;
+    meter.sample(2000);
+    expect(out.totals.get('occupied_unacked_message_ms')).to.equal(2000);
+    meter.acked(3);
+    unacked = 0;
+    meter.sample(3000);
+    expect(out.totals.get('busy_ms'), 'idle time is not busy').to.equal(2000);
+    expect(out.totals.get('occupied_unacked_message_ms')).to.equal(2000);
+  });
+
+  it('ignores tags of a dead channel and has no window in atomic mode', () => {
+    const out = sink();
+    const meter = new ExposureMeter(out, () => 1, false);
+    const old = {};
+    const live = {};
+    meter.channelChanged(old);
+    meter.channelChanged(live);
+    meter.sample(0);
+    meter.batchDone([{ link: old, tag: 1, parts: 1 }], TIMINGS);
+    meter.occupied(live, 1, 1);
+    meter.sample(100);
+    expect(out.totals.get('occupied_unacked_message_ms')).to.equal(100);
+    expect(out.totals.get('window_message_ms')).to.equal(undefined);
+  });
+});
