@@ -70,12 +70,19 @@ function show(value: unknown): string {
   return typeof value;
 }
 
+/** With the `u` flag a paired surrogate is one code point, so only lone ones match \p{Cs}. */
+const LONE_SURROGATE = /\p{Cs}/u;
+
 function checkId(value: unknown, where: string): ParseResult | string {
   if (typeof value !== 'string') return bad('invalid-id', `${where} must be a string, got ${show(value)}`);
   if (value.length === 0) return bad('invalid-id', `${where} must not be empty`);
   if (value.length > MESSAGE_LIMITS.maxIdLength) {
     return bad('invalid-id', `${where} is ${value.length} characters, the limit is ${MESSAGE_LIMITS.maxIdLength}`);
   }
+  // A lone surrogate ("\ud800" in the JSON) has no UTF-8 form: Redis would
+  // get U+FFFD instead, and two different ids would share one marker, the
+  // second skipped as a duplicate of the first: a silent loss.
+  if (LONE_SURROGATE.test(value)) return bad('invalid-id', `${where} contains a lone surrogate (not representable in UTF-8)`);
   return value;
 }
 
@@ -144,6 +151,8 @@ export function parseMessage(body: Uint8Array, messageIdProperty: unknown, optio
     if (sku.length > MESSAGE_LIMITS.maxSkuLength) {
       return bad('invalid-sku', `${where}.sku is ${sku.length} characters, the limit is ${MESSAGE_LIMITS.maxSkuLength}`);
     }
+    // Same as ids: two SKUs differing only in lone surrogates would share one count key.
+    if (LONE_SURROGATE.test(sku)) return bad('invalid-sku', `${where}.sku contains a lone surrogate (not representable in UTF-8)`);
     const delta = entry.delta;
     if (typeof delta !== 'number') return bad('invalid-delta', `${where}.delta must be an integer, got ${show(delta)}`);
     if (!Number.isInteger(delta)) return bad('invalid-delta', `${where}.delta must be an integer, got ${show(delta)}`);

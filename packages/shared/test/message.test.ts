@@ -91,6 +91,8 @@ const BAD_CASES: readonly BadCase[] = [
   { name: 'id is an array', body: json({ id: ['m-1'], changes: [] }), reason: 'invalid-id', detail: ['id', 'array'] },
   { name: 'id is a boolean', body: json({ id: true, changes: [] }), reason: 'invalid-id', detail: ['id'] },
   { name: 'id is empty', body: json({ id: '', changes: [] }), messageId: 'from-property', reason: 'invalid-id', detail: ['id', 'empty'] },
+  { name: 'id with a lone surrogate', body: json({ id: 'm-\ud800', changes: [] }), reason: 'invalid-id', detail: ['id', 'surrogate'] },
+  { name: 'sku with a lone surrogate', body: json({ id: 'm-1', changes: [{ sku: 'A\udc00', delta: 1 }] }), reason: 'invalid-sku', detail: ['changes[0].sku', 'surrogate'] },
   {
     name: 'id too long',
     body: json({ id: 'i'.repeat(MESSAGE_LIMITS.maxIdLength + 1), changes: [] }),
