@@ -1,0 +1,67 @@
+#!/usr/bin/env node
+/**
+ * `pnpm bench`: parses the flags and dispatches. Exit codes: 0 every
+ * available contender ran and counted correctly, 1 one did not (or the run
+ * failed), 2 a usage error. Speeds never decide the exit code.
+ */
+import { fileURLToPath } from 'node:url';
+import { liveChildren } from './contenders.js';
+import { BenchUsageError, parseBenchArgs, USAGE, type BenchOptions } from './options.js';
+import { runProfile, summarizeProfiles } from './profile-run.js';
+import { renderSummaryTable } from './render-table.js';
+import { runBench } from './run-bench.js';
+import { writeResults } from './write-results.js';
+
+const RESULTS = fileURLToPath(new URL('../../results', import.meta.url));
+const started = performance.now();
+const log = (line: string) => process.stdout.write(`[${((performance.now() - started) / 1000).toFixed(1).padStart(6)} s] ${line}\n`);
+
+let options: BenchOptions;
+try {
+  options = parseBenchArgs(process.argv.slice(2), process.env);
+} catch (error) {
+  process.stderr.write(`bench: ${error instanceof Error ? error.message : String(error)}\n${USAGE}\n`);
+  process.exit(2);
+}
+
+// An interrupted bench kills exactly the children it started, nothing else.
+let interrupted = false;
+for (const signal of ['SIGINT', 'SIGTERM'] as const) {
+  process.on(signal, () => {
+    if (interrupted) process.exit(130);
+    interrupted = true;
+    log(`bench: ${signal}: stopping ${liveChildren.size} child process(es)`);
+    for (const child of liveChildren) child.kill('SIGKILL');
+    process.exit(130);
+  });
+}
+
+try {
+  switch (options.command) {
+    case 'help':
+      log(USAGE);
+      break;
+    case 'summarize-profiles':
+      log(await summarizeProfiles(options.profileDir!));
+      break;
+    case 'profile':
+      process.exitCode = await runProfile(options, options.profileDir ?? `${RESULTS}/profile`, log);
+      break;
+    case 'run': {
+      const { results, exitCode } = await runBench(options, log);
+      const dir = options.outDir ?? (options.quick ? `${RESULTS}/quick` : RESULTS);
+      // TALLY_BATCH_WAIT_MS default 50, plus the issue's 100 ms allowance.
+      const written = await writeResults(dir, results, 150);
+      process.stdout.write(`\n${renderSummaryTable(results.summary)}\n\n`);
+      for (const p of results.problems) log(`problem: ${p}`);
+      log(`wrote ${written.join(', ')}`);
+      log(exitCode === 0 ? 'bench: every available contender ran and counted correctly' : 'bench: FAILED: a contender did not run or miscounted');
+      process.exitCode = exitCode;
+      break;
+    }
+  }
+} catch (error) {
+  process.stderr.write(`bench: ${error instanceof Error ? (error.stack ?? error.message) : String(error)}\n`);
+  for (const child of liveChildren) child.kill('SIGKILL');
+  process.exitCode = 1;
+}

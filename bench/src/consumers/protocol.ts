@@ -1,0 +1,54 @@
+/**
+ * What the bench's own consumer processes (ceiling, naive) are told and
+ * what they report back: settings as one JSON environment variable in, JSON
+ * lines on stdout out.
+ */
+
+export const SETTINGS_ENV = 'BENCH_CONSUMER_SETTINGS';
+
+export interface ConsumerSettings {
+  readonly amqpUrl: string;
+  readonly queue: string;
+  readonly prefetch: number;
+  /** Deliveries the run must ack; the consumer reports `done` when it has. */
+  readonly expected: number;
+  /** Record publish-timestamp-to-ack latency of every delivery (latency runs only). */
+  readonly recordLatency: boolean;
+  /** ceiling: multiple-ack every this many deliveries... */
+  readonly ackEvery: number;
+  /** ...or once the oldest unacked delivery waited this long (the daemon's TALLY_BATCH_WAIT_MS default). */
+  readonly ackWaitMs: number;
+  /** naive only. */
+  readonly redisUrl?: string;
+  readonly prefix?: string;
+  readonly markerTtlS?: number;
+  readonly countTtlS?: number;
+  readonly virtualShards?: number;
+}
+
+export type ConsumerReport =
+  | { readonly event: 'consuming'; readonly at: number }
+  | { readonly event: 'done'; readonly at: number; readonly acked: number; readonly duplicates: number; readonly latenciesMs?: number[] }
+  | { readonly event: 'error'; readonly message: string };
+
+export function readSettings(env: NodeJS.ProcessEnv): ConsumerSettings {
+  const raw = env[SETTINGS_ENV];
+  if (!raw) throw new Error(`${SETTINGS_ENV} is not set`);
+  return JSON.parse(raw) as ConsumerSettings;
+}
+
+export function report(line: ConsumerReport): void {
+  process.stdout.write(`${JSON.stringify(line)}\n`);
+}
+
+/** Exits on SIGTERM after `close`, like the daemon does. */
+export function onTerminate(close: () => Promise<void>): void {
+  const stop = () => {
+    close().then(
+      () => process.exit(0),
+      () => process.exit(1),
+    );
+  };
+  process.once('SIGTERM', stop);
+  process.once('SIGINT', stop);
+}

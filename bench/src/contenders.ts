@@ -1,0 +1,168 @@
+/**
+ * Starting and stopping each contender as a child process of the bench, so
+ * its CPU time and peak RSS are its own: the ceiling and naive consumers in
+ * ./consumers, and the real Tally daemon (its built entry, as `pnpm start`
+ * runs it) configured only through TALLY_* variables.
+ */
+import { spawn, type ChildProcess } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
+import type { ContenderName } from './results.js';
+import { SETTINGS_ENV, type ConsumerReport, type ConsumerSettings } from './consumers/protocol.js';
+
+export const DAEMON_MAIN = fileURLToPath(new URL('../../../packages/coordinator/dist/src/main.js', import.meta.url));
+const CONSUMERS: Partial<Record<ContenderName, string>> = {
+  ceiling: fileURLToPath(new URL('./consumers/ceiling.js', import.meta.url)),
+  naive: fileURLToPath(new URL('./consumers/naive.js', import.meta.url)),
+};
+
+export interface ContenderRun {
+  readonly contender: ContenderName;
+  readonly queue: string;
+  readonly prefix: string;
+  readonly amqpUrl: string;
+  readonly redisUrl: string;
+  readonly prefetch: number;
+  readonly ackEvery: number;
+  readonly ackWaitMs: number;
+  readonly expected: number;
+  readonly recordLatency: boolean;
+  /** Extra TALLY_* variables for the daemon (sweeps: TALLY_BATCH_SIZE, TALLY_WORKERS). */
+  readonly tallyEnv?: Readonly<Record<string, string>>;
+  /** Extra node flags (the profile run: --cpu-prof). */
+  readonly nodeArgs?: readonly string[];
+}
+
+/** The daemon refused the configuration: for `tally-atomic`, the mode is not built yet. */
+export class ContenderUnavailable extends Error {
+  readonly code = 'BENCH_CONTENDER_UNAVAILABLE';
+}
+
+export interface RunningContender {
+  readonly pid: number;
+  /** Epoch ms at which the contender started consuming, by its own clock reading. */
+  readonly consumingAt: number;
+  /** Resolves with the consumer's `done` report (ceiling, naive only). */
+  readonly done: Promise<Extract<ConsumerReport, { event: 'done' }>>;
+  readonly exited: Promise<{ code: number | null; signal: NodeJS.Signals | null }>;
+  alive(): boolean;
+  stderr(): string;
+  /** SIGTERM, then SIGKILL after the grace period; resolves with the exit. */
+  stop(graceMs?: number): Promise<{ code: number | null; signal: NodeJS.Signals | null }>;
+}
+
+/** Every child the bench started and has not seen exit, so an interrupted bench can kill exactly those. */
+export const liveChildren = new Set<ChildProcess>();
+
+export function isTally(contender: ContenderName): boolean {
+  return contender === 'tally-two-step' || contender === 'tally-atomic';
+}
+
+function childFor(run: ContenderRun): ChildProcess {
+  const nodeArgs = [...(run.nodeArgs ?? [])];
+  if (isTally(run.contender)) {
+    const env = {
+      ...process.env,
+      TALLY_AMQP_URL: run.amqpUrl,
+      TALLY_REDIS_URL: run.redisUrl,
+      TALLY_QUEUE: run.queue,
+      TALLY_PREFIX: run.prefix,
+      TALLY_PREFETCH: String(run.prefetch),
+      TALLY_MODE: run.contender === 'tally-atomic' ? 'atomic' : 'two-step',
+      TALLY_LOG_LEVEL: 'info',
+      ...run.tallyEnv,
+    };
+    return spawn(process.execPath, [...nodeArgs, DAEMON_MAIN], { env, stdio: ['ignore', 'pipe', 'pipe'] });
+  }
+  const script = CONSUMERS[run.contender];
+  if (!script) throw new Error(`no consumer script for ${run.contender}`);
+  const settings: ConsumerSettings = {
+    amqpUrl: run.amqpUrl,
+    queue: run.queue,
+    prefetch: run.prefetch,
+    expected: run.expected,
+    recordLatency: run.recordLatency,
+    ackEvery: run.ackEvery,
+    ackWaitMs: run.ackWaitMs,
+    redisUrl: run.redisUrl,
+    prefix: run.prefix,
+  };
+  return spawn(process.execPath, [...nodeArgs, script], { env: { ...process.env, [SETTINGS_ENV]: JSON.stringify(settings) }, stdio: ['ignore', 'pipe', 'pipe'] });
+}
+
+/** Parses a stdout line: the consumers' reports and the daemon's pino logs are both JSON. */
+function parseLine(line: string): Record<string, unknown> | null {
+  try {
+    const value: unknown = JSON.parse(line);
+    return typeof value === 'object' && value !== null ? (value as Record<string, unknown>) : null;
+  } catch {
+    return null;
+  }
+}
+
+export async function startContender(run: ContenderRun, startTimeoutMs = 30_000): Promise<RunningContender> {
+  const child = childFor(run);
+  liveChildren.add(child);
+  const stderr: string[] = [];
+  const tail: string[] = [];
+  let consumingResolve!: (at: number) => void;
+  let doneResolve!: (report: Extract<ConsumerReport, { event: 'done' }>) => void;
+  let doneReject!: (error: Error) => void;
+  const consuming = new Promise<number>((resolve) => (consumingResolve = resolve));
+  const done = new Promise<Extract<ConsumerReport, { event: 'done' }>>((resolve, reject) => {
+    doneResolve = resolve;
+    doneReject = reject;
+  });
+  done.catch(() => {});
+  const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) =>
+    child.on('exit', (code, signal) => {
+      liveChildren.delete(child);
+      doneReject(new Error(`${run.contender} exited (code ${code}, signal ${signal}) before reporting done; stderr: ${stderr.join('').slice(-500)}`));
+      resolve({ code, signal });
+    }),
+  );
+  let buffer = '';
+  child.stdout!.setEncoding('utf8').on('data', (chunk: string) => {
+    buffer += chunk;
+    const lines = buffer.split('\n');
+    buffer = lines.pop()!;
+    for (const line of lines) {
+      const value = parseLine(line);
+      if (value === null) continue;
+      if (value.event === 'consuming' && typeof value.at === 'number') consumingResolve(value.at);
+      else if (value.msg === 'consuming') consumingResolve(typeof value.time === 'number' ? value.time : Date.now());
+      else if (value.event === 'done') doneResolve(value as unknown as Extract<ConsumerReport, { event: 'done' }>);
+      else if (value.event === 'error') doneReject(new Error(`${run.contender}: ${String(value.message)}`));
+      if (typeof value.level === 'number' && value.level >= 40) tail.push(line.slice(0, 300));
+    }
+  });
+  child.stderr!.setEncoding('utf8').on('data', (chunk: string) => stderr.push(chunk));
+
+  const timeout = new Promise<'timeout'>((resolve) => setTimeout(() => resolve('timeout'), startTimeoutMs).unref());
+  const first = await Promise.race([consuming, exited, timeout]);
+  if (first === 'timeout' || typeof first !== 'number') {
+    if (first === 'timeout') child.kill('SIGKILL');
+    const exit = first === 'timeout' ? await exited : first;
+    const text = stderr.join('').trim();
+    if (exit.code === 2 && /TALLY_MODE/.test(text)) throw new ContenderUnavailable(text.split('\n')[0] ?? 'TALLY_MODE refused');
+    throw new Error(`${run.contender} did not start consuming (exit ${exit.code ?? exit.signal ?? 'timeout'}): ${text.slice(-500)} ${tail.join(' ')}`);
+  }
+
+  return {
+    pid: child.pid!,
+    consumingAt: first,
+    done,
+    exited,
+    alive: () => child.exitCode === null && child.signalCode === null,
+    stderr: () => `${stderr.join('')}${tail.length > 0 ? `\nwarnings: ${tail.slice(-5).join('\n')}` : ''}`,
+    async stop(graceMs = 40_000) {
+      if (child.exitCode !== null || child.signalCode !== null) return exited;
+      child.kill('SIGTERM');
+      const timer = setTimeout(() => child.kill('SIGKILL'), graceMs);
+      try {
+        return await exited;
+      } finally {
+        clearTimeout(timer);
+      }
+    },
+  };
+}

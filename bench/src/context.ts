@@ -1,0 +1,27 @@
+/** What every drain and latency run of one bench invocation shares. */
+import type { Redis } from 'ioredis';
+
+export interface BenchContext {
+  readonly amqpUrl: string;
+  /** The Redis every contender writes to: the private server unless --redis-url said otherwise. */
+  readonly redisUrl: string;
+  /** True when the bench owns that Redis: it may flush it between runs and its counters are exact. */
+  readonly redisPrivate: boolean;
+  /** The bench's control client on it (verification, INFO, polling). */
+  readonly redis: Redis;
+  /** Names this invocation's queues (`bench.<contender>.<runId>…`) and key prefixes (`bench:<runId>:…`). */
+  readonly runId: string;
+  readonly prefetch: number;
+  readonly ackEvery: number;
+  readonly ackWaitMs: number;
+  readonly virtualShards: number;
+  log(line: string): void;
+}
+
+export function queueName(ctx: BenchContext, contender: string, label: string): string {
+  return `bench.${contender}.${ctx.runId}.${label}`;
+}
+
+export function prefixName(ctx: BenchContext, contender: string, label: string): string {
+  return `bench:${ctx.runId}:${contender}:${label}:`;
+}

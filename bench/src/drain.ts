@@ -1,0 +1,168 @@
+/**
+ * One throughput measurement: preload a queue with a workload, drain it
+ * with one contender, measure, then check that it counted correctly.
+ *
+ *   reset -> publish (confirms) -> start contender -> [clock starts when it consumes]
+ *         -> done (its own report, or counts == truth and queue empty for Tally)
+ *         -> [clock stops; CPU, peak RSS, Redis commands read] -> SIGTERM -> verify
+ */
+import { setTimeout as sleep } from 'node:timers/promises';
+import amqp from 'amqplib';
+import { escapeGlob } from '@tally/shared';
+import { publishAll } from './publisher.js';
+import { resetNamespace } from './namespace.js';
+import type { Workload } from './workload.js';
+import type { BenchContext } from './context.js';
+import { prefixName, queueName } from './context.js';
+import { ContenderUnavailable, isTally, startContender } from './contenders.js';
+import { cpuSeconds, peakRssBytes } from './proc.js';
+import { callsDelta, commandCalls, parseInfo, sumValues } from './redis-info.js';
+import type { ContenderName, DrainRecord, MarkerMemoryRecord } from './results.js';
+import { watchCounts } from './tally-progress.js';
+import { compareCounts, describeCheck, readAllCounts, scanKeys } from './verify.js';
+import { queueState } from './broker.js';
+
+export interface DrainPlan {
+  readonly contender: ContenderName;
+  readonly round: number;
+  /** Distinguishes the queue and prefix of this run (e.g. `r1`, `batch-50`). */
+  readonly label: string;
+  readonly workload: Workload;
+  readonly tallyEnv?: Readonly<Record<string, string>>;
+  readonly nodeArgs?: readonly string[];
+  /** Measure marker memory afterwards (deletes the markers). */
+  readonly measureMarkers?: boolean;
+}
+
+export interface DrainOutcome {
+  readonly record: DrainRecord;
+  readonly memory?: MarkerMemoryRecord;
+}
+
+async function commandSnapshot(ctx: BenchContext): Promise<Map<string, number>> {
+  return commandCalls(parseInfo(await ctx.redis.info('commandstats')));
+}
+
+async function usedMemory(ctx: BenchContext): Promise<number> {
+  return Number(parseInfo(await ctx.redis.info('memory')).get('used_memory'));
+}
+
+/** Clean slate for a run: the bench's own queue, and its prefix (or the whole private Redis). */
+export async function resetSpace(ctx: BenchContext, queue: string, prefix: string): Promise<void> {
+  await resetNamespace({ amqpUrl: ctx.amqpUrl, redisUrl: ctx.redisUrl, queue, prefix });
+  if (ctx.redisPrivate) await ctx.redis.flushall();
+}
+
+/**
+ * Bytes one marker costs: delete every marker of the run and see how much
+ * used_memory drops. Measured on the private Redis only, where nothing else
+ * allocates meanwhile; the keys' expiry entries are included, as they should be.
+ */
+export async function measureMarkerMemory(ctx: BenchContext, pattern: string): Promise<{ markers: number; bytes: number } | null> {
+  if (!ctx.redisPrivate) return null;
+  const keys = await scanKeys(ctx.redis, pattern);
+  if (keys.length === 0) return null;
+  const before = await usedMemory(ctx);
+  for (let i = 0; i < keys.length; i += 1_000) await ctx.redis.del(...keys.slice(i, i + 1_000));
+  const after = await usedMemory(ctx);
+  return { markers: keys.length, bytes: before - after };
+}
+
+export async function runDrain(ctx: BenchContext, plan: DrainPlan): Promise<DrainOutcome> {
+  const { contender, workload } = plan;
+  const queue = queueName(ctx, contender, plan.label);
+  const prefix = prefixName(ctx, contender, plan.label);
+  const expected = workload.publishes.length;
+  await resetSpace(ctx, queue, prefix);
+  await publishAll(workload.publishes, { url: ctx.amqpUrl, queue });
+  // Let the broker finish writing the preload before the clock runs.
+  await sleep(500);
+
+  const running = await startContender({
+    contender,
+    queue,
+    prefix,
+    amqpUrl: ctx.amqpUrl,
+    redisUrl: ctx.redisUrl,
+    prefetch: ctx.prefetch,
+    ackEvery: ctx.ackEvery,
+    ackWaitMs: ctx.ackWaitMs,
+    expected,
+    recordLatency: false,
+    ...(plan.tallyEnv ? { tallyEnv: plan.tallyEnv } : {}),
+    ...(plan.nodeArgs ? { nodeArgs: plan.nodeArgs } : {}),
+  });
+  const cpuStart = await cpuSeconds(running.pid);
+  const commandsBefore = await commandSnapshot(ctx);
+  let ownCommands = 1; // the INFO above, counted once it has run
+  let endedAt: number | null = null;
+  let problem: string | undefined;
+  const timeoutMs = Math.max(60_000, (expected / 500) * 1_000);
+  const connection = await amqp.connect(ctx.amqpUrl, { clientProperties: { connection_name: 'tally-bench-watch' } });
+  try {
+    const channel = await connection.createChannel();
+    if (isTally(contender)) {
+      const watched = await watchCounts(ctx, channel, queue, prefix, workload.truth);
+      ownCommands += watched.ownCommands;
+      endedAt = watched.at;
+      if (endedAt === null) problem = `drain stalled with ${watched.pendingSkus} SKU(s) short of the truth`;
+    } else {
+      const timeout = sleep(timeoutMs).then(() => null);
+      const report = await Promise.race([running.done, timeout]).catch((error: Error) => {
+        problem = error.message;
+        return null;
+      });
+      if (report !== null) endedAt = report.at;
+      else problem ??= `no done report within ${timeoutMs} ms`;
+      if (report !== null && report.acked !== expected) problem = `acked ${report.acked} of ${expected}`;
+    }
+  } finally {
+    await connection.close().catch(() => {});
+  }
+  const cpu = running.alive() ? (await cpuSeconds(running.pid)) - cpuStart : Number.NaN;
+  const rss = running.alive() ? await peakRssBytes(running.pid) : Number.NaN;
+  const commandsAfter = await commandSnapshot(ctx);
+  const exit = await running.stop();
+  if (exit.code !== 0 && problem === undefined) problem = `exited with ${exit.code ?? exit.signal} on SIGTERM: ${running.stderr().slice(-300)}`;
+
+  const after = await queueState(ctx.amqpUrl, queue);
+  if (after.messageCount !== 0 && problem === undefined) problem = `${after.messageCount} message(s) left unacked in the queue after the stop`;
+  if (contender !== 'ceiling') {
+    const check = compareCounts(await readAllCounts(ctx.redis, prefix), workload.truth);
+    if (!check.exact) problem = `${problem ? `${problem}; ` : ''}counts: ${describeCheck(check)}`;
+  }
+
+  let memory: MarkerMemoryRecord | undefined;
+  if (plan.measureMarkers && contender !== 'ceiling' && problem === undefined) {
+    const measured = await measureMarkerMemory(ctx, `${escapeGlob(prefix)}m:*`);
+    if (measured) {
+      memory = {
+        contender,
+        round: plan.round,
+        markers: measured.markers,
+        messages: workload.good,
+        bytesPerMarker: measured.bytes / measured.markers,
+        bytesPerMessage: measured.bytes / workload.good,
+      };
+    }
+  }
+  await resetSpace(ctx, queue, prefix);
+
+  const seconds = endedAt === null ? Number.NaN : (endedAt - running.consumingAt) / 1000;
+  const redisCommands = contender === 'ceiling' || !ctx.redisPrivate ? null : sumValues(callsDelta(commandsBefore, commandsAfter)) - ownCommands;
+  const record: DrainRecord = {
+    contender,
+    round: plan.round,
+    messages: expected,
+    seconds,
+    msgPerSec: expected / seconds,
+    cpuSeconds: cpu,
+    peakRssBytes: rss,
+    redisCommands,
+    correct: problem === undefined,
+    ...(problem !== undefined ? { problem } : {}),
+  };
+  return memory ? { record, memory } : { record };
+}
+
+export { ContenderUnavailable };

@@ -1,0 +1,183 @@
+/**
+ * End-to-end latency at a controlled load: the contender consumes an empty
+ * queue while the bench publishes at a fixed rate (a fraction of the
+ * ceiling's drain rate), each message stamped with Date.now() in the AMQP
+ * `timestamp` property.
+ *
+ * How latency is taken, per contender:
+ *   - ceiling, naive: the consumer itself computes ack time - timestamp for
+ *     every delivery (exact, same clock).
+ *   - Tally: the daemon reports nothing per message, so the bench samples
+ *     about a thousand messages per run and polls Redis every 5 ms for their
+ *     idempotency markers (one per shard the message touches). A message's
+ *     latency is the first poll that sees all its markers minus its publish
+ *     time. The markers are the daemon's last Redis write before the ack
+ *     (the ack follows one thread hop later), so this is publish-to-marked,
+ *     with up to 5 ms of polling granularity on top.
+ */
+import { setTimeout as sleep } from 'node:timers/promises';
+import amqp from 'amqplib';
+import { markerKey, shardOf } from '@tally/shared';
+import type { BenchContext } from './context.js';
+import { prefixName, queueName } from './context.js';
+import { isTally, startContender } from './contenders.js';
+import { resetSpace } from './drain.js';
+import { ensureQueue } from './publisher.js';
+import type { ContenderName, LatencyRecord } from './results.js';
+import { summarizeLatencies } from './stats.js';
+import { watchCounts } from './tally-progress.js';
+import { compareCounts, describeCheck, readAllCounts } from './verify.js';
+import { queueState } from './broker.js';
+import type { Workload } from './workload.js';
+
+export interface LatencyPlan {
+  readonly contender: ContenderName;
+  readonly round: number | null;
+  readonly label: string;
+  readonly loadFraction: number;
+  readonly rate: number;
+  /** Generated with messages = rate × seconds and no duplicates, so every message is a first delivery. */
+  readonly workload: Workload;
+  readonly tallyEnv?: Readonly<Record<string, string>>;
+  readonly probeTarget?: number;
+  readonly pollMs?: number;
+}
+
+interface Probe {
+  readonly keys: string[];
+  readonly publishedAt: number;
+}
+
+/** The marker keys the daemon writes for one message: one per virtual shard its changes touch. */
+function probeKeys(ctx: BenchContext, prefix: string, body: Buffer, id: string): string[] {
+  const parsed = JSON.parse(body.toString('utf8')) as { changes: Array<{ sku: string }> };
+  const shards = new Set(parsed.changes.map((c) => shardOf(c.sku, ctx.virtualShards)));
+  return [...shards].map((vshard) => markerKey(prefix, vshard, id));
+}
+
+export async function runLatency(ctx: BenchContext, plan: LatencyPlan): Promise<LatencyRecord> {
+  const { contender, workload } = plan;
+  const queue = queueName(ctx, contender, plan.label);
+  const prefix = prefixName(ctx, contender, plan.label);
+  const publishes = workload.publishes;
+  await resetSpace(ctx, queue, prefix);
+  const connection = await amqp.connect(ctx.amqpUrl, { clientProperties: { connection_name: 'tally-bench-latency' } });
+  let problem: string | undefined;
+  const latencies: number[] = [];
+  let achievedRate = Number.NaN;
+  const tally = isTally(contender);
+  try {
+    await ensureQueue(connection, queue);
+    const running = await startContender({
+      contender,
+      queue,
+      prefix,
+      amqpUrl: ctx.amqpUrl,
+      redisUrl: ctx.redisUrl,
+      prefetch: ctx.prefetch,
+      ackEvery: ctx.ackEvery,
+      ackWaitMs: ctx.ackWaitMs,
+      expected: publishes.length,
+      recordLatency: !tally,
+      ...(plan.tallyEnv ? { tallyEnv: plan.tallyEnv } : {}),
+    });
+    try {
+      const channel = await connection.createConfirmChannel();
+      const every = Math.max(1, Math.round(publishes.length / (plan.probeTarget ?? 1_000)));
+      const outstanding: Probe[] = [];
+      let publishing = true;
+
+      // The prober runs beside the publisher on this event loop.
+      const pollMs = plan.pollMs ?? 5;
+      const prober = (async () => {
+        if (!tally) return;
+        while (publishing || outstanding.length > 0) {
+          if (outstanding.length > 0) {
+            // Take the batch out first: the publisher keeps appending while MGET is in flight.
+            const batch = outstanding.splice(0, outstanding.length);
+            const values = await ctx.redis.mget(batch.flatMap((p) => p.keys));
+            const now = Date.now();
+            let k = 0;
+            const still: Probe[] = [];
+            for (const probe of batch) {
+              let all = true;
+              for (let j = 0; j < probe.keys.length; j++) if (values[k + j] === null) all = false;
+              k += probe.keys.length;
+              if (all) latencies.push(now - probe.publishedAt);
+              else still.push(probe);
+            }
+            outstanding.unshift(...still);
+          }
+          await sleep(pollMs);
+        }
+      })();
+
+      const started = performance.now();
+      let sent = 0;
+      while (sent < publishes.length) {
+        const due = Math.min(publishes.length, Math.floor(((performance.now() - started) / 1000) * plan.rate));
+        while (sent < due) {
+          const publish = publishes[sent]!;
+          const now = Date.now();
+          const ok = channel.sendToQueue(queue, publish.body, {
+            persistent: true,
+            contentType: 'application/json',
+            timestamp: now,
+            ...(publish.messageId !== undefined ? { messageId: publish.messageId } : {}),
+          });
+          if (tally && sent % every === 0 && publish.id !== undefined) outstanding.push({ keys: probeKeys(ctx, prefix, publish.body, publish.id), publishedAt: now });
+          sent++;
+          if (!ok) await new Promise((resolve) => channel.once('drain', resolve));
+        }
+        await sleep(1);
+      }
+      achievedRate = publishes.length / ((performance.now() - started) / 1000);
+      await channel.waitForConfirms();
+      publishing = false;
+
+      const deadline = sleep(Math.max(60_000, (publishes.length / 300) * 1000)).then(() => 'timeout' as const);
+      if (tally) {
+        const finished = await Promise.race([prober.then(() => 'ok' as const), deadline]);
+        if (finished === 'timeout') problem = `${outstanding.length} sampled message(s) never got their markers`;
+        const watch = await connection.createChannel();
+        const watched = await watchCounts(ctx, watch, queue, prefix, workload.truth);
+        if (watched.at === null && problem === undefined) problem = `stalled with ${watched.pendingSkus} SKU(s) short`;
+      } else {
+        const report = await Promise.race([running.done, deadline]).catch((error: Error) => {
+          problem = error.message;
+          return null;
+        });
+        if (report === 'timeout') problem = 'no done report before the deadline';
+        else if (report !== null) latencies.push(...(report.latenciesMs ?? []));
+      }
+    } finally {
+      const exit = await running.stop();
+      if (exit.code !== 0 && problem === undefined) problem = `exited with ${exit.code ?? exit.signal} on SIGTERM`;
+    }
+    const after = await queueState(ctx.amqpUrl, queue);
+    if (after.messageCount !== 0 && problem === undefined) problem = `${after.messageCount} message(s) left in the queue`;
+    if (contender !== 'ceiling') {
+      const check = compareCounts(await readAllCounts(ctx.redis, prefix), workload.truth);
+      if (!check.exact) problem = `${problem ? `${problem}; ` : ''}counts: ${describeCheck(check)}`;
+    }
+  } finally {
+    await connection.close().catch(() => {});
+    await resetSpace(ctx, queue, prefix);
+  }
+  const summary = summarizeLatencies(latencies);
+  return {
+    contender,
+    round: plan.round,
+    loadFraction: plan.loadFraction,
+    targetRate: plan.rate,
+    achievedRate,
+    published: publishes.length,
+    samples: summary.samples,
+    p50Ms: summary.p50,
+    p99Ms: summary.p99,
+    maxMs: summary.max,
+    method: tally ? 'marker-probe' : 'ack',
+    correct: problem === undefined,
+    ...(problem !== undefined ? { problem } : {}),
+  };
+}

@@ -1,0 +1,187 @@
+/**
+ * Pure: the bench's command line into a typed, validated, frozen options
+ * object (the only place flags are read). Errors name the flag and the
+ * accepted range, like the daemon's configuration errors.
+ */
+import { parseArgs } from 'node:util';
+import { CONTENDERS, type ContenderName, type SweepName } from './results.js';
+
+export type BenchCommand = 'run' | 'profile' | 'summarize-profiles' | 'help';
+
+export interface BenchOptions {
+  readonly command: BenchCommand;
+  readonly quick: boolean;
+  readonly rounds: number;
+  readonly messages: number;
+  readonly skus: number;
+  readonly zipf: number;
+  readonly minChanges: number;
+  readonly maxChanges: number;
+  readonly duplicateRate: number;
+  readonly seed: number;
+  readonly prefetch: number;
+  readonly ackEvery: number;
+  readonly ackWaitMs: number;
+  /** Seconds of publishing per latency run. */
+  readonly latencySeconds: number;
+  /** Load sweep: fractions of the ceiling's drain rate (the 0.5 run happens in every round anyway). */
+  readonly loads: readonly number[];
+  readonly sweeps: readonly SweepName[];
+  readonly sweepMessages: number;
+  readonly batchSizes: readonly number[];
+  readonly workerCounts: readonly number[];
+  readonly changeRanges: ReadonlyArray<readonly [number, number]>;
+  readonly contenders: readonly ContenderName[];
+  /** null: bench/results (quick: bench/results/quick), resolved by the entry against the bench package. */
+  readonly outDir: string | null;
+  readonly amqpUrl: string;
+  /** null: start a private redis-server (the default). */
+  readonly redisUrl: string | null;
+  /** null: bench/results/profile. */
+  readonly profileDir: string | null;
+}
+
+export class BenchUsageError extends Error {
+  readonly code = 'BENCH_USAGE';
+}
+
+const FULL = {
+  rounds: 3,
+  messages: 50_000,
+  latencySeconds: 4,
+  loads: [0.1, 0.25, 0.5, 0.75],
+  sweeps: ['batch-size', 'workers', 'changes'] as SweepName[],
+  sweepMessages: 30_000,
+};
+
+const QUICK = {
+  rounds: 1,
+  messages: 4_000,
+  latencySeconds: 1,
+  loads: [] as number[],
+  sweeps: [] as SweepName[],
+  sweepMessages: 4_000,
+};
+
+export const USAGE = `usage: pnpm bench [--quick] [flags]
+       pnpm bench --profile [--profile-dir DIR]      drain once with Tally under --cpu-prof and summarize
+       pnpm bench --summarize-profiles DIR          summarize existing .cpuprofile files
+
+workload:  --messages N (50000; quick 4000)  --skus N (10000)  --zipf S (1)  --changes MIN-MAX (1-8)
+           --duplicate-rate R (0.02)  --seed N (1)
+rounds:    --rounds N (3; quick 1)  --contenders a,b (ceiling,naive,tally-two-step,tally-atomic)
+latency:   --latency-seconds S (4; quick 1)  --loads F,F (0.1,0.25,0.5,0.75; quick none)
+sweeps:    --sweeps batch-size,workers,changes|none (all; quick none)  --sweep-messages N (30000)
+           --batch-sizes 50,200,500,2000  --workers 1,2,4  --change-ranges 1-2,1-8,8-16
+consumers: --prefetch N (2000)  --ack-every N (500)  --ack-wait-ms N (50)
+servers:   --amqp-url URL (TALLY_AMQP_URL or local)  --redis-url URL (default: a private redis-server)
+output:    --out DIR (bench/results; quick: bench/results/quick)`;
+
+function int(flag: string, raw: string | undefined, fallback: number, min: number, max: number): number {
+  if (raw === undefined) return fallback;
+  const value = Number(raw);
+  if (!Number.isInteger(value) || value < min || value > max) throw new BenchUsageError(`--${flag} must be an integer in ${min}..${max}, got ${JSON.stringify(raw)}`);
+  return value;
+}
+
+function num(flag: string, raw: string | undefined, fallback: number, min: number, max: number): number {
+  if (raw === undefined) return fallback;
+  const value = Number(raw);
+  if (raw.trim() === '' || !Number.isFinite(value) || value < min || value > max) throw new BenchUsageError(`--${flag} must be a number in ${min}..${max}, got ${JSON.stringify(raw)}`);
+  return value;
+}
+
+export function range(flag: string, raw: string): [number, number] {
+  const match = raw.match(/^(\d+)-(\d+)$/);
+  const lo = match ? Number(match[1]) : Number.NaN;
+  const hi = match ? Number(match[2]) : Number.NaN;
+  if (!match || lo < 1 || hi < lo || hi > 10_000) throw new BenchUsageError(`--${flag} must be MIN-MAX with 1 <= MIN <= MAX <= 10000, got ${JSON.stringify(raw)}`);
+  return [lo, hi];
+}
+
+function list<T>(flag: string, raw: string | undefined, fallback: readonly T[], each: (item: string) => T): readonly T[] {
+  if (raw === undefined) return fallback;
+  if (raw === 'none' || raw === '') return [];
+  return raw.split(',').map((item) => each(item.trim()));
+}
+
+export function parseBenchArgs(argv: readonly string[], env: Readonly<Record<string, string | undefined>> = {}): BenchOptions {
+  let parsed;
+  try {
+    parsed = parseArgs({
+      args: [...argv],
+      strict: true,
+      allowPositionals: false,
+      options: {
+        quick: { type: 'boolean' },
+        help: { type: 'boolean', short: 'h' },
+        profile: { type: 'boolean' },
+        'profile-dir': { type: 'string' },
+        'summarize-profiles': { type: 'string' },
+        rounds: { type: 'string' },
+        messages: { type: 'string' },
+        skus: { type: 'string' },
+        zipf: { type: 'string' },
+        changes: { type: 'string' },
+        'duplicate-rate': { type: 'string' },
+        seed: { type: 'string' },
+        prefetch: { type: 'string' },
+        'ack-every': { type: 'string' },
+        'ack-wait-ms': { type: 'string' },
+        'latency-seconds': { type: 'string' },
+        loads: { type: 'string' },
+        sweeps: { type: 'string' },
+        'sweep-messages': { type: 'string' },
+        'batch-sizes': { type: 'string' },
+        workers: { type: 'string' },
+        'change-ranges': { type: 'string' },
+        contenders: { type: 'string' },
+        out: { type: 'string' },
+        'amqp-url': { type: 'string' },
+        'redis-url': { type: 'string' },
+      },
+    });
+  } catch (error) {
+    throw new BenchUsageError(error instanceof Error ? error.message : String(error));
+  }
+  const v = parsed.values;
+  const quick = v.quick === true;
+  const base = quick ? QUICK : FULL;
+  const [minChanges, maxChanges] = v.changes === undefined ? [1, 8] : range('changes', v.changes);
+  const command: BenchCommand = v.help ? 'help' : v['summarize-profiles'] !== undefined ? 'summarize-profiles' : v.profile ? 'profile' : 'run';
+  const contenders = list('contenders', v.contenders, CONTENDERS, (c) => {
+    if (!(CONTENDERS as readonly string[]).includes(c)) throw new BenchUsageError(`--contenders accepts ${CONTENDERS.join(', ')}; got ${JSON.stringify(c)}`);
+    return c as ContenderName;
+  });
+  const sweeps = list('sweeps', v.sweeps, base.sweeps, (s) => {
+    if (s !== 'batch-size' && s !== 'workers' && s !== 'changes') throw new BenchUsageError(`--sweeps accepts batch-size, workers, changes or none; got ${JSON.stringify(s)}`);
+    return s as SweepName;
+  });
+  return Object.freeze({
+    command,
+    quick,
+    rounds: int('rounds', v.rounds, base.rounds, 1, 50),
+    messages: int('messages', v.messages, base.messages, 100, 5_000_000),
+    skus: int('skus', v.skus, 10_000, 1, 10_000_000),
+    zipf: num('zipf', v.zipf, 1, 0, 5),
+    minChanges,
+    maxChanges,
+    duplicateRate: num('duplicate-rate', v['duplicate-rate'], 0.02, 0, 1),
+    seed: int('seed', v.seed, 1, 0, 2 ** 31),
+    prefetch: int('prefetch', v.prefetch, 2_000, 1, 65_535),
+    ackEvery: int('ack-every', v['ack-every'], 500, 1, 65_535),
+    ackWaitMs: int('ack-wait-ms', v['ack-wait-ms'], 50, 0, 60_000),
+    latencySeconds: num('latency-seconds', v['latency-seconds'], base.latencySeconds, 0.5, 600),
+    loads: list('loads', v.loads, base.loads, (f) => num('loads', f, 0, 0.01, 2)),
+    sweeps,
+    sweepMessages: int('sweep-messages', v['sweep-messages'], base.sweepMessages, 100, 5_000_000),
+    batchSizes: list('batch-sizes', v['batch-sizes'], [50, 200, 500, 2_000], (b) => int('batch-sizes', b, 0, 1, 100_000)),
+    workerCounts: list('workers', v.workers, [1, 2, 4], (w) => int('workers', w, 0, 1, 64)),
+    changeRanges: list('change-ranges', v['change-ranges'], [[1, 2], [1, 8], [8, 16]] as Array<[number, number]>, (r) => range('change-ranges', r)),
+    contenders,
+    outDir: v.out ?? null,
+    amqpUrl: v['amqp-url'] ?? env.TALLY_AMQP_URL ?? 'amqp://guest:guest@127.0.0.1:5672',
+    redisUrl: v['redis-url'] ?? null,
+    profileDir: v['summarize-profiles'] ?? v['profile-dir'] ?? null,
+  });
+}

@@ -1,0 +1,83 @@
+/**
+ * Pure: the Markdown tables printed at the end of a run and written to
+ * bench/results/latest.md.
+ */
+import type { BenchResults, ContenderSummary, SweepRecord } from './results.js';
+
+/** A number for a table cell: `n/a` for NaN, thousands separated, fixed decimals. */
+export function cell(value: number, decimals = 0, suffix = ''): string {
+  if (!Number.isFinite(value)) return 'n/a';
+  const fixed = value.toFixed(decimals);
+  const [whole, fraction] = fixed.split('.');
+  const grouped = whole!.replace(/\B(?=(\d{3})+(?!\d))/g, ',');
+  return `${grouped}${fraction !== undefined ? `.${fraction}` : ''}${suffix}`;
+}
+
+export function markdownTable(header: readonly string[], rows: ReadonlyArray<readonly string[]>): string {
+  const escape = (text: string) => text.replace(/\|/g, '\\|').replace(/\n/g, ' ');
+  const line = (cells: readonly string[]) => `| ${cells.map(escape).join(' | ')} |`;
+  return [line(header), `|${header.map((_, i) => (i === 0 ? '---' : '---:')).join('|')}|`, ...rows.map(line)].join('\n');
+}
+
+export function renderSummaryTable(summary: readonly ContenderSummary[]): string {
+  const header = ['contender', 'msg/s', '× ceiling', '× naive', 'p50 ms', 'p99 ms', 'CPU s / M msg', 'peak RSS MB', 'Redis cmds / msg', 'marker B / msg', 'counted correctly'];
+  const rows = summary.map((s) =>
+    s.available
+      ? [
+          s.label,
+          cell(s.msgPerSec),
+          cell(s.ratioToCeiling, 2),
+          cell(s.ratioToNaive, 2),
+          cell(s.p50Ms, 1),
+          cell(s.p99Ms, 1),
+          cell(s.cpuSecondsPerMillion, 1),
+          cell(s.peakRssMb, 0),
+          cell(s.redisCommandsPerMessage, 2),
+          cell(s.markerBytesPerMessage, 0),
+          s.correct ? 'yes' : 'NO',
+        ]
+      : [s.label, 'not available', '', '', '', '', '', '', '', '', s.note ?? ''],
+  );
+  return markdownTable(header, rows);
+}
+
+export function renderSweepTable(sweeps: readonly SweepRecord[]): string {
+  const header = ['sweep', 'setting', 'contender', 'msg/s', 'ceiling msg/s', '× ceiling', 'correct'];
+  const rows = sweeps.map((s) => [s.sweep, s.label, s.contender, cell(s.msgPerSec), cell(s.ceilingMsgPerSec), cell(s.ratioToCeiling, 2), s.correct ? 'yes' : 'NO']);
+  return markdownTable(header, rows);
+}
+
+export function renderLatencyTable(results: Pick<BenchResults, 'latencies'>): string {
+  const header = ['contender', 'load (× ceiling rate)', 'rate msg/s', 'p50 ms', 'p99 ms', 'max ms', 'samples', 'method', 'round'];
+  const rows = results.latencies.map((l) => [
+    l.contender,
+    cell(l.loadFraction, 2),
+    cell(l.achievedRate),
+    cell(l.p50Ms, 1),
+    cell(l.p99Ms, 1),
+    cell(l.maxMs, 1),
+    cell(l.samples),
+    l.method,
+    l.round === null ? 'sweep' : String(l.round + 1),
+  ]);
+  return markdownTable(header, rows);
+}
+
+/** The whole latest.md. */
+export function renderReport(results: BenchResults): string {
+  const w = results.options as { workload?: Record<string, unknown> } | undefined;
+  const parts = [
+    `# Tally benchmark (${results.quick ? 'quick' : 'full'} run)`,
+    '',
+    `${results.startedAt} to ${results.finishedAt}; ${results.machine.cpus} cores, Node ${results.machine.node}, private redis-server ${results.machine.redis}; ${results.rounds} round(s), contenders alternating; medians over rounds, ratios taken pair by pair within a round.`,
+    '',
+    w?.workload ? `Workload: \`${JSON.stringify(w.workload)}\`` : '',
+    '',
+    renderSummaryTable(results.summary),
+    '',
+  ];
+  if (results.sweeps.length > 0) parts.push('## Sweeps (Tally, each point paired with a ceiling drain of the same workload)', '', renderSweepTable(results.sweeps), '');
+  if (results.latencies.length > 0) parts.push('## Latency runs', '', renderLatencyTable(results), '');
+  if (results.problems.length > 0) parts.push('## Problems', '', ...results.problems.map((p) => `- ${p}`), '');
+  return parts.join('\n');
+}

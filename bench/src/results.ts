@@ -1,0 +1,168 @@
+/**
+ * The shape of bench/results/latest.json, and the pure step from raw
+ * per-round records to one summary row per contender.
+ */
+import { median, medianRatio } from './stats.js';
+
+export const CONTENDERS = ['ceiling', 'naive', 'tally-two-step', 'tally-atomic'] as const;
+export type ContenderName = (typeof CONTENDERS)[number];
+
+export const CONTENDER_LABELS: Readonly<Record<ContenderName, string>> = Object.freeze({
+  ceiling: 'ceiling (bare amqplib)',
+  naive: 'naive (per message)',
+  'tally-two-step': 'Tally two-step',
+  'tally-atomic': 'Tally atomic',
+});
+
+/** One drain of a preloaded queue by one contender in one round. */
+export interface DrainRecord {
+  readonly contender: ContenderName;
+  readonly round: number;
+  /** Deliveries drained (duplicates included). */
+  readonly messages: number;
+  readonly seconds: number;
+  readonly msgPerSec: number;
+  /** utime + stime of the consumer process (all its threads) over the drain. */
+  readonly cpuSeconds: number;
+  /** VmHWM of the consumer process. */
+  readonly peakRssBytes: number;
+  /** Commands the private Redis processed for this drain, the bench's own polling subtracted; null for the ceiling. */
+  readonly redisCommands: number | null;
+  readonly correct: boolean;
+  readonly problem?: string;
+}
+
+/** One run at a controlled publish rate, measuring end-to-end latency. */
+export interface LatencyRecord {
+  readonly contender: ContenderName;
+  /** The round for the 50% runs; null for the load sweep. */
+  readonly round: number | null;
+  readonly loadFraction: number;
+  readonly targetRate: number;
+  readonly achievedRate: number;
+  readonly published: number;
+  readonly samples: number;
+  readonly p50Ms: number;
+  readonly p99Ms: number;
+  readonly maxMs: number;
+  /** `ack`: the consumer timed each ack itself; `marker-probe`: the bench polled Redis for the markers of sampled messages. */
+  readonly method: 'ack' | 'marker-probe';
+  readonly correct: boolean;
+  readonly problem?: string;
+}
+
+export interface MarkerMemoryRecord {
+  readonly contender: ContenderName;
+  readonly round: number;
+  readonly markers: number;
+  /** Unique messages the markers belong to. */
+  readonly messages: number;
+  readonly bytesPerMarker: number;
+  readonly bytesPerMessage: number;
+}
+
+export type SweepName = 'batch-size' | 'workers' | 'changes';
+
+export interface SweepRecord {
+  readonly sweep: SweepName;
+  readonly label: string;
+  /** Position on the x axis (batch size, threads, mean changes per message). */
+  readonly x: number;
+  readonly contender: ContenderName;
+  readonly msgPerSec: number;
+  /** The ceiling's rate on the same workload, measured right before. */
+  readonly ceilingMsgPerSec: number;
+  readonly ratioToCeiling: number;
+  readonly correct: boolean;
+}
+
+export interface ContenderSummary {
+  readonly contender: ContenderName;
+  readonly label: string;
+  readonly available: boolean;
+  readonly note?: string;
+  readonly rounds: number;
+  readonly msgPerSec: number;
+  readonly ratioToCeiling: number;
+  readonly ratioToNaive: number;
+  readonly p50Ms: number;
+  readonly p99Ms: number;
+  readonly latencyMethod?: string;
+  readonly cpuSecondsPerMillion: number;
+  readonly peakRssMb: number;
+  readonly redisCommandsPerMessage: number;
+  readonly markerBytesPerMarker: number;
+  readonly markerBytesPerMessage: number;
+  readonly correct: boolean;
+}
+
+export interface Availability {
+  readonly contender: ContenderName;
+  readonly available: boolean;
+  readonly note?: string;
+}
+
+/** Per-round values of one contender's field, indexed by round (null where it did not run or failed). */
+function byRound(drains: readonly DrainRecord[], contender: ContenderName, rounds: number, field: (d: DrainRecord) => number | null): Array<number | null> {
+  const values: Array<number | null> = new Array(rounds).fill(null);
+  for (const d of drains) {
+    if (d.contender === contender && d.correct && d.round < rounds) values[d.round] = field(d);
+  }
+  return values;
+}
+
+const finite = (values: ReadonlyArray<number | null>): number[] => values.filter((v): v is number => typeof v === 'number' && Number.isFinite(v));
+
+export function summarize(
+  availability: readonly Availability[],
+  drains: readonly DrainRecord[],
+  latencies: readonly LatencyRecord[],
+  memory: readonly MarkerMemoryRecord[],
+  rounds: number,
+): ContenderSummary[] {
+  const rate = (c: ContenderName) => byRound(drains, c, rounds, (d) => d.msgPerSec);
+  const ceiling = rate('ceiling');
+  const naive = rate('naive');
+  return availability.map(({ contender, available, note }) => {
+    const mine = drains.filter((d) => d.contender === contender);
+    const half = latencies.filter((l) => l.contender === contender && l.round !== null && l.correct);
+    const marks = memory.filter((m) => m.contender === contender);
+    const correct = available && mine.length > 0 && mine.every((d) => d.correct) && latencies.filter((l) => l.contender === contender).every((l) => l.correct);
+    return {
+      contender,
+      label: CONTENDER_LABELS[contender],
+      available,
+      ...(note !== undefined ? { note } : {}),
+      rounds: mine.length,
+      msgPerSec: median(finite(rate(contender))),
+      ratioToCeiling: medianRatio(rate(contender), ceiling),
+      ratioToNaive: medianRatio(rate(contender), naive),
+      p50Ms: median(half.map((l) => l.p50Ms)),
+      p99Ms: median(half.map((l) => l.p99Ms)),
+      ...(half.length > 0 ? { latencyMethod: half[0]!.method } : {}),
+      cpuSecondsPerMillion: median(finite(byRound(drains, contender, rounds, (d) => (d.messages > 0 ? (d.cpuSeconds * 1e6) / d.messages : null)))),
+      peakRssMb: median(finite(byRound(drains, contender, rounds, (d) => d.peakRssBytes / (1024 * 1024)))),
+      redisCommandsPerMessage: median(finite(byRound(drains, contender, rounds, (d) => (d.redisCommands === null || d.messages === 0 ? null : d.redisCommands / d.messages)))),
+      markerBytesPerMarker: median(marks.map((m) => m.bytesPerMarker)),
+      markerBytesPerMessage: median(marks.map((m) => m.bytesPerMessage)),
+      correct,
+    };
+  });
+}
+
+export interface BenchResults {
+  readonly version: 1;
+  readonly startedAt: string;
+  readonly finishedAt: string;
+  readonly quick: boolean;
+  readonly machine: { readonly cpus: number; readonly node: string; readonly redis: string };
+  readonly options: unknown;
+  readonly rounds: number;
+  readonly availability: readonly Availability[];
+  readonly summary: readonly ContenderSummary[];
+  readonly drains: readonly DrainRecord[];
+  readonly latencies: readonly LatencyRecord[];
+  readonly markerMemory: readonly MarkerMemoryRecord[];
+  readonly sweeps: readonly SweepRecord[];
+  readonly problems: readonly string[];
+}

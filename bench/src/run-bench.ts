@@ -1,0 +1,215 @@
+/**
+ * The bench's plan: rounds of drains (contenders alternating, the order
+ * rotated each round), a latency run at half the ceiling's rate in every
+ * round, then the load sweep and the parameter sweeps, then the summary.
+ * Failures are recorded, never thrown past a run: one broken contender must
+ * not hide the others' figures.
+ */
+import { cpus } from 'node:os';
+import { Redis } from 'ioredis';
+import type { BenchContext } from './context.js';
+import { ContenderUnavailable, isTally, startContender } from './contenders.js';
+import { runDrain, resetSpace } from './drain.js';
+import { runLatency } from './latency-run.js';
+import type { BenchOptions } from './options.js';
+import { startPrivateRedis, type PrivateRedis } from './private-redis.js';
+import { parseInfo } from './redis-info.js';
+import {
+  summarize,
+  type Availability,
+  type BenchResults,
+  type ContenderName,
+  type DrainRecord,
+  type LatencyRecord,
+  type MarkerMemoryRecord,
+  type SweepRecord,
+} from './results.js';
+import { median } from './stats.js';
+import { generateWorkload, type Workload, type WorkloadOptions } from './workload.js';
+import { prefixName, queueName } from './context.js';
+
+/** Rotates the contender order by the round, so no contender always runs first (or right after the broker's preload). */
+export function roundOrder<T>(items: readonly T[], round: number): T[] {
+  if (items.length === 0) return [];
+  const shift = round % items.length;
+  return [...items.slice(shift), ...items.slice(0, shift)];
+}
+
+/** Starts the daemon with TALLY_MODE=atomic once: exit 2 naming TALLY_MODE means this build does not have it. */
+async function probeAvailability(ctx: BenchContext, contender: ContenderName): Promise<Availability> {
+  if (!isTally(contender) || contender === 'tally-two-step') return { contender, available: true };
+  const queue = queueName(ctx, contender, 'probe');
+  const prefix = prefixName(ctx, contender, 'probe');
+  try {
+    const running = await startContender({ contender, queue, prefix, amqpUrl: ctx.amqpUrl, redisUrl: ctx.redisUrl, prefetch: ctx.prefetch, ackEvery: ctx.ackEvery, ackWaitMs: ctx.ackWaitMs, expected: 0, recordLatency: false });
+    await running.stop();
+    return { contender, available: true };
+  } catch (error) {
+    const note = error instanceof ContenderUnavailable ? `not available: ${error.message}` : `failed to start: ${error instanceof Error ? error.message : String(error)}`;
+    return { contender, available: false, note };
+  } finally {
+    await resetSpace(ctx, queue, prefix).catch(() => {});
+  }
+}
+
+export interface BenchRun {
+  readonly results: BenchResults;
+  /** Non-zero when an available contender failed to run or miscounted. */
+  readonly exitCode: number;
+}
+
+export async function runBench(options: BenchOptions, log: (line: string) => void): Promise<BenchRun> {
+  const startedAt = new Date().toISOString();
+  let server: PrivateRedis | null = null;
+  let redisUrl = options.redisUrl;
+  if (redisUrl === null) {
+    server = await startPrivateRedis();
+    redisUrl = server.url;
+    log(`private redis-server ${server.version} on ${server.url} (pid ${server.pid})`);
+  }
+  const redis = new Redis(redisUrl, { connectionName: 'tally-bench' });
+  const ctx: BenchContext = {
+    amqpUrl: options.amqpUrl,
+    redisUrl,
+    redisPrivate: server !== null,
+    redis,
+    runId: `${Date.now().toString(36)}${process.pid.toString(36)}`,
+    prefetch: options.prefetch,
+    ackEvery: options.ackEvery,
+    ackWaitMs: options.ackWaitMs,
+    virtualShards: 16,
+    log,
+  };
+  const drains: DrainRecord[] = [];
+  const latencies: LatencyRecord[] = [];
+  const memory: MarkerMemoryRecord[] = [];
+  const sweeps: SweepRecord[] = [];
+  const problems: string[] = [];
+  try {
+    const redisVersion = parseInfo(await redis.info('server')).get('redis_version') ?? 'unknown';
+    const workloadOptions: Partial<WorkloadOptions> = {
+      messages: options.messages,
+      skus: options.skus,
+      zipf: options.zipf,
+      minChanges: options.minChanges,
+      maxChanges: options.maxChanges,
+      duplicateRate: options.duplicateRate,
+      seed: options.seed,
+      badRate: 0,
+      idPrefix: 'bench',
+    };
+    const availability: Availability[] = [];
+    for (const contender of options.contenders) availability.push(await probeAvailability(ctx, contender));
+    for (const a of availability) if (!a.available) log(`${a.contender}: ${a.note}`);
+    const available = availability.filter((a) => a.available).map((a) => a.contender);
+    const workload = generateWorkload(workloadOptions);
+    log(`workload: ${workload.publishes.length} deliveries (${workload.good} messages + ${workload.duplicates} duplicates), ${workload.truth.size} SKUs counted`);
+
+    const record = (r: DrainRecord) => {
+      drains.push(r);
+      const rate = Number.isFinite(r.msgPerSec) ? `${Math.round(r.msgPerSec)} msg/s` : 'no rate';
+      log(`  ${r.contender.padEnd(15)} ${rate.padStart(12)}  ${r.seconds.toFixed(2)} s  cpu ${r.cpuSeconds.toFixed(2)} s  ${r.correct ? 'correct' : `PROBLEM: ${r.problem}`}`);
+      if (!r.correct) problems.push(`round ${r.round + 1}, ${r.contender}: ${r.problem}`);
+    };
+    const recordLatency = (l: LatencyRecord) => {
+      latencies.push(l);
+      log(`  ${l.contender.padEnd(15)} load ${l.loadFraction} (${Math.round(l.achievedRate)} msg/s): p50 ${l.p50Ms.toFixed(1)} ms, p99 ${l.p99Ms.toFixed(1)} ms (${l.samples} samples, ${l.method})${l.correct ? '' : ` PROBLEM: ${l.problem}`}`);
+      if (!l.correct) problems.push(`latency ${l.loadFraction} ${l.contender}: ${l.problem}`);
+    };
+    const latencyWorkload = (rate: number, seed: number): Workload =>
+      generateWorkload({ ...workloadOptions, messages: Math.max(100, Math.round(rate * options.latencySeconds)), duplicateRate: 0, seed, idPrefix: 'lat' });
+    const ceilingRates: number[] = [];
+    const fallbackRate = () => median(ceilingRates) || 5_000;
+
+    for (let round = 0; round < options.rounds; round++) {
+      log(`round ${round + 1}/${options.rounds}: drains`);
+      for (const contender of roundOrder(available, round)) {
+        const outcome = await runDrain(ctx, { contender, round, label: `r${round}`, workload, measureMarkers: true });
+        record(outcome.record);
+        if (outcome.memory) memory.push(outcome.memory);
+        if (contender === 'ceiling' && outcome.record.correct) ceilingRates.push(outcome.record.msgPerSec);
+      }
+      const thisCeiling = drains.find((d) => d.round === round && d.contender === 'ceiling' && d.correct)?.msgPerSec ?? fallbackRate();
+      const rate = Math.round(thisCeiling / 2);
+      log(`round ${round + 1}/${options.rounds}: latency at half the ceiling's rate (${rate} msg/s)`);
+      for (const contender of roundOrder(available, round)) {
+        recordLatency(await runLatency(ctx, { contender, round, label: `l${round}`, loadFraction: 0.5, rate, workload: latencyWorkload(rate, 100 + round) }));
+      }
+    }
+
+    const ceiling = fallbackRate();
+    const sweepLoads = options.loads.filter((f) => f !== 0.5 || options.rounds === 0);
+    if (sweepLoads.length > 0) log(`load sweep at ${sweepLoads.join(', ')} × ${Math.round(ceiling)} msg/s`);
+    for (const fraction of sweepLoads) {
+      const rate = Math.round(ceiling * fraction);
+      for (const contender of available) {
+        recordLatency(await runLatency(ctx, { contender, round: null, label: `load${fraction}`, loadFraction: fraction, rate, workload: latencyWorkload(rate, 200) }));
+      }
+    }
+
+    // Parameter sweeps: each point pairs a ceiling drain with the Tally drains of the same workload.
+    const tallies = available.filter(isTally);
+    const sweepWorkload = (range?: readonly [number, number]) =>
+      generateWorkload({ ...workloadOptions, messages: options.sweepMessages, ...(range ? { minChanges: range[0], maxChanges: range[1] } : {}) });
+    const points: Array<{ sweep: SweepRecord['sweep']; label: string; x: number; workload: Workload; env: Record<string, string> }> = [];
+    const base = options.sweeps.length > 0 ? sweepWorkload() : null;
+    if (base && options.sweeps.includes('batch-size')) for (const b of options.batchSizes) points.push({ sweep: 'batch-size', label: `TALLY_BATCH_SIZE=${b}`, x: b, workload: base, env: { TALLY_BATCH_SIZE: String(b) } });
+    if (base && options.sweeps.includes('workers')) for (const w of options.workerCounts) points.push({ sweep: 'workers', label: `TALLY_WORKERS=${w}`, x: w, workload: base, env: { TALLY_WORKERS: String(w) } });
+    if (options.sweeps.includes('changes')) {
+      for (const r of options.changeRanges) points.push({ sweep: 'changes', label: `${r[0]}-${r[1]} SKUs/msg`, x: (r[0] + r[1]) / 2, workload: sweepWorkload(r), env: {} });
+    }
+    for (const [i, point] of points.entries()) {
+      log(`sweep ${point.sweep}: ${point.label}`);
+      const paired = await runDrain(ctx, { contender: 'ceiling', round: -1, label: `s${i}`, workload: point.workload });
+      record(paired.record);
+      for (const contender of tallies) {
+        const outcome = await runDrain(ctx, { contender, round: -1, label: `s${i}`, workload: point.workload, tallyEnv: point.env });
+        record(outcome.record);
+        sweeps.push({
+          sweep: point.sweep,
+          label: point.label,
+          x: point.x,
+          contender,
+          msgPerSec: outcome.record.msgPerSec,
+          ceilingMsgPerSec: paired.record.msgPerSec,
+          ratioToCeiling: outcome.record.msgPerSec / paired.record.msgPerSec,
+          correct: outcome.record.correct && paired.record.correct,
+        });
+      }
+    }
+
+    // Rounds are 0-based; sweep drains use round -1 and stay out of the medians.
+    const summary = summarize(availability, drains.filter((d) => d.round >= 0), latencies, memory, options.rounds);
+    for (const s of summary) if (s.available && s.rounds === 0) problems.push(`${s.contender} did not run`);
+    const results: BenchResults = {
+      version: 1,
+      startedAt,
+      finishedAt: new Date().toISOString(),
+      quick: options.quick,
+      machine: { cpus: cpus().length, node: process.versions.node, redis: `${redisVersion}${ctx.redisPrivate ? '' : ' (shared: command counts approximate)'}` },
+      options: {
+        workload: { messages: options.messages, skus: options.skus, zipf: options.zipf, changes: `${options.minChanges}-${options.maxChanges}`, duplicateRate: options.duplicateRate, seed: options.seed },
+        prefetch: options.prefetch,
+        ackEvery: options.ackEvery,
+        ackWaitMs: options.ackWaitMs,
+        latencySeconds: options.latencySeconds,
+        loads: options.loads,
+        sweeps: options.sweeps,
+        sweepMessages: options.sweepMessages,
+      },
+      rounds: options.rounds,
+      availability,
+      summary,
+      drains,
+      latencies,
+      markerMemory: memory,
+      sweeps,
+      problems,
+    };
+    const failed = summary.some((s) => s.available && !s.correct) || problems.length > 0;
+    return { results, exitCode: failed ? 1 : 0 };
+  } finally {
+    redis.disconnect();
+    await server?.stop();
+  }
+}

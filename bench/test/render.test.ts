@@ -1,0 +1,97 @@
+import { expect } from 'chai';
+import { cell, markdownTable, renderSummaryTable } from '../src/render-table.js';
+import { escapeXml, renderLineChart, tickText, ticks } from '../src/render-svg.js';
+import type { ContenderSummary } from '../src/results.js';
+
+const row = (over: Partial<ContenderSummary>): ContenderSummary => ({
+  contender: 'tally-two-step',
+  label: 'Tally two-step',
+  available: true,
+  rounds: 3,
+  msgPerSec: 15_234.4,
+  ratioToCeiling: 0.7612,
+  ratioToNaive: 5.12,
+  p50Ms: 61.25,
+  p99Ms: 120.5,
+  cpuSecondsPerMillion: 98.4,
+  peakRssMb: 180.2,
+  redisCommandsPerMessage: 3.456,
+  markerBytesPerMarker: 110,
+  markerBytesPerMessage: 480.4,
+  correct: true,
+  ...over,
+});
+
+describe('markdown table', () => {
+  it('formats cells: thousands, decimals, n/a for missing', () => {
+    expect(cell(15234.4)).to.equal('15,234');
+    expect(cell(0.7612, 2)).to.equal('0.76');
+    expect(cell(1234567.891, 1)).to.equal('1,234,567.9');
+    expect(cell(Number.NaN)).to.equal('n/a');
+  });
+
+  it('renders a header, an alignment row and escaped cells', () => {
+    const table = markdownTable(['a', 'b'], [['x|y', '1']]);
+    expect(table.split('\n')).to.deep.equal(['| a | b |', '|---|---:|', '| x\\|y | 1 |']);
+  });
+
+  it('renders one row per contender, unavailable ones with their note', () => {
+    const table = renderSummaryTable([
+      row({}),
+      row({ contender: 'tally-atomic', label: 'Tally atomic', available: false, note: 'not available: TALLY_MODE' }),
+      row({ contender: 'naive', label: 'naive (per message)', correct: false, ratioToNaive: 1 }),
+    ]);
+    const lines = table.split('\n');
+    expect(lines).to.have.length(5);
+    expect(lines[2]).to.equal('| Tally two-step | 15,234 | 0.76 | 5.12 | 61.3 | 120.5 | 98.4 | 180 | 3.46 | 480 | yes |');
+    expect(lines[3]).to.contain('not available').and.contain('TALLY_MODE');
+    expect(lines[4]).to.match(/\| NO \|$/);
+    for (const line of lines) expect(line.split(/(?<!\\)\|/).length).to.equal(lines[0]!.split('|').length);
+  });
+});
+
+describe('svg chart', () => {
+  it('escapes text and writes compact ticks', () => {
+    expect(escapeXml('a<b & "c"')).to.equal('a&lt;b &amp; &quot;c&quot;');
+    expect(tickText(20_000)).to.equal('20k');
+    expect(tickText(1_500)).to.equal('1.5k');
+    expect(tickText(0.25)).to.equal('0.25');
+    expect(ticks(0, 100, 'linear')).to.deep.equal([0, 20, 40, 60, 80, 100]);
+    expect(ticks(10, 1000, 'log')).to.deep.equal([10, 20, 50, 100, 200, 500, 1000]);
+  });
+
+  it('renders a well-formed standalone SVG with every data point and reference line', () => {
+    const svg = renderLineChart({
+      title: 'Throughput <vs> batch',
+      xLabel: 'batch',
+      yLabel: 'msg/s',
+      xScale: 'log',
+      series: [
+        { name: 'Tally', points: [{ x: 50, y: 8_000 }, { x: 200, y: 12_000 }, { x: 500, y: 15_000 }, { x: 2_000, y: 14_000 }] },
+        { name: 'ceiling', points: [{ x: 50, y: 20_000 }, { x: 2_000, y: 21_000 }] },
+      ],
+      references: [{ name: 'naive', y: 3_000 }],
+    });
+    expect(svg.startsWith('<svg xmlns="http://www.w3.org/2000/svg"')).to.equal(true);
+    expect(svg.trimEnd().endsWith('</svg>')).to.equal(true);
+    expect(svg).to.contain('Throughput &lt;vs&gt; batch');
+    expect(svg.match(/<circle class="point"/g)).to.have.length(6);
+    expect(svg.match(/<polyline class="series"/g)).to.have.length(2);
+    expect(svg.match(/class="reference"/g)).to.have.length(1);
+    // Every opened element is closed (self-closing or with its end tag).
+    const opened = (svg.match(/<(svg|title|text|circle)\b/g) ?? []).length;
+    const closed = (svg.match(/<\/(svg|title|text|circle)>/g) ?? []).length;
+    expect(opened).to.equal(closed);
+    // Coordinates are plain numbers, no NaN leaking through.
+    expect(svg).to.not.match(/NaN|Infinity|undefined/);
+  });
+
+  it('puts a higher y higher on the page, and survives missing data', () => {
+    const svg = renderLineChart({ title: 't', xLabel: 'x', yLabel: 'y', series: [{ name: 's', points: [{ x: 1, y: 10 }, { x: 2, y: 20 }] }] });
+    const ys = [...svg.matchAll(/<circle class="point" cx="[\d.]+" cy="([\d.]+)"/g)].map((m) => Number(m[1]));
+    expect(ys[1]).to.be.lessThan(ys[0]!);
+    const empty = renderLineChart({ title: 't', xLabel: 'x', yLabel: 'y', yScale: 'log', series: [{ name: 's', points: [{ x: 1, y: Number.NaN }] }] });
+    expect(empty).to.not.match(/NaN|Infinity/);
+    expect(empty).to.not.contain('<circle');
+  });
+});
