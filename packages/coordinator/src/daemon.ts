@@ -234,7 +234,9 @@ export class Daemon {
     }
     // Prefetch credit exhausted: nothing more arrives until something is
     // acked, so waiting out the batch timers would only add latency.
-    if (acks.tracker.inProgress >= this.config.prefetch) this.lanes!.flushAll();
+    // Counted as the broker counts: finished deliveries that wait for an
+    // earlier one to finish still hold credit until the multiple-ack.
+    if (acks.tracker.unacked >= this.config.prefetch) this.lanes!.flushAll();
   }
 
   private deadLetter(link: ChannelLink, message: ConsumeMessage, reason: string, code: string): void {

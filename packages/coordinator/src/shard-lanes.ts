@@ -3,9 +3,11 @@
  *
  * A lane flushes at `batchSize` parts, when its oldest part has waited
  * `batchWaitMs`, or when asked to (prefetch credit exhausted, shutdown).
- * A lane has at most one batch in flight: its next batch is pre-checked
- * only after the previous one occupied its markers, so a redelivered part
- * can never slip past a marker that a batch in flight is about to set.
+ * A lane has at most `maxInFlight` batches in flight. Two batches of one
+ * shard never hold the same message id (the daemon holds back a second
+ * delivery of an id in flight until the first is done), so they cannot race
+ * each other past a marker; the limit bounds the crash window instead: a
+ * crash costs at most `maxInFlight` batches per shard.
  */
 import type { PartChanges } from '@tally/shared';
 import type { Delivery } from './delivery.js';
@@ -19,6 +21,8 @@ export interface LaneOptions {
   readonly virtualShards: number;
   readonly batchSize: number;
   readonly batchWaitMs: number;
+  /** Batches of one lane in flight at once; 1 when omitted. */
+  readonly maxInFlight?: number;
 }
 
 /** Runs one batch to completion; never rejects (retries are the dispatcher's job). */
@@ -28,7 +32,8 @@ interface Lane {
   pending: PendingPart[];
   /** When each pending part arrived, parallel to `pending`. */
   arrivedAt: number[];
-  busy: boolean;
+  /** Batches of this lane in flight. */
+  inFlight: number;
   /** flushAll() was called: keep flushing, without waiting, until the lane is empty. */
   drainRequested: boolean;
   timer: NodeJS.Timeout | null;
@@ -36,6 +41,7 @@ interface Lane {
 
 export class ShardLanes {
   private readonly lanes: Lane[];
+  private readonly maxInFlight: number;
   private busyLanes = 0;
   private pendingParts = 0;
   private idleWaiters: Array<() => void> = [];
@@ -44,7 +50,8 @@ export class ShardLanes {
     private readonly options: LaneOptions,
     private readonly dispatch: DispatchBatch,
   ) {
-    this.lanes = Array.from({ length: options.virtualShards }, () => ({ pending: [], arrivedAt: [], busy: false, drainRequested: false, timer: null }));
+    this.maxInFlight = Math.max(1, options.maxInFlight ?? 1);
+    this.lanes = Array.from({ length: options.virtualShards }, () => ({ pending: [], arrivedAt: [], inFlight: 0, drainRequested: false, timer: null }));
   }
 
   add(vshard: number, part: PendingPart): void {
@@ -92,7 +99,7 @@ export class ShardLanes {
 
   private arm(vshard: number): void {
     const lane = this.lanes[vshard]!;
-    if (lane.timer !== null || lane.busy || lane.pending.length === 0) return;
+    if (lane.timer !== null || lane.inFlight >= this.maxInFlight || lane.pending.length === 0) return;
     const waited = performance.now() - lane.arrivedAt[0]!;
     const delay = Math.max(0, this.options.batchWaitMs - waited);
     lane.timer = setTimeout(() => {
@@ -103,7 +110,7 @@ export class ShardLanes {
 
   private flush(vshard: number): void {
     const lane = this.lanes[vshard]!;
-    if (lane.busy || lane.pending.length === 0) return;
+    if (lane.inFlight >= this.maxInFlight || lane.pending.length === 0) return;
     if (lane.timer) {
       clearTimeout(lane.timer);
       lane.timer = null;
@@ -114,11 +121,9 @@ export class ShardLanes {
     lane.arrivedAt = lane.pending.length === 0 ? [] : lane.arrivedAt.slice(size);
     if (lane.pending.length === 0) lane.drainRequested = false;
     this.pendingParts -= parts.length;
-    lane.busy = true;
-    this.busyLanes++;
+    if (lane.inFlight++ === 0) this.busyLanes++;
     void this.dispatch(vshard, parts).finally(() => {
-      lane.busy = false;
-      this.busyLanes--;
+      if (--lane.inFlight === 0) this.busyLanes--;
       const due =
         lane.pending.length > 0 &&
         (lane.drainRequested ||

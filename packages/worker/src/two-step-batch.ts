@@ -1,9 +1,9 @@
 /**
  * The two-step batch: pre-check markers, write counts, occupy markers.
  *
- *   MGET markers          -> which parts are new
- *   MULTI INCRBY/EXPIRE … SET receipt EXEC   -> counts written (all or none)
- *   pipeline SET marker EX …                 -> markers occupied
+ *   MGET markers                               -> which parts are new
+ *   EVALSHA write_counts (INCRBY/EXPIRE … receipt) -> counts written (all or none)
+ *   EVALSHA occupy_markers (SET marker EX …)   -> markers occupied
  *
  * The order is the point (invariant 2): a marker is occupied only after its
  * counts are written. A crash between the two double-counts on redelivery,
@@ -15,7 +15,6 @@ import { randomUUID } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { SpanStatusCode, trace, type Span, type Tracer } from '@opentelemetry/api';
 import type { Redis } from 'ioredis';
-import { ReplyError } from 'ioredis';
 import {
   backoffDelay,
   countKey,
@@ -26,7 +25,39 @@ import {
   type WorkerSettings,
 } from '@tally/shared';
 import { aggregateNewParts, selectNewParts } from './aggregate.js';
-import { isTransientReply } from './redis-connection.js';
+import { defineScript, evalshaArgs, runScript } from './lua-scripts.js';
+
+/**
+ * KEYS: [1] the batch's write receipt, [2..] its count keys. ARGV: count TTL,
+ * receipt TTL, then one delta per count key as a decimal string (Redis parses
+ * it as a 64-bit integer; Lua never turns it into a double).
+ * Returns {refused, alreadyWritten}. A script runs atomically, so the counts
+ * land all together or not at all, and the receipt written with them makes a
+ * retry after a lost reply a no-op instead of a second count.
+ */
+export const WRITE_COUNTS = defineScript(
+  'write_counts',
+  `#!lua
+if redis.call('EXISTS', KEYS[1]) == 1 then return {0, 1} end
+local refused = 0
+for i = 2, #KEYS do
+  local reply = redis.pcall('INCRBY', KEYS[i], ARGV[i + 1])
+  if type(reply) == 'table' and reply.err then refused = refused + 1 end
+  redis.call('EXPIRE', KEYS[i], ARGV[1])
+end
+redis.call('SET', KEYS[1], refused, 'EX', ARGV[2])
+return {refused, 0}
+`,
+);
+
+/** KEYS: the markers to occupy. ARGV: marker TTL. SET is idempotent: a retry simply sets them again. */
+export const OCCUPY_MARKERS = defineScript(
+  'occupy_markers',
+  `#!lua
+for i = 1, #KEYS do redis.call('SET', KEYS[i], '1', 'EX', ARGV[1]) end
+return #KEYS
+`,
+);
 
 export interface BatchLog {
   warn(fields: Record<string, unknown>, message: string): void;
@@ -56,20 +87,6 @@ function inSpan<T>(tracer: Tracer, name: string, attributes: Record<string, numb
       span.end();
     }
   });
-}
-
-type ExecResults = Array<[Error | null, unknown]> | null;
-
-/** Throws on a transport failure or a transient reply; returns how many commands Redis refused for good. */
-function refusals(results: ExecResults, what: string): number {
-  if (results === null) throw new Error(`${what}: transaction aborted`);
-  let refused = 0;
-  for (const [error] of results) {
-    if (error === null) continue;
-    if (error instanceof ReplyError && !isTransientReply(error.message)) refused++;
-    else throw error;
-  }
-  return refused;
 }
 
 function describe(error: unknown): string {
@@ -119,26 +136,22 @@ export async function runTwoStepBatch(
   let writeRetries = 0;
   let countErrors = 0;
   if (sums.size > 0) {
-    const receipt = receiptKey(prefix, vshard, randomUUID());
-    let outcomeUnknown = false;
+    const keys = [receiptKey(prefix, vshard, randomUUID())];
+    const argv: string[] = [String(countTtlS), String(markerTtlS)];
+    for (const [sku, sum] of sums) {
+      keys.push(countKey(prefix, vshard, sku));
+      argv.push(sum.toString());
+    }
+    // Built once: every attempt sends the same receipt, so a retry after a
+    // reply that never came finds the receipt and writes nothing twice.
+    const args = evalshaArgs(WRITE_COUNTS, keys, argv);
     countErrors = await inSpan(tracer, 'tally.write_counts', { 'tally.shard': vshard, 'tally.skus.distinct': sums.size }, () => untilDone(
       'write_counts',
       task,
       log,
       async () => {
-        // After a failed attempt the write may or may not have landed. The
-        // receipt is set in the same transaction as the counts, so its
-        // presence says which: no blind retry, no silent double count.
-        if (outcomeUnknown && (await redis.exists(receipt)) === 1) return 0;
-        const tx = redis.multi();
-        for (const [sku, sum] of sums) {
-          const key = countKey(prefix, vshard, sku);
-          tx.incrby(key, sum.toString());
-          tx.expire(key, countTtlS);
-        }
-        tx.set(receipt, '1', 'EX', markerTtlS);
-        outcomeUnknown = true;
-        return refusals(await tx.exec(), 'write_counts');
+        const [refused] = (await runScript(redis, WRITE_COUNTS, args, log)) as [number, number];
+        return refused;
       },
       () => {
         writeRetries++;
@@ -153,16 +166,16 @@ export async function runTwoStepBatch(
   await hooks.afterCountWrite?.(task);
 
   let occupationFailures = 0;
-  if (marked.includes(0)) {
+  const newMarkers: string[] = [];
+  for (let i = 0; i < ids.length; i++) if (marked[i] === 0) newMarkers.push(markerKeys[i]!);
+  if (newMarkers.length > 0) {
+    const args = evalshaArgs(OCCUPY_MARKERS, newMarkers, [markerTtlS]);
     await inSpan(tracer, 'tally.occupy_markers', { 'tally.shard': vshard }, () => untilDone(
       'occupy_markers',
       task,
       log,
       async () => {
-        // SET is idempotent, so a failed pipeline is simply sent again whole.
-        const pipeline = redis.pipeline();
-        for (let i = 0; i < ids.length; i++) if (marked[i] === 0) pipeline.set(markerKeys[i]!, '1', 'EX', markerTtlS);
-        if (refusals(await pipeline.exec(), 'occupy_markers') > 0) throw new Error('occupy_markers: redis refused a marker');
+        await runScript(redis, OCCUPY_MARKERS, args, log);
       },
       () => {
         // The counts are written and the markers are not: the crash window
