@@ -7,8 +7,7 @@
  */
 import { setTimeout as sleep } from 'node:timers/promises';
 import { metrics, trace, type Tracer } from '@opentelemetry/api';
-import { PrometheusExporter } from '@opentelemetry/exporter-prometheus';
-import { MeterProvider } from '@opentelemetry/sdk-metrics';
+import type { MeterProvider } from '@opentelemetry/sdk-metrics';
 import type { ConsumeMessage } from 'amqplib';
 import type { Redis } from 'ioredis';
 import {
@@ -91,6 +90,11 @@ export class Daemon {
   private async startMetrics(): Promise<void> {
     const { config } = this;
     if (config.metricsPort === null) return;
+    // Loaded only when asked for: a daemon without metrics does not pay their start-up.
+    const [{ PrometheusExporter }, { MeterProvider }] = await Promise.all([
+      import('@opentelemetry/exporter-prometheus'),
+      import('@opentelemetry/sdk-metrics'),
+    ]);
     const exporter = new PrometheusExporter({ preventServerStart: true });
     this.meterProvider = new MeterProvider({ readers: [exporter] });
     metrics.setGlobalMeterProvider(this.meterProvider);

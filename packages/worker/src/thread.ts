@@ -13,7 +13,7 @@ import { runTwoStepBatch } from './two-step-batch.js';
 
 const settings = workerData as WorkerSettings;
 // Each thread is its own isolate: it registers its own tracer provider.
-const tracing = startTracing(process.env);
+const tracing = await startTracing(process.env);
 const log = pino({ level: settings.logLevel, base: { component: 'worker' }, mixin: traceIdsOfActiveSpan });
 const redis = createRedisClient(settings.redisUrl, 'tally-worker');
 // Connection errors surface through the batch steps' retries; this keeps

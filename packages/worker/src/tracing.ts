@@ -8,7 +8,6 @@
  * and costs nothing measurable.
  */
 import { trace } from '@opentelemetry/api';
-import { NodeSDK } from '@opentelemetry/sdk-node';
 
 export type Env = Readonly<Record<string, string | undefined>>;
 
@@ -26,8 +25,13 @@ export interface TracingHandle {
   shutdown(): Promise<void>;
 }
 
-export function startTracing(env: Env = process.env, serviceName = 'tally'): TracingHandle | null {
+/**
+ * The SDK is imported only when tracing is on: it pulls in every exporter
+ * and costs each thread a noticeable share of its start-up otherwise.
+ */
+export async function startTracing(env: Env = process.env, serviceName = 'tally'): Promise<TracingHandle | null> {
   if (!tracingRequested(env)) return null;
+  const { NodeSDK } = await import('@opentelemetry/sdk-node');
   const sdk = new NodeSDK({
     ...(env.OTEL_SERVICE_NAME ? {} : { serviceName }),
     // Traces only: metrics are served on TALLY_METRICS_PORT by the
