@@ -65,3 +65,5 @@ try {
   for (const child of liveChildren) child.kill('SIGKILL');
   process.exitCode = 1;
 }
+// Every connection is closed by now; a stray timer must not hold the exit (CI waits on it).
+process.exit(process.exitCode ?? 0);

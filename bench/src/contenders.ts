@@ -26,7 +26,7 @@ export interface ContenderRun {
   readonly ackWaitMs: number;
   readonly expected: number;
   readonly recordLatency: boolean;
-  /** Extra TALLY_* variables for the daemon (sweeps: TALLY_BATCH_SIZE, TALLY_WORKERS). */
+  /** Extra TALLY_* variables for the daemon (--tally-env, then the sweeps' TALLY_BATCH_SIZE, TALLY_WORKERS). */
   readonly tallyEnv?: Readonly<Record<string, string>>;
   /** Extra node flags (the profile run: --cpu-prof). */
   readonly nodeArgs?: readonly string[];

@@ -15,6 +15,8 @@ export interface BenchContext {
   readonly ackEvery: number;
   readonly ackWaitMs: number;
   readonly virtualShards: number;
+  /** --tally-env: extra TALLY_* variables for every daemon run. */
+  readonly tallyEnv: Readonly<Record<string, string>>;
   log(line: string): void;
 }
 

@@ -89,7 +89,7 @@ export async function runDrain(ctx: BenchContext, plan: DrainPlan): Promise<Drai
     ackWaitMs: ctx.ackWaitMs,
     expected,
     recordLatency: false,
-    ...(plan.tallyEnv ? { tallyEnv: plan.tallyEnv } : {}),
+    tallyEnv: { ...ctx.tallyEnv, ...plan.tallyEnv },
     ...(plan.nodeArgs ? { nodeArgs: plan.nodeArgs } : {}),
   });
   const cpuStart = await cpuSeconds(running.pid);
@@ -105,9 +105,9 @@ export async function runDrain(ctx: BenchContext, plan: DrainPlan): Promise<Drai
       const watched = await watchCounts(ctx, channel, queue, prefix, workload.truth);
       ownCommands += watched.ownCommands;
       endedAt = watched.at;
-      if (endedAt === null) problem = `drain stalled with ${watched.pendingSkus} SKU(s) short of the truth`;
+      if (endedAt === null) problem = `drain stalled with ${watched.pendingSkus} SKU(s) short of the truth; daemon said: ${running.stderr().slice(-600)}`;
     } else {
-      const timeout = sleep(timeoutMs).then(() => null);
+      const timeout = sleep(timeoutMs, null, { ref: false });
       const report = await Promise.race([running.done, timeout]).catch((error: Error) => {
         problem = error.message;
         return null;

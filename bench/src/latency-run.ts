@@ -36,7 +36,13 @@ export interface LatencyPlan {
   readonly label: string;
   readonly loadFraction: number;
   readonly rate: number;
-  /** Generated with messages = rate × seconds and no duplicates, so every message is a first delivery. */
+  /**
+   * Messages published during the first warmupMs are consumed and verified
+   * but not sampled: the daemon's threads connect and JIT-compile then, and
+   * that start-up belongs to no steady-state latency.
+   */
+  readonly warmupMs: number;
+  /** Generated with messages = rate × (warm-up + seconds) and no duplicates, so every message is a first delivery. */
   readonly workload: Workload;
   readonly tallyEnv?: Readonly<Record<string, string>>;
   readonly probeTarget?: number;
@@ -79,11 +85,12 @@ export async function runLatency(ctx: BenchContext, plan: LatencyPlan): Promise<
       ackWaitMs: ctx.ackWaitMs,
       expected: publishes.length,
       recordLatency: !tally,
-      ...(plan.tallyEnv ? { tallyEnv: plan.tallyEnv } : {}),
+      tallyEnv: { ...ctx.tallyEnv, ...plan.tallyEnv },
     });
     try {
       const channel = await connection.createConfirmChannel();
-      const every = Math.max(1, Math.round(publishes.length / (plan.probeTarget ?? 1_000)));
+      const measured = publishes.length * (1 - plan.warmupMs / 1000 / (publishes.length / plan.rate));
+      const every = Math.max(1, Math.round(measured / (plan.probeTarget ?? 1_000)));
       const outstanding: Probe[] = [];
       let publishing = true;
 
@@ -113,6 +120,7 @@ export async function runLatency(ctx: BenchContext, plan: LatencyPlan): Promise<
       })();
 
       const started = performance.now();
+      const measureFrom = Date.now() + plan.warmupMs;
       let sent = 0;
       while (sent < publishes.length) {
         const due = Math.min(publishes.length, Math.floor(((performance.now() - started) / 1000) * plan.rate));
@@ -125,7 +133,7 @@ export async function runLatency(ctx: BenchContext, plan: LatencyPlan): Promise<
             timestamp: now,
             ...(publish.messageId !== undefined ? { messageId: publish.messageId } : {}),
           });
-          if (tally && sent % every === 0 && publish.id !== undefined) outstanding.push({ keys: probeKeys(ctx, prefix, publish.body, publish.id), publishedAt: now });
+          if (tally && sent % every === 0 && publish.id !== undefined && now >= measureFrom) outstanding.push({ keys: probeKeys(ctx, prefix, publish.body, publish.id), publishedAt: now });
           sent++;
           if (!ok) await new Promise((resolve) => channel.once('drain', resolve));
         }
@@ -135,7 +143,7 @@ export async function runLatency(ctx: BenchContext, plan: LatencyPlan): Promise<
       await channel.waitForConfirms();
       publishing = false;
 
-      const deadline = sleep(Math.max(60_000, (publishes.length / 300) * 1000)).then(() => 'timeout' as const);
+      const deadline = sleep(Math.max(60_000, (publishes.length / 300) * 1000), 'timeout' as const, { ref: false });
       if (tally) {
         const finished = await Promise.race([prober.then(() => 'ok' as const), deadline]);
         if (finished === 'timeout') problem = `${outstanding.length} sampled message(s) never got their markers`;
@@ -148,7 +156,7 @@ export async function runLatency(ctx: BenchContext, plan: LatencyPlan): Promise<
           return null;
         });
         if (report === 'timeout') problem = 'no done report before the deadline';
-        else if (report !== null) latencies.push(...(report.latenciesMs ?? []));
+        else if (report !== null) for (const [stamp, ms] of report.samples ?? []) if (stamp >= measureFrom) latencies.push(ms);
       }
     } finally {
       const exit = await running.stop();

@@ -39,6 +39,8 @@ export interface BenchOptions {
   readonly redisUrl: string | null;
   /** null: bench/results/profile. */
   readonly profileDir: string | null;
+  /** Extra TALLY_* variables for every daemon run (--tally-env K=V, repeatable), e.g. to try a setting. */
+  readonly tallyEnv: Readonly<Record<string, string>>;
 }
 
 export class BenchUsageError extends Error {
@@ -75,6 +77,7 @@ sweeps:    --sweeps batch-size,workers,changes|none (all; quick none)  --sweep-m
            --batch-sizes 50,200,500,2000  --workers 1,2,4  --change-ranges 1-2,1-8,8-16
 consumers: --prefetch N (2000)  --ack-every N (500)  --ack-wait-ms N (50)
 servers:   --amqp-url URL (TALLY_AMQP_URL or local)  --redis-url URL (default: a private redis-server)
+daemon:    --tally-env TALLY_NAME=value (repeatable; applied to every Tally run, sweeps override their own variable)
 output:    --out DIR (bench/results; quick: bench/results/quick)`;
 
 function int(flag: string, raw: string | undefined, fallback: number, min: number, max: number): number {
@@ -139,6 +142,7 @@ export function parseBenchArgs(argv: readonly string[], env: Readonly<Record<str
         out: { type: 'string' },
         'amqp-url': { type: 'string' },
         'redis-url': { type: 'string' },
+        'tally-env': { type: 'string', multiple: true },
       },
     });
   } catch (error) {
@@ -183,5 +187,14 @@ export function parseBenchArgs(argv: readonly string[], env: Readonly<Record<str
     amqpUrl: v['amqp-url'] ?? env.TALLY_AMQP_URL ?? 'amqp://guest:guest@127.0.0.1:5672',
     redisUrl: v['redis-url'] ?? null,
     profileDir: v['summarize-profiles'] ?? v['profile-dir'] ?? null,
+    tallyEnv: Object.freeze(
+      Object.fromEntries(
+        (v['tally-env'] ?? []).map((pair) => {
+          const match = pair.match(/^(TALLY_[A-Z0-9_]+)=(.*)$/);
+          if (!match) throw new BenchUsageError(`--tally-env must be TALLY_NAME=value, got ${JSON.stringify(pair)}`);
+          return [match[1]!, match[2]!];
+        }),
+      ),
+    ),
   });
 }

@@ -48,6 +48,7 @@ export async function runProfile(options: BenchOptions, dir: string, log: (line:
       ackEvery: options.ackEvery,
       ackWaitMs: options.ackWaitMs,
       virtualShards: 16,
+      tallyEnv: options.tallyEnv,
       log,
     };
     const workload = generateWorkload({

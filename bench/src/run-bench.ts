@@ -41,7 +41,7 @@ async function probeAvailability(ctx: BenchContext, contender: ContenderName): P
   const queue = queueName(ctx, contender, 'probe');
   const prefix = prefixName(ctx, contender, 'probe');
   try {
-    const running = await startContender({ contender, queue, prefix, amqpUrl: ctx.amqpUrl, redisUrl: ctx.redisUrl, prefetch: ctx.prefetch, ackEvery: ctx.ackEvery, ackWaitMs: ctx.ackWaitMs, expected: 0, recordLatency: false });
+    const running = await startContender({ contender, queue, prefix, amqpUrl: ctx.amqpUrl, redisUrl: ctx.redisUrl, prefetch: ctx.prefetch, ackEvery: ctx.ackEvery, ackWaitMs: ctx.ackWaitMs, expected: 0, recordLatency: false, tallyEnv: ctx.tallyEnv });
     await running.stop();
     return { contender, available: true };
   } catch (error) {
@@ -78,6 +78,7 @@ export async function runBench(options: BenchOptions, log: (line: string) => voi
     ackEvery: options.ackEvery,
     ackWaitMs: options.ackWaitMs,
     virtualShards: 16,
+    tallyEnv: options.tallyEnv,
     log,
   };
   const drains: DrainRecord[] = [];
@@ -117,7 +118,8 @@ export async function runBench(options: BenchOptions, log: (line: string) => voi
       if (!l.correct) problems.push(`latency ${l.loadFraction} ${l.contender}: ${l.problem}`);
     };
     const latencyWorkload = (rate: number, seed: number): Workload =>
-      generateWorkload({ ...workloadOptions, messages: Math.max(100, Math.round(rate * options.latencySeconds)), duplicateRate: 0, seed, idPrefix: 'lat' });
+      generateWorkload({ ...workloadOptions, messages: Math.max(100, Math.round(rate * (options.latencySeconds + warmupMs / 1000))), duplicateRate: 0, seed, idPrefix: 'lat' });
+    const warmupMs = options.quick ? 500 : 1_000;
     const ceilingRates: number[] = [];
     const fallbackRate = () => median(ceilingRates) || 5_000;
 
@@ -133,7 +135,7 @@ export async function runBench(options: BenchOptions, log: (line: string) => voi
       const rate = Math.round(thisCeiling / 2);
       log(`round ${round + 1}/${options.rounds}: latency at half the ceiling's rate (${rate} msg/s)`);
       for (const contender of roundOrder(available, round)) {
-        recordLatency(await runLatency(ctx, { contender, round, label: `l${round}`, loadFraction: 0.5, rate, workload: latencyWorkload(rate, 100 + round) }));
+        recordLatency(await runLatency(ctx, { contender, round, label: `l${round}`, loadFraction: 0.5, rate, warmupMs, workload: latencyWorkload(rate, 100 + round) }));
       }
     }
 
@@ -143,7 +145,7 @@ export async function runBench(options: BenchOptions, log: (line: string) => voi
     for (const fraction of sweepLoads) {
       const rate = Math.round(ceiling * fraction);
       for (const contender of available) {
-        recordLatency(await runLatency(ctx, { contender, round: null, label: `load${fraction}`, loadFraction: fraction, rate, workload: latencyWorkload(rate, 200) }));
+        recordLatency(await runLatency(ctx, { contender, round: null, label: `load${fraction}`, loadFraction: fraction, rate, warmupMs, workload: latencyWorkload(rate, 200) }));
       }
     }
 
@@ -190,6 +192,7 @@ export async function runBench(options: BenchOptions, log: (line: string) => voi
       options: {
         workload: { messages: options.messages, skus: options.skus, zipf: options.zipf, changes: `${options.minChanges}-${options.maxChanges}`, duplicateRate: options.duplicateRate, seed: options.seed },
         prefetch: options.prefetch,
+        tallyEnv: options.tallyEnv,
         ackEvery: options.ackEvery,
         ackWaitMs: options.ackWaitMs,
         latencySeconds: options.latencySeconds,

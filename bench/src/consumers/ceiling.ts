@@ -20,7 +20,7 @@ let acked = 0;
 let parsed = 0;
 let timer: NodeJS.Timeout | null = null;
 const stamps: number[] = [];
-const latencies: number[] = [];
+const samples: Array<[number, number]> = [];
 
 function flush(): void {
   if (timer !== null) {
@@ -31,14 +31,14 @@ function flush(): void {
   channel.ack(last, true);
   const now = Date.now();
   if (settings.recordLatency) {
-    for (const stamp of stamps) latencies.push(now - stamp);
+    for (const stamp of stamps) samples.push([stamp, now - stamp]);
     stamps.length = 0;
   }
   acked += unacked;
   unacked = 0;
   last = null;
   if (acked === settings.expected) {
-    report({ event: 'done', at: now, acked, duplicates: 0, ...(settings.recordLatency ? { latenciesMs: latencies } : {}) });
+    report({ event: 'done', at: now, acked, duplicates: 0, ...(settings.recordLatency ? { samples } : {}) });
   }
 }
 

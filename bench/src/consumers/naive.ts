@@ -35,7 +35,7 @@ interface Body {
 
 let acked = 0;
 let duplicates = 0;
-const latencies: number[] = [];
+const samples: Array<[number, number]> = [];
 const backlog: ConsumeMessage[] = [];
 let head = 0;
 let running = false;
@@ -62,8 +62,11 @@ async function handle(message: ConsumeMessage): Promise<void> {
   }
   channel.ack(message);
   acked++;
-  if (settings.recordLatency) latencies.push(Date.now() - Number(message.properties.timestamp));
-  if (acked === settings.expected) report({ event: 'done', at: Date.now(), acked, duplicates, ...(settings.recordLatency ? { latenciesMs: latencies } : {}) });
+  if (settings.recordLatency) {
+    const stamp = Number(message.properties.timestamp);
+    samples.push([stamp, Date.now() - stamp]);
+  }
+  if (acked === settings.expected) report({ event: 'done', at: Date.now(), acked, duplicates, ...(settings.recordLatency ? { samples } : {}) });
 }
 
 async function drainBacklog(): Promise<void> {
