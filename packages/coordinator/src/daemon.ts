@@ -144,7 +144,7 @@ export class Daemon {
 
     this.stats = new StatsRecorder(this.redis, config.prefix, log);
     this.stats.start();
-    this.exposure = new ExposureMeter(this.stats, () => this.acks?.tracker.unacked ?? 0, config.mode === 'two-step');
+    this.exposure = new ExposureMeter(this.stats, () => (this.acks?.tracker.unacked ?? 0) * 2 >= config.prefetch, config.mode === 'two-step');
     this.exposure.start();
     await this.startMetrics();
     this.pools = new WorkerPools(

@@ -13,8 +13,12 @@
  *   recovery outlasts the marker TTL (the markers expired before the
  *   redelivery).
  *
- * Divided by `busy_ms` (time with at least one unacked delivery) each gives
- * the mean number of messages at risk at a random busy instant.
+ * Both are taken only while the daemon is under load (at least half of the
+ * prefetch window unacked), and `loaded_ms` is that time: divided by it each
+ * gives the mean number of messages at risk when a crash hits a loaded
+ * daemon. Averaging over lightly loaded time instead (a backlog's tail, a
+ * trickle) would understate a crash under load by half or more: the fault
+ * suite measured it.
  *
  * A message with parts on several shards counts as 1/parts per part, so a
  * half-finished delivery is half a message at risk.
@@ -40,14 +44,14 @@ export class ExposureMeter {
   private ackedThrough = 0;
   private occupiedUnacked = 0;
   /** Fractions not yet handed to the sink (the stats hash takes integers). */
-  private readonly carry = { busy: 0, window: 0, occupied: 0 };
+  private readonly carry = { loaded: 0, window: 0, occupied: 0 };
   private lastSample = performance.now();
   private timer: NodeJS.Timeout | null = null;
 
   constructor(
     private readonly sink: ExposureSink,
-    /** Unacked deliveries of the live channel right now. */
-    private readonly unacked: () => number,
+    /** Whether the daemon is under load right now. */
+    private readonly loaded: () => boolean,
     /** Atomic mode writes counts and markers in one step: it has no window. */
     private readonly hasWindow: boolean,
   ) {}
@@ -68,12 +72,13 @@ export class ExposureMeter {
       messages += share;
       this.occupied(part.link, part.tag, share);
     }
-    if (!this.hasWindow) return;
-    // The counts land somewhere inside the write round trip and the markers
-    // somewhere inside the occupy round trip; the window runs from the middle
-    // of one to the middle of the other. Retries while Redis is away keep the
-    // occupy step, and so the window, open: that is counted too.
-    this.carry.window += messages * ((timings.writeMs + timings.occupyMs) / 2);
+    if (!this.hasWindow || !this.loaded()) return;
+    // The window runs from when Redis executes the count transaction to when
+    // it executes the marker SETs. The worker sees each end one reply latency
+    // later, and the two latencies cancel out: the window lasts about the
+    // occupy round trip (t2 -> t3), not the write one. Retries while Redis is
+    // away keep the occupy step, and so the window, open: that is counted too.
+    this.carry.window += messages * timings.occupyMs;
   }
 
   /** A whole delivery settled without a batch of its own (a copy that waited for its first). */
@@ -96,15 +101,15 @@ export class ExposureMeter {
     if (this.occupiedByTag.size === 0) this.occupiedUnacked = 0;
   }
 
-  /** Integrates the occupied-unacked figure and busy time since the last sample. */
+  /** Integrates the occupied-unacked figure and loaded time since the last sample. */
   sample(now = performance.now()): void {
     const elapsed = now - this.lastSample;
     this.lastSample = now;
-    if (elapsed > 0 && this.unacked() > 0) {
-      this.carry.busy += elapsed;
+    if (elapsed > 0 && this.loaded()) {
+      this.carry.loaded += elapsed;
       this.carry.occupied += this.occupiedUnacked * elapsed;
     }
-    this.hand('busy_ms', 'busy');
+    this.hand('loaded_ms', 'loaded');
     this.hand('window_message_ms', 'window');
     this.hand('occupied_unacked_message_ms', 'occupied');
   }
@@ -122,7 +127,7 @@ export class ExposureMeter {
     this.sample();
   }
 
-  private hand(name: CounterName, key: 'busy' | 'window' | 'occupied'): void {
+  private hand(name: CounterName, key: 'loaded' | 'window' | 'occupied'): void {
     const whole = Math.floor(this.carry[key]);
     if (whole <= 0) return;
     this.carry[key] -= whole;

@@ -14,13 +14,13 @@ export const COUNTERS = Object.freeze({
   empty: 'valid messages with no change left after filtering (zero deltas, unaccepted types)',
   write_retries: 'count writes retried after a Redis error (each resolved by its write receipt)',
   count_errors: 'count increments Redis refused (overflow or a foreign value in a count key)',
-  // Exposure: time integrals, not events. Divided by busy_ms they give how
-  // many messages a crash at a random busy instant would put at risk; the
-  // deviation estimator (`tally deviation`) reads them.
-  busy_ms: 'milliseconds during which the daemon held unacked deliveries',
-  window_message_ms: 'message-milliseconds spent inside the crash window (counts written, markers not yet); / busy_ms = messages a crash re-counts',
+  // Exposure: time integrals, not events, taken while the daemon is under
+  // load. Divided by loaded_ms they give how many messages a crash under load
+  // puts at risk; the deviation estimator (`tally deviation`) reads them.
+  loaded_ms: 'milliseconds during which at least half of the prefetch window was unacked (the daemon under load)',
+  window_message_ms: 'message-milliseconds spent inside the crash window (counts written, markers not yet); / loaded_ms = messages a crash re-counts',
   occupied_unacked_message_ms:
-    'message-milliseconds marked but not yet acked; / busy_ms = messages a crash re-counts when its recovery outlasts the marker TTL',
+    'message-milliseconds marked but not yet acked; / loaded_ms = messages a crash re-counts when its recovery outlasts the marker TTL',
 } as const);
 
 export type CounterName = keyof typeof COUNTERS;

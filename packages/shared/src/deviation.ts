@@ -9,13 +9,13 @@
  *    markers are not is counted again on redelivery, however fast the
  *    recovery. Each shard has at most one batch in flight, so a crash costs
  *    at most `min(virtualShards × batchSize, prefetch)` messages. Expected:
- *    W = window_message_ms / busy_ms, the mean number of messages inside a
- *    window at a random busy instant.
+ *    W = window_message_ms / loaded_ms, the mean number of messages inside a
+ *    window while the daemon is under load.
  * 2. **Recovery slower than the marker TTL.** Everything occupied but not yet
  *    acked comes back after its markers expired and is counted again. Acks
  *    are contiguous multiple-acks, so this can be a good part of the prefetch
  *    window; together with the window it is at most `prefetch` messages.
- *    Expected: U = occupied_unacked_message_ms / busy_ms.
+ *    Expected: U = occupied_unacked_message_ms / loaded_ms.
  *
  *   expected per month = C × W + C × P(recovery > TTL) × U
  *   bound per month    = C × min(V × B, prefetch) + C × P⁺ × prefetch
@@ -148,14 +148,14 @@ export interface DeviationEstimate {
   readonly config: DeviationConfig;
   readonly crashesPerMonth: number;
   readonly slowShare: SlowShare;
-  /** Messages at risk at a random busy instant, measured (or the bound when nothing was measured). */
+  /** Messages at risk when a crash hits the daemon under load, measured (or the bound when nothing was measured). */
   readonly perCrash: {
     readonly window: number;
     readonly windowBound: number;
     readonly occupiedUnacked: number;
     readonly slowBound: number;
     readonly measured: boolean;
-    readonly busySeconds: number;
+    readonly loadedSeconds: number;
   };
   readonly terms: readonly DeviationTerm[];
   readonly expectedPerMonth: number;
@@ -189,10 +189,10 @@ export function estimateDeviation(inputs: DeviationInputs): DeviationEstimate {
   // A slow recovery re-counts at most every unacked delivery, window included.
   const slowBound = config.prefetch;
 
-  const busyMs = counter(counters, 'busy_ms');
-  const measured = busyMs > 0;
-  const window = measured ? counter(counters, 'window_message_ms') / busyMs : windowBound;
-  const occupiedUnacked = measured ? counter(counters, 'occupied_unacked_message_ms') / busyMs : slowBound - windowBound;
+  const loadedMs = counter(counters, 'loaded_ms');
+  const measured = loadedMs > 0;
+  const window = measured ? counter(counters, 'window_message_ms') / loadedMs : windowBound;
+  const occupiedUnacked = measured ? counter(counters, 'occupied_unacked_message_ms') / loadedMs : slowBound - windowBound;
 
   const pSlow = slowShare.expected;
   const pMax = slowShare.atMost;
@@ -219,7 +219,7 @@ export function estimateDeviation(inputs: DeviationInputs): DeviationEstimate {
     config,
     crashesPerMonth: c,
     slowShare,
-    perCrash: { window, windowBound, occupiedUnacked, slowBound, measured, busySeconds: busyMs / 1000 },
+    perCrash: { window, windowBound, occupiedUnacked, slowBound, measured, loadedSeconds: loadedMs / 1000 },
     terms,
     expectedPerMonth: terms.reduce((sum, term) => sum + term.expected, 0),
     boundPerMonth: terms.reduce((sum, term) => sum + term.bound, 0),
@@ -249,8 +249,8 @@ export function formatDeviation(estimate: DeviationEstimate): string {
     `configuration: mode ${config.mode}, marker TTL ${config.markerTtlS} s, batch size B ${config.batchSize}, prefetch ${config.prefetch}, virtual shards V ${config.virtualShards}`,
     `counters: received ${observed.received}, duplicates caught ${observed.duplicates} (${fmt(observed.duplicateRate * 100)}% of received), occupation_failures ${observed.occupationFailures}, redelivered_unmarked ${observed.redeliveredUnmarked}, partial_duplicates ${observed.partialDuplicates}`,
     perCrash.measured
-      ? `messages at risk at a random busy instant (over ${fmt(perCrash.busySeconds)} s busy):`
-      : 'messages at risk per crash: nothing measured yet (busy_ms is 0), so the bounds stand in:',
+      ? `messages at risk when a crash hits the daemon under load (measured over ${fmt(perCrash.loadedSeconds)} s under load):`
+      : 'messages at risk per crash: nothing measured under load yet (loaded_ms is 0), so the bounds stand in:',
     `  W, inside the crash window        ${fmt(perCrash.window).padStart(10)}   (at most ${perCrash.windowBound} = min(V × B, prefetch))`,
     `  U, occupied but not yet acked     ${fmt(perCrash.occupiedUnacked).padStart(10)}   (W + U at most ${perCrash.slowBound} = prefetch)`,
     `crash pattern: C = ${fmt(estimate.crashesPerMonth)} crashes per month; P = P(recovery > ${config.markerTtlS} s) = ${fmt(slowShare.expected)} (from ${fmt(slowShare.atLeast)} to P⁺ = ${fmt(slowShare.atMost)}); ${slowShare.how}`,

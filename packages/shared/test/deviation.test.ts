@@ -55,7 +55,7 @@ describe('deviation estimator', () => {
 
   it('adds the window term and the slow-recovery term, each bounded', () => {
     // Busy for 100 s with 3 messages in the window and 400 occupied-unacked on average.
-    const counters = { busy_ms: 100_000, window_message_ms: 300_000, occupied_unacked_message_ms: 40_000_000, received: 1000, duplicates: 20 };
+    const counters = { loaded_ms: 100_000, window_message_ms: 300_000, occupied_unacked_message_ms: 40_000_000, received: 1000, duplicates: 20 };
     const estimate = estimateDeviation({ counters, config: CONFIG, crashesPerMonth: 4, recovery: parseRecovery('min=10s,p90=300s,max=1200s') });
     expect(estimate.perCrash.window).to.equal(3);
     expect(estimate.perCrash.occupiedUnacked).to.equal(400);
@@ -79,7 +79,7 @@ describe('deviation estimator', () => {
 
   it('has no window term in atomic mode', () => {
     const estimate = estimateDeviation({
-      counters: { busy_ms: 1000, window_message_ms: 0, occupied_unacked_message_ms: 5000 },
+      counters: { loaded_ms: 1000, window_message_ms: 0, occupied_unacked_message_ms: 5000 },
       config: { ...CONFIG, mode: 'atomic' },
       crashesPerMonth: 2,
       recovery: parseRecovery('min=20m,max=30m'),

@@ -10,34 +10,33 @@ function sink(): { totals: Map<CounterName, number>; add(name: CounterName, amou
 const TIMINGS = { precheckMs: 1, writeMs: 4, occupyMs: 2 };
 
 describe('ExposureMeter', () => {
-  it('integrates occupied-but-unacked messages over busy time, and drops them once acked', () => {
+  it('integrates occupied-but-unacked messages over loaded time, and drops them once acked', () => {
     const out = sink();
-    let unacked = 3;
-    const meter = new ExposureMeter(out, () => unacked, true);
+    let loaded = true;
+    const meter = new ExposureMeter(out, () => loaded, true);
     const link = {};
     meter.channelChanged(link);
     meter.sample(0);
     // Tag 2 done (one part of one), tag 3 half done (one part of two); tag 1 still in progress.
     meter.batchDone([{ link, tag: 2, parts: 1 }, { link, tag: 3, parts: 2 }], TIMINGS);
     meter.sample(1000);
-    expect(out.totals.get('busy_ms')).to.equal(1000);
+    expect(out.totals.get('loaded_ms')).to.equal(1000);
     expect(out.totals.get('occupied_unacked_message_ms')).to.equal(1500);
-    // The window: 1.5 messages for (4 + 2) / 2 ms.
-    expect(out.totals.get('window_message_ms')).to.equal(4);
+    // The window: 1.5 messages for the 2 ms occupy round trip.
+    expect(out.totals.get('window_message_ms')).to.equal(3);
     meter.acked(2);
-    unacked = 1;
     meter.sample(2000);
     expect(out.totals.get('occupied_unacked_message_ms')).to.equal(2000);
     meter.acked(3);
-    unacked = 0;
+    loaded = false;
     meter.sample(3000);
-    expect(out.totals.get('busy_ms'), 'idle time is not busy').to.equal(2000);
+    expect(out.totals.get('loaded_ms'), 'time under light load is left out').to.equal(2000);
     expect(out.totals.get('occupied_unacked_message_ms')).to.equal(2000);
   });
 
   it('ignores tags of a dead channel and has no window in atomic mode', () => {
     const out = sink();
-    const meter = new ExposureMeter(out, () => 1, false);
+    const meter = new ExposureMeter(out, () => true, false);
     const old = {};
     const live = {};
     meter.channelChanged(old);

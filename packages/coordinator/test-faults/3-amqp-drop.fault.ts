@@ -1,0 +1,75 @@
+import { setTimeout as sleep } from 'node:timers/promises';
+import { expect } from 'chai';
+import { generateWorkload, publishAll, seededRandom, startProxy } from '@tally/bench';
+import { cleanup, countsOf, statsOf, testSpace, waitForReadyEmpty, AMQP_URL } from '../test/integration/harness.js';
+import { checkCounts, checkDeadLetters, estimateRun, overcountBound, unitsPerMessage } from './checks.js';
+import { DaemonFleet } from './fleet.js';
+import { rows } from './report.js';
+
+describe('faults: RabbitMQ connections drop', function () {
+  this.timeout(300_000);
+
+  it('reconnects after every cut and goes on, the markers catching what the broker redelivers', async () => {
+    const config = { mode: 'two-step' as const, virtualShards: 16, batchSize: 200, prefetch: 2000, markerTtlS: 600 };
+    // Only this daemon's connection goes through the proxy; the publisher and
+    // every other engineer's consumers talk to the broker directly.
+    const amqpProxy = await startProxy(5672);
+    const space = testSpace('f-amqp', { TALLY_BATCH_SIZE: String(config.batchSize), TALLY_AMQP_URL: `amqp://guest:guest@127.0.0.1:${amqpProxy.port}` });
+    const fleet = new DaemonFleet();
+    const shape = { maxChanges: 4, maxDelta: 9 };
+    const random = seededRandom(37);
+    try {
+      const workload = generateWorkload({ messages: 40_000, skus: 2_000, seed: 43, duplicateRate: 0.02, badRate: 0.004, idPrefix: space.queue, ...shape });
+      const publishing = publishAll(workload.publishes, { url: AMQP_URL, queue: space.queue });
+      const daemon = await fleet.start(space.env);
+      const cuts = 4;
+      for (let c = 0; c < cuts; c++) {
+        // Wait for the reconnect after the previous cut before cutting again.
+        const deadline = Date.now() + 60_000;
+        while (daemon.logs.filter((l) => l.includes('"msg":"consuming"')).length < c + 1 && Date.now() < deadline) await sleep(25);
+        await sleep(400 + random() * 600);
+        amqpProxy.cutAll();
+      }
+      await publishing;
+      await waitForReadyEmpty(space.queue, 240_000);
+      await sleep(1_500);
+      await fleet.stop(daemon);
+
+      const reconnects = daemon.logs.filter((l) => l.includes('"msg":"consuming"')).length - 1;
+      const check = checkCounts(await countsOf(space.prefix, config.virtualShards), workload.truth, config.virtualShards);
+      const stats = await statsOf(space.prefix);
+      const units = unitsPerMessage(workload.truth, workload.good, shape.maxChanges, shape.maxDelta);
+      const bound = overcountBound(config, 0, 0, units.max);
+      const estimate = estimateRun(stats, config, 0, 'max=1s');
+      const dead = await checkDeadLetters(
+        space.queue,
+        workload.publishes.filter((p) => p.kind === 'bad').map((p) => ({ body: p.body, messageId: p.messageId, codes: new Set([p.reason!]) })),
+      );
+      rows.push({
+        scenario: 'RabbitMQ drops (proxy)',
+        messages: workload.publishes.length,
+        kills: 0,
+        lost: check.lostUnits,
+        overcount: check.overcountUnits,
+        bound,
+        estimate: estimate.expectedPerMonth * units.mean,
+        note: `${cuts} cuts, ${reconnects} reconnects; ${stats.received - workload.publishes.length} redeliveries; ${dead.repeats} dead letters repeated`,
+      });
+      console.log(`      stats ${JSON.stringify(stats)}`);
+
+      expect(fleet.violations, 'the daemon exited on its own').to.deep.equal([]);
+      expect(fleet.started, 'one daemon rode out every cut').to.equal(1);
+      expect(reconnects, 'reconnected after each cut').to.be.at.least(cuts);
+      expect(stats.received, 'the broker redelivered the lost channels’ deliveries').to.be.greaterThan(workload.publishes.length);
+      expect(check.lostSkus, 'SKUs below the truth: data lost').to.deep.equal([]);
+      expect(check.overcountUnits).to.be.at.most(bound);
+      expect(dead.missing).to.equal(0);
+      expect(dead.foreign).to.equal(0);
+      expect(dead.wrongReasons).to.deep.equal([]);
+    } finally {
+      await fleet.killAll();
+      await amqpProxy.close();
+      await cleanup(space);
+    }
+  });
+});
