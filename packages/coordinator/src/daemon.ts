@@ -12,11 +12,11 @@ import type { ConsumeMessage } from 'amqplib';
 import type { Redis } from 'ioredis';
 import {
   backoffDelay,
+  encodeBatchTask,
   formatReason,
   parseMessage,
   redactUrl,
   splitByShard,
-  type BatchTask,
   type TallyConfig,
 } from '@tally/shared';
 import { createRedisClient } from '@tally/worker';
@@ -276,12 +276,7 @@ export class Daemon {
       traceparents: parts.map((part) => part.delivery.traceparent as string | undefined),
       distinctSkus: () => new Set(parts.flatMap((part) => part.changes.map(([sku]) => sku))).size,
     });
-    const task: BatchTask = {
-      vshard,
-      ids: parts.map((part) => part.delivery.id),
-      changes: parts.map((part) => part.changes),
-      ...(traceparent === undefined ? {} : { traceparent }),
-    };
+    const task = encodeBatchTask(vshard, parts.length, (i) => ({ id: parts[i]!.delivery.id, changes: parts[i]!.changes }), traceparent);
     const started = performance.now();
     for (let attempt = 0; ; attempt++) {
       try {

@@ -1,5 +1,5 @@
 import { Piscina } from 'piscina';
-import { ownerOf, type BatchResult, type BatchTask, type WorkerSettings } from '@tally/shared';
+import { ownerOf, type BatchResult, type WireBatchTask, type WorkerSettings } from '@tally/shared';
 import { WORKER_THREAD_FILE } from '@tally/worker';
 
 /**
@@ -33,7 +33,7 @@ export class WorkerPools {
     );
   }
 
-  run(task: BatchTask): Promise<BatchResult> {
+  run(task: WireBatchTask): Promise<BatchResult> {
     const pool = this.pools[ownerOf(task.vshard, this.pools.length)]!;
     return pool.run(task) as Promise<BatchResult>;
   }

@@ -5,7 +5,7 @@
 import { context, propagation, ROOT_CONTEXT, SpanStatusCode, trace } from '@opentelemetry/api';
 import { workerData } from 'piscina';
 import { pino } from 'pino';
-import type { BatchResult, BatchTask, WorkerSettings } from '@tally/shared';
+import { decodeBatchTask, type BatchResult, type WireBatchTask, type WorkerSettings } from '@tally/shared';
 import { createRedisClient } from './redis-connection.js';
 import { startTracing, traceIdsOfActiveSpan } from './tracing.js';
 import { runAtomicBatch } from './atomic-batch.js';
@@ -41,7 +41,8 @@ function runTracedAtomicBatch(...args: Parameters<typeof runAtomicBatch>): Promi
   });
 }
 
-export default function processBatch(task: BatchTask): Promise<BatchResult> {
+export default function processBatch(wire: WireBatchTask): Promise<BatchResult> {
+  const task = decodeBatchTask(wire);
   if (task.traceparent === undefined) return runBatch(redis, settings, task, log);
   // The coordinator's tally.batch span becomes the parent of this thread's spans.
   const parent = propagation.extract(ROOT_CONTEXT, { traceparent: task.traceparent });

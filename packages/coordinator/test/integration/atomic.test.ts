@@ -11,7 +11,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { expect } from 'chai';
 import amqp from 'amqplib';
 import { Redis } from 'ioredis';
-import { ensureQueue, generateWorkload, publishAll, type Publish } from '@tally/bench';
+import { ensureQueue, generateWorkload, publishAll, startProxy, type Publish } from '@tally/bench';
 import { escapeGlob, layoutKey, markerScanPattern } from '@tally/shared';
 import { readCounts } from '../../src/commands/counts.js';
 import { readStats, readStatsReport } from '../../src/commands/stats.js';
@@ -27,6 +27,7 @@ import {
   statsOf,
   stopDaemon,
   testSpace,
+  waitForReadyBelow,
   waitForReadyEmpty,
   withRedis,
   AMQP_URL,
@@ -152,59 +153,67 @@ describe('atomic mode (integration: real daemon, RabbitMQ and Redis)', function 
   });
 
   it('does not count twice what the broker redelivers after the connection is closed under load', async () => {
-    const s = space('a-redeliver', { TALLY_BATCH_SIZE: '200' });
-    const workload = generateWorkload({ messages: 20_000, skus: 500, seed: 31, duplicateRate: 0, idPrefix: s.queue });
-    const daemon = await startDaemon(s.env);
-    const publishing = publishAll(workload.publishes, { url: AMQP_URL, queue: s.queue });
-    let closures = 0;
-    for (let i = 0; i < 3; i++) {
-      await sleep(500 + i * 300);
+    // Through a loopback proxy, so the test can cut the connection at an
+    // exact moment; the first closure comes from the broker (rabbitmqctl).
+    const proxy = await startProxy(5672);
+    const s = space('a-redeliver', { TALLY_BATCH_SIZE: '200', TALLY_AMQP_URL: `amqp://guest:guest@127.0.0.1:${proxy.port}` });
+    try {
+      const total = 60_000;
+      const workload = generateWorkload({ messages: total, skus: 500, seed: 31, duplicateRate: 0, idPrefix: s.queue });
+      // A backlog, so deliveries are in flight at every cut however fast the daemon is.
+      await publishAll(workload.publishes, { url: AMQP_URL, queue: s.queue });
+      const daemon = await startDaemon(s.env);
+      let closures = 0;
+      await waitForReadyBelow(s.queue, total - 5_000);
       closures += await closeConnections(`tally-coordinator-${daemon.child.pid}`);
+      for (const left of [total / 2, total / 4]) {
+        await waitForReadyBelow(s.queue, left);
+        proxy.cutAll();
+        closures++;
+      }
+      expect(closures, 'connections closed').to.be.at.least(3);
+      await waitForReadyEmpty(s.queue);
+      await sleep(500);
+      expect((await stopDaemon(daemon)).code).to.equal(0);
+      const diff = compare(await countsOf(s.prefix), workload.truth);
+      expect(diff.below, 'lost').to.deep.equal([]);
+      expect(diff.excess.size, 'counted twice').to.equal(0);
+      const stats = await statsOf(s.prefix);
+      expect(stats.received, 'the broker did redeliver').to.be.greaterThan(workload.good);
+      expect(stats.counted + stats.duplicates).to.equal(stats.received);
+    } finally {
+      await proxy.close();
     }
-    await publishing;
-    expect(closures, 'connections closed by the broker').to.be.at.least(2);
-    await waitForReadyEmpty(s.queue);
-    await sleep(500);
-    expect((await stopDaemon(daemon)).code).to.equal(0);
-    const diff = compare(await countsOf(s.prefix), workload.truth);
-    expect(diff.below, 'lost').to.deep.equal([]);
-    expect(diff.excess.size, 'counted twice').to.equal(0);
-    const stats = await statsOf(s.prefix);
-    expect(stats.received, 'the broker did redeliver').to.be.greaterThan(workload.good);
-    expect(stats.counted + stats.duplicates).to.equal(stats.received);
   });
 
   it('loses nothing and overcounts nothing over 20+ SIGKILLs mid-stream', async () => {
     const s = space('a-kills', { TALLY_BATCH_SIZE: '100' });
-    const workload = generateWorkload({ messages: 6_000, skus: 800, seed: 77, duplicateRate: 0.01, idPrefix: s.queue, maxChanges: 8, maxDelta: 9 });
-    // About 45 s of stream: the kills land while messages keep arriving.
-    const publishing = publishPaced(workload.publishes, s.queue, 24, 180);
-    let streaming = true;
-    void publishing.finally(() => {
-      streaming = false;
-    });
-    const minKills = 22;
+    const cycles = 24;
+    const workload = generateWorkload({ messages: 12_000, skus: 800, seed: 77, duplicateRate: 0.01, idPrefix: s.queue, maxChanges: 8, maxDelta: 9 });
+    // The stream is driven by the kill loop: each cycle publishes its slice
+    // while a fresh daemon starts, so every kill lands on a daemon at work
+    // with messages arriving, however fast it drains.
+    const slice = Math.ceil(workload.publishes.length / cycles);
     let kills = 0;
     let killsMidStream = 0;
-    while (kills < minKills || streaming) {
+    for (let cycle = 0; cycle < cycles; cycle++) {
       const batchesBefore = await receiptCount(s.prefix);
+      const publishing = publishPaced(workload.publishes.slice(cycle * slice, (cycle + 1) * slice), s.queue, 25, 20);
       const daemon = await startDaemon(s.env);
-      // Threads take a few hundred ms to start: wait for this daemon's first
-      // batch, so the kill hits a daemon at work, then kill 100-300 ms later.
+      // Wait for this daemon's first batch, then kill 0-150 ms later.
       const deadline = Date.now() + 5_000;
       let wrote = false;
       while (!wrote && Date.now() < deadline) {
         wrote = (await receiptCount(s.prefix)) > batchesBefore;
-        if (!wrote) await sleep(20);
+        if (!wrote) await sleep(10);
       }
-      await sleep(100 + Math.floor(Math.random() * 200));
-      if (wrote && streaming) killsMidStream++;
+      await sleep(Math.floor(Math.random() * 150));
+      if (wrote) killsMidStream++;
       const exit = await killDaemon(daemon);
       expect(exit.signal).to.equal('SIGKILL');
       kills++;
-      if (kills > 60) break;
+      await publishing;
     }
-    await publishing;
     const exits = await drainWithDaemon(s.env, s.queue);
     expect(exits.every((e) => e.code === 0), 'clean stops after the crashes').to.equal(true);
 

@@ -115,6 +115,16 @@ export async function queueState(queue: string): Promise<{ messageCount: number;
   }
 }
 
+/** Waits until fewer than `count` messages of the queue are ready: the consumer has made that much progress. */
+export async function waitForReadyBelow(queue: string, count: number, timeoutMs = 120_000): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  while (Date.now() < deadline) {
+    if ((await queueState(queue)).messageCount < count) return;
+    await sleep(10);
+  }
+  throw new Error(`queue ${queue} still has ${count} or more ready messages after ${timeoutMs} ms`);
+}
+
 /** Waits until no message of the queue is ready (deliveries may still be unacked). */
 export async function waitForReadyEmpty(queue: string, timeoutMs = 120_000): Promise<void> {
   const deadline = Date.now() + timeoutMs;

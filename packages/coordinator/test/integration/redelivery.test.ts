@@ -3,8 +3,8 @@ import { promisify } from 'node:util';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { expect } from 'chai';
 import amqp from 'amqplib';
-import { generateWorkload, publishAll } from '@tally/bench';
-import { cleanup, compare, countsOf, queueState, startDaemon, statsOf, stopDaemon, testSpace, waitForReadyEmpty, AMQP_URL } from './harness.js';
+import { generateWorkload, publishAll, startProxy } from '@tally/bench';
+import { cleanup, compare, countsOf, queueState, startDaemon, statsOf, stopDaemon, testSpace, waitForReadyBelow, waitForReadyEmpty, AMQP_URL } from './harness.js';
 
 const run = promisify(execFile);
 
@@ -25,18 +25,26 @@ describe('redelivery (integration)', function () {
   this.timeout(240_000);
 
   it('does not count twice what the broker redelivers after the connection is closed under load', async () => {
-    const space = testSpace('redeliver', { TALLY_BATCH_SIZE: '200' });
+    // The daemon talks to RabbitMQ through a loopback proxy, so the test can
+    // also cut the connection at an exact moment; the first closure comes
+    // from the broker itself (rabbitmqctl close_connection).
+    const proxy = await startProxy(5672);
+    const space = testSpace('redeliver', { TALLY_BATCH_SIZE: '200', TALLY_AMQP_URL: `amqp://guest:guest@127.0.0.1:${proxy.port}` });
     try {
-      const workload = generateWorkload({ messages: 20_000, skus: 500, seed: 31, duplicateRate: 0, idPrefix: space.queue });
+      const total = 60_000;
+      const workload = generateWorkload({ messages: total, skus: 500, seed: 31, duplicateRate: 0, idPrefix: space.queue });
+      // A backlog, so that deliveries are in flight at every cut however fast the daemon is.
+      await publishAll(workload.publishes, { url: AMQP_URL, queue: space.queue });
       const daemon = await startDaemon(space.env);
-      const publishing = publishAll(workload.publishes, { url: AMQP_URL, queue: space.queue });
       let closures = 0;
-      for (let i = 0; i < 3; i++) {
-        await sleep(500 + i * 300);
-        closures += await closeConnections(`tally-coordinator-${daemon.child.pid}`);
+      await waitForReadyBelow(space.queue, total - 5_000);
+      closures += await closeConnections(`tally-coordinator-${daemon.child.pid}`);
+      for (const left of [total / 2, total / 4]) {
+        await waitForReadyBelow(space.queue, left);
+        proxy.cutAll();
+        closures++;
       }
-      await publishing;
-      expect(closures, 'connections closed by the broker').to.be.at.least(2);
+      expect(closures, 'connections closed').to.be.at.least(3);
       await waitForReadyEmpty(space.queue);
       await sleep(500);
       expect(daemon.logs.filter((l) => l.includes('"msg":"consuming"')).length, 'reconnected after each closure').to.be.at.least(closures + 1);
@@ -51,6 +59,7 @@ describe('redelivery (integration)', function () {
       expect(stats.received, 'the broker did redeliver').to.be.greaterThan(workload.good);
       expect(stats.counted + stats.duplicates).to.equal(stats.received);
     } finally {
+      await proxy.close();
       await cleanup(space);
     }
   });

@@ -1,0 +1,26 @@
+import { expect } from 'chai';
+import { decodeBatchTask, encodeBatchTask, type PartChanges } from '../src/index.js';
+
+describe('batch protocol (the thread boundary)', () => {
+  it('round-trips parts, ids with any characters, empty and big parts, and the traceparent', () => {
+    const parts: Array<{ id: string; changes: PartChanges }> = [
+      { id: 'm-1', changes: [['A', 1], ['B', -2]] },
+      { id: 'weird, "id" {7}\u00e9', changes: [['ü', Number.MAX_SAFE_INTEGER]] },
+      { id: 'm-3', changes: [] },
+      { id: 'm-4', changes: Array.from({ length: 300 }, (_, i): [string, number] => [`S${i}`, i - 150]) },
+    ];
+    const wire = encodeBatchTask(7, parts.length, (i) => parts[i]!, '00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01');
+    expect(wire.flat.every((v) => typeof v === 'string' || typeof v === 'number'), 'primitives only').to.equal(true);
+    const task = decodeBatchTask(structuredClone(wire));
+    expect(task.vshard).to.equal(7);
+    expect(task.ids).to.deep.equal(parts.map((p) => p.id));
+    expect(task.changes).to.deep.equal(parts.map((p) => p.changes));
+    expect(task.traceparent).to.equal(wire.traceparent);
+    expect(decodeBatchTask(encodeBatchTask(1, 1, () => parts[0]!))).to.not.have.property('traceparent');
+  });
+
+  it('refuses a malformed wire task instead of misreading it', () => {
+    expect(() => decodeBatchTask({ vshard: 1, parts: 2, flat: ['m-1', 1, 'A', 1] })).to.throw(TypeError);
+    expect(() => decodeBatchTask({ vshard: 1, parts: 1, flat: ['m-1', 1, 'A', 1, 'extra'] })).to.throw(/left over/);
+  });
+});
