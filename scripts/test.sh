@@ -1,15 +1,29 @@
 #!/usr/bin/env bash
-# Installs, builds and runs every test suite against the local RabbitMQ and Redis.
+# Installs, builds and runs every suite against the local RabbitMQ and Redis:
+# the unit and integration tests, the fault-injection suite, and the
+# benchmark's quick mode (which checks that every contender counts correctly,
+# never a speed).
 source "$(dirname "$0")/lib.sh"
 ensure_services
 install_and_build
 LOG="$(mktemp)"
 trap 'rm -f "$LOG"' EXIT
-set +e
-pnpm test 2>&1 | tee "$LOG"
-status=${PIPESTATUS[0]}
-set -e
-# One closing line over every package's mocha summary.
+status=0
+run_step() {
+  echo "== $*"
+  set +e
+  "$@" 2>&1 | tee -a "$LOG"
+  local step_status=${PIPESTATUS[0]}
+  set -e
+  if [ "$step_status" -ne 0 ]; then
+    echo "== FAILED ($step_status): $*"
+    status=$step_status
+  fi
+}
+run_step pnpm test
+run_step pnpm test:faults
+run_step pnpm bench --quick
+# One closing line over every mocha summary.
 passed=$(grep -oE '[0-9]+ passing' "$LOG" | awk '{s+=$1} END {print s+0}')
 failed=$(grep -oE '[0-9]+ failing' "$LOG" | awk '{s+=$1} END {print s+0}')
 echo "tests: ${passed} passed, ${failed} failed"
