@@ -28,6 +28,8 @@ export interface ContenderRun {
   readonly recordLatency: boolean;
   /** Extra TALLY_* variables for the daemon (--tally-env, then the sweeps' TALLY_BATCH_SIZE, TALLY_WORKERS). */
   readonly tallyEnv?: Readonly<Record<string, string>>;
+  /** OTLP/HTTP endpoint the traced contender exports every span to. */
+  readonly traceSinkUrl?: string;
   /** Extra node flags (the profile run: --cpu-prof). */
   readonly nodeArgs?: readonly string[];
 }
@@ -54,7 +56,7 @@ export interface RunningContender {
 export const liveChildren = new Set<ChildProcess>();
 
 export function isTally(contender: ContenderName): boolean {
-  return contender === 'tally-two-step' || contender === 'tally-atomic';
+  return contender === 'tally-two-step' || contender === 'tally-atomic' || contender === 'tally-traced';
 }
 
 function childFor(run: ContenderRun): ChildProcess {
@@ -70,6 +72,10 @@ function childFor(run: ContenderRun): ChildProcess {
       TALLY_MODE: run.contender === 'tally-atomic' ? 'atomic' : 'two-step',
       TALLY_LOG_LEVEL: 'info',
       ...run.tallyEnv,
+      // Tracing's cost: every batch sampled, exported over OTLP/HTTP protobuf as to Jaeger.
+      ...(run.contender === 'tally-traced'
+        ? { OTEL_EXPORTER_OTLP_ENDPOINT: run.traceSinkUrl ?? 'http://127.0.0.1:4318', OTEL_EXPORTER_OTLP_PROTOCOL: 'http/protobuf', OTEL_TRACES_SAMPLER: 'always_on' }
+        : {}),
     };
     return spawn(process.execPath, [...nodeArgs, DAEMON_MAIN], { env, stdio: ['ignore', 'pipe', 'pipe'] });
   }

@@ -17,6 +17,8 @@ export interface BenchContext {
   readonly virtualShards: number;
   /** --tally-env: extra TALLY_* variables for every daemon run. */
   readonly tallyEnv: Readonly<Record<string, string>>;
+  /** Where the traced contender exports its spans (a loopback OTLP sink the bench runs). */
+  readonly traceSinkUrl: string;
   log(line: string): void;
 }
 

@@ -90,6 +90,7 @@ export async function runDrain(ctx: BenchContext, plan: DrainPlan): Promise<Drai
     expected,
     recordLatency: false,
     tallyEnv: { ...ctx.tallyEnv, ...plan.tallyEnv },
+    traceSinkUrl: ctx.traceSinkUrl,
     ...(plan.nodeArgs ? { nodeArgs: plan.nodeArgs } : {}),
   });
   const cpuStart = await cpuSeconds(running.pid);

@@ -86,6 +86,7 @@ export async function runLatency(ctx: BenchContext, plan: LatencyPlan): Promise<
       expected: publishes.length,
       recordLatency: !tally,
       tallyEnv: { ...ctx.tallyEnv, ...plan.tallyEnv },
+      traceSinkUrl: ctx.traceSinkUrl,
     });
     try {
       const channel = await connection.createConfirmChannel();

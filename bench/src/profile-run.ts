@@ -49,6 +49,8 @@ export async function runProfile(options: BenchOptions, dir: string, log: (line:
       ackWaitMs: options.ackWaitMs,
       virtualShards: 16,
       tallyEnv: options.tallyEnv,
+      // The profile run drains with the untraced daemon only.
+      traceSinkUrl: 'http://127.0.0.1:4318',
       log,
     };
     const workload = generateWorkload({

@@ -4,7 +4,7 @@
  */
 import { median, medianRatio } from './stats.js';
 
-export const CONTENDERS = ['ceiling', 'naive', 'tally-two-step', 'tally-atomic'] as const;
+export const CONTENDERS = ['ceiling', 'naive', 'tally-two-step', 'tally-atomic', 'tally-traced'] as const;
 export type ContenderName = (typeof CONTENDERS)[number];
 
 export const CONTENDER_LABELS: Readonly<Record<ContenderName, string>> = Object.freeze({
@@ -12,6 +12,7 @@ export const CONTENDER_LABELS: Readonly<Record<ContenderName, string>> = Object.
   naive: 'naive (per message)',
   'tally-two-step': 'Tally two-step',
   'tally-atomic': 'Tally atomic',
+  'tally-traced': 'Tally two-step, traced (100%)',
 });
 
 /** One drain of a preloaded queue by one contender in one round. */

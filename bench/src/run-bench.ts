@@ -9,6 +9,7 @@ import { cpus } from 'node:os';
 import { Redis } from 'ioredis';
 import type { BenchContext } from './context.js';
 import { ContenderUnavailable, isTally, startContender } from './contenders.js';
+import { startTraceSink } from './trace-sink.js';
 import { runDrain, resetSpace } from './drain.js';
 import { runLatency } from './latency-run.js';
 import type { BenchOptions } from './options.js';
@@ -37,11 +38,11 @@ export function roundOrder<T>(items: readonly T[], round: number): T[] {
 
 /** Starts the daemon with TALLY_MODE=atomic once: exit 2 naming TALLY_MODE means this build does not have it. */
 async function probeAvailability(ctx: BenchContext, contender: ContenderName): Promise<Availability> {
-  if (!isTally(contender) || contender === 'tally-two-step') return { contender, available: true };
+  if (!isTally(contender) || contender === 'tally-two-step' || contender === 'tally-traced') return { contender, available: true };
   const queue = queueName(ctx, contender, 'probe');
   const prefix = prefixName(ctx, contender, 'probe');
   try {
-    const running = await startContender({ contender, queue, prefix, amqpUrl: ctx.amqpUrl, redisUrl: ctx.redisUrl, prefetch: ctx.prefetch, ackEvery: ctx.ackEvery, ackWaitMs: ctx.ackWaitMs, expected: 0, recordLatency: false, tallyEnv: ctx.tallyEnv });
+    const running = await startContender({ contender, queue, prefix, amqpUrl: ctx.amqpUrl, redisUrl: ctx.redisUrl, prefetch: ctx.prefetch, ackEvery: ctx.ackEvery, ackWaitMs: ctx.ackWaitMs, expected: 0, recordLatency: false, tallyEnv: ctx.tallyEnv, traceSinkUrl: ctx.traceSinkUrl });
     await running.stop();
     return { contender, available: true };
   } catch (error) {
@@ -68,6 +69,7 @@ export async function runBench(options: BenchOptions, log: (line: string) => voi
     log(`private redis-server ${server.version} on ${server.url} (pid ${server.pid})`);
   }
   const redis = new Redis(redisUrl, { connectionName: 'tally-bench' });
+  const traceSink = await startTraceSink();
   const ctx: BenchContext = {
     amqpUrl: options.amqpUrl,
     redisUrl,
@@ -79,6 +81,7 @@ export async function runBench(options: BenchOptions, log: (line: string) => voi
     ackWaitMs: options.ackWaitMs,
     virtualShards: 16,
     tallyEnv: options.tallyEnv,
+    traceSinkUrl: traceSink.url,
     log,
   };
   const drains: DrainRecord[] = [];
@@ -212,6 +215,8 @@ export async function runBench(options: BenchOptions, log: (line: string) => voi
     const failed = summary.some((s) => s.available && !s.correct) || problems.length > 0;
     return { results, exitCode: failed ? 1 : 0 };
   } finally {
+    if (traceSink.requests() > 0) log(`trace sink: ${traceSink.requests()} OTLP exports, ${(traceSink.bytes() / 1e6).toFixed(1)} MB of spans`);
+    await traceSink.close();
     redis.disconnect();
     await server?.stop();
   }
