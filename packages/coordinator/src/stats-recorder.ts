@@ -7,13 +7,21 @@ import type { Logger } from './logger.js';
  * second, so totals survive restarts and add up across daemons without a
  * Redis round trip per message. A SIGKILL loses at most the last second of
  * counter deltas (never counts); a failed flush keeps its deltas for the next.
+ *
+ * The counters that report the deviation are the exception: they move in
+ * the redelivery burst right after a restart, exactly when a crash loop
+ * would keep killing the daemon before its next flush. They are flushed
+ * within URGENT_FLUSH_MS instead.
  */
+const URGENT: ReadonlySet<CounterName> = new Set(['occupation_failures', 'redelivered_unmarked', 'partial_duplicates', 'count_errors']);
+const URGENT_FLUSH_MS = 20;
 export class StatsRecorder {
   private readonly unflushed: CounterValues = zeroCounters();
   /** Since this process started; what the metrics endpoint exports. */
   readonly sinceStart: CounterValues = zeroCounters();
   private timer: NodeJS.Timeout | null = null;
   private flushing: Promise<void> | null = null;
+  private urgentTimer: NodeJS.Timeout | null = null;
 
   constructor(
     private readonly redis: Redis,
@@ -25,6 +33,13 @@ export class StatsRecorder {
     if (amount === 0) return;
     this.unflushed[name] += amount;
     this.sinceStart[name] += amount;
+    if (URGENT.has(name) && this.urgentTimer === null) {
+      this.urgentTimer = setTimeout(() => {
+        this.urgentTimer = null;
+        // A flush already in flight took its snapshot before these deltas.
+        void this.flush().then(() => this.flush());
+      }, URGENT_FLUSH_MS);
+    }
   }
 
   start(intervalMs = 1_000): void {
@@ -36,6 +51,8 @@ export class StatsRecorder {
   stop(): void {
     if (this.timer) clearInterval(this.timer);
     this.timer = null;
+    if (this.urgentTimer) clearTimeout(this.urgentTimer);
+    this.urgentTimer = null;
   }
 
   /** Sends the accumulated deltas; concurrent calls share one round trip. */

@@ -4,7 +4,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { expect } from 'chai';
 import { generateWorkload, publishAll, seededRandom } from '@tally/bench';
 import type { DeviationEstimate } from '@tally/shared';
-import { cleanup, countsOf, queueState, statsOf, testSpace, AMQP_URL, CLI } from '../test/integration/harness.js';
+import { cleanup, countsOf, queueState, statsOf, testSpace, waitForReadyBelow, AMQP_URL, CLI } from '../test/integration/harness.js';
 import { checkCounts, checkDeadLetters, overcountBound, unitsPerMessage } from './checks.js';
 import { DaemonFleet } from './fleet.js';
 import { rows } from './report.js';
@@ -32,17 +32,20 @@ describe('faults: recovery slower than the marker TTL', function () {
       const workload = generateWorkload({ messages: kills * perRound, skus: 2_000, seed: 91, duplicateRate: 0.02, nearDuplicateShare: 1, idPrefix: space.queue, ...shape });
       // The estimator divides by busy time: it describes a crash under load.
       // So each victim gets a fresh backlog and dies at a uniformly random
-      // moment 1 to 2.5 s into it, past the first wave of completions that
-      // follows a start (which holds far more finished-but-unacked deliveries
-      // than steady state). A victim found idle at its death fails the test
-      // rather than quietly measuring nothing.
+      // point of it, by progress rather than by the clock (the daemon's speed
+      // varies several-fold between a quiet and a busy machine): once 25% to
+      // 65% of its backlog is consumed, past the first wave of completions
+      // that follows a start (which holds far more finished-but-unacked
+      // deliveries than steady state). A victim found idle at its death fails
+      // the test rather than quietly measuring nothing.
       let longestRecoveryMs = 0;
       let idleKills = 0;
       const chunk = Math.ceil(workload.publishes.length / kills);
       for (let k = 0; k < kills; k++) {
         await publishAll(workload.publishes.slice(k * chunk, (k + 1) * chunk), { url: AMQP_URL, queue: space.queue });
+        const backlog = (await queueState(space.queue)).messageCount;
         const daemon = await fleet.start(space.env);
-        await sleep(1_000 + random() * 1_500);
+        await waitForReadyBelow(space.queue, Math.floor(backlog * (0.75 - random() * 0.4)));
         await fleet.kill(daemon);
         const down = performance.now();
         if ((await queueState(space.queue)).messageCount <= config.prefetch) idleKills++;
