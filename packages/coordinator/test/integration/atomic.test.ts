@@ -5,13 +5,11 @@
  * daemons race true duplicates, a Redis restart that empties the script
  * cache, and the guard against switching a prefix's mode under live markers.
  */
-import { execFile } from 'node:child_process';
-import { promisify } from 'node:util';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { expect } from 'chai';
 import amqp from 'amqplib';
 import { Redis } from 'ioredis';
-import { ensureQueue, generateWorkload, publishAll, startProxy, type Publish } from '@tally/bench';
+import { ensureQueue, generateWorkload, publishAll, type Publish } from '@tally/bench';
 import { escapeGlob, layoutKey, markerScanPattern } from '@tally/shared';
 import { readCounts } from '../../src/commands/counts.js';
 import { readStats, readStatsReport } from '../../src/commands/stats.js';
@@ -27,7 +25,6 @@ import {
   statsOf,
   stopDaemon,
   testSpace,
-  waitForReadyBelow,
   waitForReadyEmpty,
   withRedis,
   AMQP_URL,
@@ -35,22 +32,9 @@ import {
   type TestSpace,
 } from './harness.js';
 import { startPrivateRedis } from './private-redis.js';
+import { redeliveryUnderLoad } from './scenarios.js';
 
-const run = promisify(execFile);
 const ATOMIC = { TALLY_MODE: 'atomic' } as const;
-
-/** Closes, from the broker's side, every connection whose client named itself with `namePrefix`. */
-async function closeConnections(namePrefix: string): Promise<number> {
-  const { stdout } = await run('rabbitmqctl', ['list_connections', '-q', '--no-table-headers', 'pid', 'client_properties'], { timeout: 30_000 });
-  let closed = 0;
-  for (const line of stdout.split('\n')) {
-    if (!line.includes(namePrefix)) continue;
-    const pid = line.split('\t')[0]!.trim();
-    await run('rabbitmqctl', ['close_connection', pid, 'test: simulated connection loss'], { timeout: 30_000 });
-    closed++;
-  }
-  return closed;
-}
 
 /** Publishes `chunk` messages every `everyMs` on one confirm channel: a stream, not a preload. */
 async function publishPaced(publishes: readonly Publish[], queue: string, chunk: number, everyMs: number): Promise<void> {
@@ -152,39 +136,7 @@ describe('atomic mode (integration: real daemon, RabbitMQ and Redis)', function 
     expect(stats.counted).to.equal(300);
   });
 
-  it('does not count twice what the broker redelivers after the connection is closed under load', async () => {
-    // Through a loopback proxy, so the test can cut the connection at an
-    // exact moment; the first closure comes from the broker (rabbitmqctl).
-    const proxy = await startProxy(5672);
-    const s = space('a-redeliver', { TALLY_BATCH_SIZE: '200', TALLY_AMQP_URL: `amqp://guest:guest@127.0.0.1:${proxy.port}` });
-    try {
-      const total = 60_000;
-      const workload = generateWorkload({ messages: total, skus: 500, seed: 31, duplicateRate: 0, idPrefix: s.queue });
-      // A backlog, so deliveries are in flight at every cut however fast the daemon is.
-      await publishAll(workload.publishes, { url: AMQP_URL, queue: s.queue });
-      const daemon = await startDaemon(s.env);
-      let closures = 0;
-      await waitForReadyBelow(s.queue, total - 5_000);
-      closures += await closeConnections(`tally-coordinator-${daemon.child.pid}`);
-      for (const left of [total / 2, total / 4]) {
-        await waitForReadyBelow(s.queue, left);
-        proxy.cutAll();
-        closures++;
-      }
-      expect(closures, 'connections closed').to.be.at.least(3);
-      await waitForReadyEmpty(s.queue);
-      await sleep(500);
-      expect((await stopDaemon(daemon)).code).to.equal(0);
-      const diff = compare(await countsOf(s.prefix), workload.truth);
-      expect(diff.below, 'lost').to.deep.equal([]);
-      expect(diff.excess.size, 'counted twice').to.equal(0);
-      const stats = await statsOf(s.prefix);
-      expect(stats.received, 'the broker did redeliver').to.be.greaterThan(workload.good);
-      expect(stats.counted + stats.duplicates).to.equal(stats.received);
-    } finally {
-      await proxy.close();
-    }
-  });
+  it('does not count twice what the broker redelivers after the connection is closed under load', () => redeliveryUnderLoad('a-redeliver', ATOMIC));
 
   it('loses nothing and overcounts nothing over 20+ SIGKILLs mid-stream', async () => {
     const s = space('a-kills', { TALLY_BATCH_SIZE: '100' });

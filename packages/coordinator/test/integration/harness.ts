@@ -2,12 +2,14 @@
  * Drives the built daemon as a real child process against the real RabbitMQ
  * and Redis of this machine. Each test gets its own queue and key prefix.
  */
-import { spawn, type ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
+import { execFile, spawn, type ChildProcess } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
+import { promisify } from 'node:util';
 import { setTimeout as sleep } from 'node:timers/promises';
 import amqp from 'amqplib';
 import { Redis } from 'ioredis';
+import { resetNamespace } from '@tally/bench';
 import { readCounts } from '../../src/commands/counts.js';
 import { readStats } from '../../src/commands/stats.js';
 
@@ -174,23 +176,7 @@ export async function statsOf(prefix: string): Promise<Awaited<ReturnType<typeof
 
 /** Removes a test's queues and keys. */
 export async function cleanup(space: TestSpace): Promise<void> {
-  const connection = await amqp.connect(AMQP_URL);
-  try {
-    const channel = await connection.createChannel();
-    channel.on('error', () => {});
-    await channel.deleteQueue(space.queue).catch(() => {});
-    await channel.deleteQueue(`${space.queue}.dead`).catch(() => {});
-  } finally {
-    await connection.close().catch(() => {});
-  }
-  await withRedis(async (redis) => {
-    let cursor = '0';
-    do {
-      const [next, keys] = await redis.scan(cursor, 'MATCH', `${space.prefix.replace(/[*?[\]\\]/g, '\\$&')}*`, 'COUNT', 1000);
-      cursor = next;
-      if (keys.length > 0) await redis.unlink(...keys);
-    } while (cursor !== '0');
-  });
+  await resetNamespace({ amqpUrl: AMQP_URL, redisUrl: REDIS_URL, queue: space.queue, prefix: space.prefix });
 }
 
 /** Reads every message of a queue (acking them). */
@@ -220,4 +206,19 @@ export function compare(counts: Map<string, number>, truth: Map<string, number>)
     if (diff > 0) excess.set(sku, diff);
   }
   return { below, excess, exact: below.length === 0 && excess.size === 0 };
+}
+
+const run = promisify(execFile);
+
+/** Closes, from the broker's side, every connection whose client named itself with `namePrefix`. */
+export async function closeConnections(namePrefix: string): Promise<number> {
+  const { stdout } = await run('rabbitmqctl', ['list_connections', '-q', '--no-table-headers', 'pid', 'client_properties'], { timeout: 30_000 });
+  let closed = 0;
+  for (const line of stdout.split('\n')) {
+    if (!line.includes(namePrefix)) continue;
+    const pid = line.split('\t')[0]!.trim();
+    await run('rabbitmqctl', ['close_connection', pid, 'test: simulated connection loss'], { timeout: 30_000 });
+    closed++;
+  }
+  return closed;
 }
