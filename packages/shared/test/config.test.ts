@@ -47,7 +47,7 @@ describe('loadConfig', () => {
       deadLetterQueue: 'inventory.changes.dead',
       prefix: 'tally:',
       mode: 'two-step',
-      workers: Math.min(Math.max(1, availableParallelism()), 16),
+      workers: Math.min(Math.max(1, availableParallelism() - 1), 16),
       prefetch: 2000,
       batchSize: 500,
       batchWaitMs: 50,
