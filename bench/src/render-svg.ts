@@ -82,11 +82,11 @@ function range(values: readonly number[], scale: 'linear' | 'log', zeroBased: bo
 }
 
 export function renderLineChart(spec: ChartSpec): string {
-  const width = spec.width ?? 720;
+  const width = spec.width ?? 860;
   const height = spec.height ?? 420;
   const xScale = spec.xScale ?? 'linear';
   const yScale = spec.yScale ?? 'linear';
-  const margin = { left: 78, right: 190, top: 44, bottom: 56 };
+  const margin = { left: 78, right: 330, top: 44, bottom: 56 };
   const plotW = width - margin.left - margin.right;
   const plotH = height - margin.top - margin.bottom;
   const points = spec.series.flatMap((s) => s.points).filter((p) => Number.isFinite(p.x) && Number.isFinite(p.y));
