@@ -29,3 +29,15 @@ export function queueName(ctx: BenchContext, contender: string, label: string): 
 export function prefixName(ctx: BenchContext, contender: string, label: string): string {
   return `bench:${ctx.runId}:${contender}:${label}:`;
 }
+
+/** The fields of every contender run that come from the bench's context rather than from the run. */
+export function contextRunFields(ctx: BenchContext) {
+  return {
+    amqpUrl: ctx.amqpUrl,
+    redisUrl: ctx.redisUrl,
+    prefetch: ctx.prefetch,
+    ackEvery: ctx.ackEvery,
+    ackWaitMs: ctx.ackWaitMs,
+    traceSinkUrl: ctx.traceSinkUrl,
+  };
+}

@@ -13,7 +13,7 @@ import { publishAll } from './publisher.js';
 import { resetNamespace } from './namespace.js';
 import type { Workload } from './workload.js';
 import type { BenchContext } from './context.js';
-import { prefixName, queueName } from './context.js';
+import { contextRunFields, prefixName, queueName } from './context.js';
 import { ContenderUnavailable, isTally, startContender } from './contenders.js';
 import { cpuSeconds, peakRssBytes } from './proc.js';
 import { callsDelta, commandCalls, parseInfo, sumValues } from './redis-info.js';
@@ -82,15 +82,10 @@ export async function runDrain(ctx: BenchContext, plan: DrainPlan): Promise<Drai
     contender,
     queue,
     prefix,
-    amqpUrl: ctx.amqpUrl,
-    redisUrl: ctx.redisUrl,
-    prefetch: ctx.prefetch,
-    ackEvery: ctx.ackEvery,
-    ackWaitMs: ctx.ackWaitMs,
+    ...contextRunFields(ctx),
     expected,
     recordLatency: false,
     tallyEnv: { ...ctx.tallyEnv, ...plan.tallyEnv },
-    traceSinkUrl: ctx.traceSinkUrl,
     ...(plan.nodeArgs ? { nodeArgs: plan.nodeArgs } : {}),
   });
   const cpuStart = await cpuSeconds(running.pid);

@@ -4,3 +4,4 @@ export { badSample, type BadSample } from './bad-corpus.js';
 export { seededRandom, randomInt, zipfPicker } from './random.js';
 export { resetNamespace, type Namespace } from './namespace.js';
 export { startProxy, type ProxyControl } from './tcp-proxy.js';
+export { freePort } from './private-redis.js';

@@ -19,7 +19,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import amqp from 'amqplib';
 import { markerKey, shardOf } from '@tally/shared';
 import type { BenchContext } from './context.js';
-import { prefixName, queueName } from './context.js';
+import { contextRunFields, prefixName, queueName } from './context.js';
 import { isTally, startContender } from './contenders.js';
 import { resetSpace } from './drain.js';
 import { ensureQueue } from './publisher.js';
@@ -78,15 +78,10 @@ export async function runLatency(ctx: BenchContext, plan: LatencyPlan): Promise<
       contender,
       queue,
       prefix,
-      amqpUrl: ctx.amqpUrl,
-      redisUrl: ctx.redisUrl,
-      prefetch: ctx.prefetch,
-      ackEvery: ctx.ackEvery,
-      ackWaitMs: ctx.ackWaitMs,
+      ...contextRunFields(ctx),
       expected: publishes.length,
       recordLatency: !tally,
       tallyEnv: { ...ctx.tallyEnv, ...plan.tallyEnv },
-      traceSinkUrl: ctx.traceSinkUrl,
     });
     try {
       const channel = await connection.createConfirmChannel();

@@ -27,7 +27,7 @@ import {
 } from './results.js';
 import { median } from './stats.js';
 import { generateWorkload, type Workload, type WorkloadOptions } from './workload.js';
-import { prefixName, queueName } from './context.js';
+import { contextRunFields, prefixName, queueName } from './context.js';
 
 /** Rotates the contender order by the round, so no contender always runs first (or right after the broker's preload). */
 export function roundOrder<T>(items: readonly T[], round: number): T[] {
@@ -42,7 +42,7 @@ async function probeAvailability(ctx: BenchContext, contender: ContenderName): P
   const queue = queueName(ctx, contender, 'probe');
   const prefix = prefixName(ctx, contender, 'probe');
   try {
-    const running = await startContender({ contender, queue, prefix, amqpUrl: ctx.amqpUrl, redisUrl: ctx.redisUrl, prefetch: ctx.prefetch, ackEvery: ctx.ackEvery, ackWaitMs: ctx.ackWaitMs, expected: 0, recordLatency: false, tallyEnv: ctx.tallyEnv, traceSinkUrl: ctx.traceSinkUrl });
+    const running = await startContender({ contender, queue, prefix, ...contextRunFields(ctx), expected: 0, recordLatency: false, tallyEnv: ctx.tallyEnv });
     await running.stop();
     return { contender, available: true };
   } catch (error) {

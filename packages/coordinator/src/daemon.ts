@@ -58,6 +58,7 @@ export class Daemon {
   private pendingDeadLetters = 0;
   private stopping: Promise<void> | null = null;
   private readonly tracer: Tracer = trace.getTracer('tally.coordinator');
+  private readonly parseOptions: { readonly maxBytes: number };
   private metrics: DaemonMetrics | null = null;
   private meterProvider: MeterProvider | null = null;
   private endpoints: HttpEndpoints | null = null;
@@ -69,6 +70,7 @@ export class Daemon {
     private readonly log: Logger,
   ) {
     this.badLog = new BadMessageLog(log);
+    this.parseOptions = Object.freeze({ maxBytes: config.maxMessageBytes });
   }
 
   get status(): { state: DaemonState; consuming: boolean; redisReady: boolean; inFlight: number } {
@@ -201,7 +203,7 @@ export class Daemon {
     const stats = this.stats!;
     stats.add('received');
 
-    const parsed = parseMessage(message.content, message.properties.messageId, { maxBytes: this.config.maxMessageBytes });
+    const parsed = parseMessage(message.content, message.properties.messageId, this.parseOptions);
     if (!parsed.ok) {
       recordDeadLetter(this.tracer, this.config.queue, parsed.reason, message.properties.headers?.traceparent);
       this.deadLetter(link, message, formatReason(parsed.reason, parsed.detail), parsed.reason);
@@ -313,12 +315,9 @@ export class Daemon {
   private settle(delivery: Delivery): void {
     const stats = this.stats!;
     this.inFlight.delete(delivery.id);
-    if (this.metrics) {
-      const now = performance.now();
-      const wallNow = Date.now();
-      this.metrics.recordAck(delivery.receivedAt, delivery.publishedAt === undefined ? undefined : delivery.publishedAt, wallNow, now);
-      for (const waiter of delivery.waiters) this.metrics.recordAck(waiter.receivedAt, waiter.publishedAt, wallNow, now);
-    }
+    const now = this.metrics ? performance.now() : 0;
+    const wallNow = this.metrics ? Date.now() : 0;
+    this.metrics?.recordAck(delivery.receivedAt, delivery.publishedAt, wallNow, now);
     if (delivery.markedParts === delivery.parts) stats.add('duplicates');
     else if (delivery.markedParts === 0) {
       stats.add('counted');
@@ -326,6 +325,7 @@ export class Daemon {
     } else stats.add('partial_duplicates');
     this.finish(delivery.link, delivery.tag);
     for (const waiter of delivery.waiters) {
+      this.metrics?.recordAck(waiter.receivedAt, waiter.publishedAt, wallNow, now);
       stats.add('duplicates');
       this.exposure?.occupied(waiter.link, waiter.tag, 1);
       this.finish(waiter.link, waiter.tag);

@@ -12,17 +12,15 @@
  * second daemon running the same message at the same moment is serialised by
  * Redis and finds the first one's markers.
  *
- * How the script reaches Redis: EVALSHA with a SHA1 computed here, and on
- * NOSCRIPT (a fresh or restarted Redis, or SCRIPT FLUSH) SCRIPT LOAD and the
- * same call again. Not ioredis `defineCommand`: its silent EVAL fallback
- * would hide a Redis that keeps losing its script cache; here a reload after
- * the first one is logged.
+ * How the script reaches Redis: lua-scripts.ts, as for the two-step
+ * scripts (EVALSHA; SCRIPT LOAD on NOSCRIPT; a reload after the first logged).
  */
-import { createHash, randomUUID } from 'node:crypto';
+import { randomUUID } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Redis } from 'ioredis';
 import { ReplyError } from 'ioredis';
 import { backoffDelay, countKey, markerKey, receiptKey, type BatchResult, type BatchTask, type WorkerSettings } from '@tally/shared';
+import { defineScript, runScript } from './lua-scripts.js';
 import { isTransientReply } from './redis-connection.js';
 import type { BatchLog } from './two-step-batch.js';
 
@@ -116,10 +114,8 @@ redis.call('SET', KEYS[1], result .. ':' .. countErrors, 'EX', markerTtl)
 return {result, countErrors, 0}
 `;
 
-export const ATOMIC_BATCH_SHA = createHash('sha1').update(ATOMIC_BATCH_SCRIPT).digest('hex');
-
-/** Whether a client has loaded the script once: a NOSCRIPT after that means Redis lost its script cache. */
-const loadedOn = new WeakSet<Redis>();
+export const ATOMIC_BATCH = defineScript('atomic_batch', ATOMIC_BATCH_SCRIPT, 'redis lost the atomic batch script (restart or SCRIPT FLUSH); loading it again');
+export const ATOMIC_BATCH_SHA = ATOMIC_BATCH.sha;
 
 /** The EVALSHA arguments of a batch after the command name: SHA, number of keys, keys, then ARGV as documented on the script. */
 export function atomicBatchArgs(settings: Pick<WorkerSettings, 'prefix' | 'markerTtlS' | 'countTtlS'>, task: BatchTask, batchId: string): Array<string | number> {
@@ -166,28 +162,9 @@ export async function runAtomicBatch(redis: Redis, settings: WorkerSettings, tas
   let reply: [string, number, number];
   for (let attempt = 0; ; attempt++) {
     try {
-      reply = (await redis.call('EVALSHA', args)) as [string, number, number];
-      loadedOn.add(redis);
+      reply = (await runScript(redis, ATOMIC_BATCH, args, log)) as [string, number, number];
       break;
-    } catch (callError) {
-      let error = callError;
-      if (replyText(error)?.startsWith('NOSCRIPT')) {
-        // The script did not run. Load it and call again at once; a reload
-        // after the first is worth a line: Redis restarted or was flushed.
-        if (loadedOn.has(redis)) log.warn({ vshard: task.vshard, sha: ATOMIC_BATCH_SHA }, 'redis lost the atomic batch script (restart or SCRIPT FLUSH); loading it again');
-        let sha: unknown;
-        try {
-          sha = await redis.script('LOAD', ATOMIC_BATCH_SCRIPT);
-        } catch (loadError) {
-          error = loadError;
-        }
-        if (sha !== undefined) {
-          // Would loop forever on NOSCRIPT: a bug, not an outage.
-          if (sha !== ATOMIC_BATCH_SHA) throw new Error(`SCRIPT LOAD returned ${String(sha)}, expected ${ATOMIC_BATCH_SHA}`);
-          loadedOn.add(redis);
-          continue;
-        }
-      }
+    } catch (error) {
       const refusal = replyText(error);
       if (refusal !== null && !isTransientReply(refusal)) {
         // The script refused the batch (a bad argument, or a bug): retrying

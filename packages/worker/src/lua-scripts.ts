@@ -17,10 +17,12 @@ export interface LuaScript {
   readonly name: string;
   readonly source: string;
   readonly sha: string;
+  /** The warning logged when Redis lost the script after this client had loaded it. */
+  readonly lostMessage: string;
 }
 
-export function defineScript(name: string, source: string): LuaScript {
-  return Object.freeze({ name, source, sha: createHash('sha1').update(source).digest('hex') });
+export function defineScript(name: string, source: string, lostMessage = 'redis lost a script (restart or SCRIPT FLUSH); loading it again'): LuaScript {
+  return Object.freeze({ name, source, sha: createHash('sha1').update(source).digest('hex'), lostMessage });
 }
 
 export interface ScriptLog {
@@ -55,7 +57,7 @@ export async function runScript(redis: Redis, script: LuaScript, args: Array<str
     return reply;
   } catch (error) {
     if (!isNoScript(error)) throw error;
-    if (scripts.has(script.sha)) log.warn({ script: script.name, sha: script.sha }, 'redis lost a script (restart or SCRIPT FLUSH); loading it again');
+    if (scripts.has(script.sha)) log.warn({ script: script.name, sha: script.sha }, script.lostMessage);
     const sha = await redis.script('LOAD', script.source);
     // A different SHA would make every call NOSCRIPT forever: a bug, not an outage.
     if (sha !== script.sha) throw new Error(`SCRIPT LOAD of ${script.name} returned ${String(sha)}, expected ${script.sha}`);
