@@ -7,9 +7,8 @@
  * from; when a link dies its unacked deliveries are simply redelivered by the
  * broker, and the markers (or the in-flight id hold) recognise them.
  */
-import { setTimeout as sleep } from 'node:timers/promises';
 import amqp, { type ChannelModel, type ConfirmChannel, type ConsumeMessage, type Message, type Options } from 'amqplib';
-import { backoffDelay, redactUrl, TallyError } from '@tally/shared';
+import { describeError, redactUrl, retryUntilDone, TallyError } from '@tally/shared';
 import type { ChannelLink } from './delivery.js';
 import type { Logger } from './logger.js';
 
@@ -28,13 +27,9 @@ export interface AmqpLinkHandlers {
 
 type LinkState = 'idle' | 'connecting' | 'consuming' | 'stopping' | 'closed';
 
-function describe(error: unknown): string {
-  return error instanceof Error ? error.message : String(error);
-}
-
 /** Errors that no reconnect will fix: fail the start instead of retrying forever. */
 function isFatalConnectError(error: unknown): boolean {
-  return /ACCESS_REFUSED|NOT_ALLOWED|ACCESS-REFUSED|authentication|PRECONDITION_FAILED/i.test(describe(error));
+  return /ACCESS_REFUSED|NOT_ALLOWED|ACCESS-REFUSED|authentication|PRECONDITION_FAILED/i.test(describeError(error));
 }
 
 export class AmqpLink {
@@ -66,19 +61,22 @@ export class AmqpLink {
   }
 
   private async connectUntilUp(): Promise<void> {
-    for (let attempt = 0; this.state === 'connecting'; attempt++) {
-      try {
-        await this.connectOnce();
-        this.everConnected = true;
-        return;
-      } catch (error) {
-        if (!this.everConnected && isFatalConnectError(error)) {
-          throw new TallyError('TALLY_AMQP_UNAVAILABLE', `RabbitMQ at ${redactUrl(this.options.url)} refused Tally: ${describe(error)}`, { cause: error });
-        }
-        const delayMs = backoffDelay(attempt);
-        this.log.warn({ url: redactUrl(this.options.url), attempt, delayMs, err: describe(error) }, 'amqp connect failed; retrying');
-        await sleep(delayMs);
-      }
+    try {
+      // Ends without connecting when stop() moved the state on meanwhile.
+      await retryUntilDone(
+        async () => {
+          await this.connectOnce();
+          this.everConnected = true;
+        },
+        {
+          stopWhen: () => this.state !== 'connecting',
+          giveUp: (_failureClass, error) => !this.everConnected && isFatalConnectError(error),
+          onAttemptFailed: ({ error, attempt, delayMs }) =>
+            this.log.warn({ url: redactUrl(this.options.url), attempt, delayMs, err: describeError(error) }, 'amqp connect failed; retrying'),
+        },
+      );
+    } catch (error) {
+      throw new TallyError('TALLY_AMQP_UNAVAILABLE', `RabbitMQ at ${redactUrl(this.options.url)} refused Tally: ${describeError(error)}`, { cause: error });
     }
   }
 
@@ -90,9 +88,9 @@ export class AmqpLink {
       await channel.prefetch(this.options.prefetch);
       const link: ChannelLink = { generation: ++this.generation, channel, alive: true };
       const down = (reason: string) => this.linkDown(link, reason);
-      model.on('error', (error: Error) => this.log.warn({ err: describe(error) }, 'amqp connection error'));
-      model.on('close', (error?: Error) => down(error ? describe(error) : 'connection closed'));
-      channel.on('error', (error: Error) => this.log.warn({ err: describe(error) }, 'amqp channel error'));
+      model.on('error', (error: Error) => this.log.warn({ err: describeError(error) }, 'amqp connection error'));
+      model.on('close', (error?: Error) => down(error ? describeError(error) : 'connection closed'));
+      channel.on('error', (error: Error) => this.log.warn({ err: describeError(error) }, 'amqp channel error'));
       channel.on('close', () => down('channel closed'));
       this.model = model;
       this.link = link;
@@ -152,7 +150,7 @@ export class AmqpLink {
       this.model = null;
       void model?.close().catch(() => {});
       void this.connectUntilUp().catch((error) => {
-        this.log.fatal({ err: describe(error) }, 'amqp reconnect gave up');
+        this.log.fatal({ err: describeError(error) }, 'amqp reconnect gave up');
         process.exitCode = 1;
       });
     }
@@ -165,7 +163,7 @@ export class AmqpLink {
       link.channel.ack({ fields: { deliveryTag: tag } } as Message, true);
       return true;
     } catch (error) {
-      this.log.warn({ err: describe(error), tag }, 'ack failed; the broker will redeliver');
+      this.log.warn({ err: describeError(error), tag }, 'ack failed; the broker will redeliver');
       return false;
     }
   }
@@ -212,7 +210,7 @@ export class AmqpLink {
     const tag = this.consumerTag;
     this.consumerTag = null;
     if (link?.alive && tag) {
-      await link.channel.cancel(tag).catch((error) => this.log.warn({ err: describe(error) }, 'cancel failed'));
+      await link.channel.cancel(tag).catch((error) => this.log.warn({ err: describeError(error) }, 'cancel failed'));
     }
   }
 
@@ -224,13 +222,13 @@ export class AmqpLink {
       try {
         await link.channel.close();
       } catch (error) {
-        this.log.warn({ err: describe(error) }, 'closing the amqp channel failed');
+        this.log.warn({ err: describeError(error) }, 'closing the amqp channel failed');
       }
     }
     try {
       await this.model?.close();
     } catch (error) {
-      this.log.debug({ err: describe(error) }, 'closing the amqp connection failed');
+      this.log.debug({ err: describeError(error) }, 'closing the amqp connection failed');
     }
     this.model = null;
   }

@@ -11,11 +11,14 @@ import type { MeterProvider } from '@opentelemetry/sdk-metrics';
 import type { ConsumeMessage } from 'amqplib';
 import type { Redis } from 'ioredis';
 import {
-  backoffDelay,
+  describeError,
   encodeBatchTask,
   formatReason,
+  isTallyError,
   parseMessage,
   redactUrl,
+  retryUntilDone,
+  RETRY_STOPPED,
   splitByShard,
   type TallyConfig,
 } from '@tally/shared';
@@ -35,10 +38,6 @@ import { HttpEndpoints } from './telemetry/http-endpoints.js';
 import { DaemonMetrics, timestampToMs } from './telemetry/metrics.js';
 
 export type DaemonState = 'created' | 'starting' | 'running' | 'stopping' | 'stopped';
-
-function describe(error: unknown): string {
-  return error instanceof Error ? error.message : String(error);
-}
 
 export class Daemon {
   private state: DaemonState = 'created';
@@ -182,17 +181,15 @@ export class Daemon {
   }
 
   /** Startup steps wait for Redis like everything else (invariant 8), but fatal errors still stop the start. */
-  private async untilRedis<T>(what: string, step: () => Promise<T>): Promise<T> {
-    for (let attempt = 0; ; attempt++) {
-      try {
-        return await step();
-      } catch (error) {
-        if (error instanceof Error && 'code' in error && String((error as { code: unknown }).code).startsWith('TALLY_')) throw error;
-        const delayMs = backoffDelay(attempt);
-        this.log.warn({ what, attempt, delayMs, err: describe(error) }, 'redis unavailable; retrying');
-        await sleep(delayMs);
-      }
-    }
+  private untilRedis<T>(what: string, step: () => Promise<T>): Promise<T> {
+    return retryUntilDone(step, {
+      // Only Tally's own refusals (layout, mode) stop the start today; a
+      // `fatal` server refusal (failureClass) is where "Never silently wrong"
+      // stops it too.
+      giveUp: (_failureClass, error) => isTallyError(error),
+      onAttemptFailed: ({ error, attempt, delayMs, failureClass }) =>
+        this.log.warn({ what, attempt, delayMs, failureClass, err: describeError(error) }, 'redis unavailable; retrying'),
+    });
   }
 
   private onDelivery(link: ChannelLink, message: ConsumeMessage): void {
@@ -248,24 +245,20 @@ export class Daemon {
   private deadLetter(link: ChannelLink, message: ConsumeMessage, reason: string, code: string): void {
     this.badLog.record(code, reason, message.properties.messageId);
     this.pendingDeadLetters++;
-    const attempt = async (): Promise<void> => {
-      for (let tries = 0; link.alive; tries++) {
-        try {
-          await this.link!.deadLetter(link, message, reason);
-          this.stats!.add('dead_lettered');
-          this.finish(link, message.fields.deliveryTag);
-          return;
-        } catch (error) {
-          if (!link.alive) return;
-          const delayMs = backoffDelay(tries);
-          this.log.warn({ err: describe(error), delayMs }, 'dead-letter publish not confirmed; retrying');
-          await sleep(delayMs);
-        }
-      }
-    };
-    void attempt().finally(() => {
-      this.pendingDeadLetters--;
+    // Given up when the channel dies: the original is redelivered on the next one.
+    const published = retryUntilDone(() => this.link!.deadLetter(link, message, reason), {
+      stopWhen: () => !link.alive,
+      onAttemptFailed: ({ error, delayMs }) => this.log.warn({ err: describeError(error), delayMs }, 'dead-letter publish not confirmed; retrying'),
     });
+    void published
+      .then((outcome) => {
+        if (outcome === RETRY_STOPPED) return;
+        this.stats!.add('dead_lettered');
+        this.finish(link, message.fields.deliveryTag);
+      })
+      .finally(() => {
+        this.pendingDeadLetters--;
+      });
   }
 
   /** Runs one shard batch on its owner thread; retried until it completes. */
@@ -280,34 +273,31 @@ export class Daemon {
     });
     const task = encodeBatchTask(vshard, parts.length, (i) => ({ id: parts[i]!.delivery.id, changes: parts[i]!.changes }), traceparent);
     const started = performance.now();
-    for (let attempt = 0; ; attempt++) {
-      try {
-        const result = await this.pools!.run(task);
-        endBatchSpan(span, result);
-        this.metrics?.recordBatch(parts.length, performance.now() - started, result);
-        const stats = this.stats!;
-        stats.add('occupation_failures', result.occupationFailures);
-        stats.add('write_retries', result.writeRetries);
-        stats.add('count_errors', result.countErrors);
-        this.exposure?.batchDone(parts.map((part) => part.delivery), result.timings);
-        for (let i = 0; i < parts.length; i++) {
-          const delivery = parts[i]!.delivery;
-          if (result.marked[i] === 1) delivery.markedParts++;
-          if (--delivery.remaining === 0) this.settle(delivery);
-        }
-        return;
-      } catch (error) {
-        // A thread that died mid-batch is replaced by piscina. Re-running the
-        // batch is safe: at worst it repeats a count write whose markers were
-        // never occupied, exactly the crash window the counters report.
-        const delayMs = backoffDelay(attempt);
+    // A thread that died mid-batch is replaced by piscina. Re-running the
+    // batch is safe: at worst it repeats a count write whose markers were
+    // never occupied, exactly the crash window the counters report. A `data`
+    // failure is retried too for now: "Never silently wrong" isolates and
+    // dead-letters it here (giveUp on 'data', then split the batch).
+    const result = await retryUntilDone(() => this.pools!.run(task), {
+      onAttemptFailed: ({ error, attempt, delayMs, failureClass }) => {
         failBatchSpan(span, error);
         this.log.error(
-          { vshard, attempt, delayMs, err: describe(error), trace_id: traceparent?.slice(3, 35) },
+          { vshard, attempt, delayMs, failureClass, err: describeError(error), trace_id: traceparent?.slice(3, 35) },
           'batch failed in its worker thread; retrying',
         );
-        await sleep(delayMs);
-      }
+      },
+    });
+    endBatchSpan(span, result);
+    this.metrics?.recordBatch(parts.length, performance.now() - started, result);
+    const stats = this.stats!;
+    stats.add('occupation_failures', result.occupationFailures);
+    stats.add('write_retries', result.writeRetries);
+    stats.add('count_errors', result.countErrors);
+    this.exposure?.batchDone(parts.map((part) => part.delivery), result.timings);
+    for (let i = 0; i < parts.length; i++) {
+      const delivery = parts[i]!.delivery;
+      if (result.marked[i] === 1) delivery.markedParts++;
+      if (--delivery.remaining === 0) this.settle(delivery);
     }
   }
 
@@ -375,7 +365,7 @@ export class Daemon {
     try {
       await this.link?.stopConsuming();
     } catch (error) {
-      log.warn({ err: describe(error) }, 'stop consuming failed');
+      log.warn({ err: describeError(error) }, 'stop consuming failed');
     }
     const deadline = Date.now() + graceMs;
     this.lanes?.flushAll();
@@ -386,7 +376,7 @@ export class Daemon {
     try {
       this.sendAcks();
     } catch (error) {
-      log.warn({ err: describe(error) }, 'final ack failed');
+      log.warn({ err: describeError(error) }, 'final ack failed');
     }
     this.lanes?.close();
     try {
@@ -394,18 +384,18 @@ export class Daemon {
       this.stats?.stop();
       await this.stats?.flush();
     } catch (error) {
-      log.warn({ err: describe(error) }, 'final stats flush failed');
+      log.warn({ err: describeError(error) }, 'final stats flush failed');
     }
     try {
       await this.link?.close();
     } catch (error) {
-      log.warn({ err: describe(error) }, 'closing amqp failed');
+      log.warn({ err: describeError(error) }, 'closing amqp failed');
     }
     try {
       await this.pools?.flushTelemetry();
       await this.pools?.destroy();
     } catch (error) {
-      log.warn({ err: describe(error) }, 'stopping worker threads failed');
+      log.warn({ err: describeError(error) }, 'stopping worker threads failed');
     }
     try {
       await this.redis?.quit();
@@ -416,7 +406,7 @@ export class Daemon {
       await this.endpoints?.close();
       await this.meterProvider?.shutdown();
     } catch (error) {
-      log.warn({ err: describe(error) }, 'closing the metrics endpoint failed');
+      log.warn({ err: describeError(error) }, 'closing the metrics endpoint failed');
     }
     this.state = 'stopped';
     log.info({ counters: this.stats?.sinceStart }, 'stopped');

@@ -6,10 +6,7 @@ export type TallyErrorCode =
   | 'TALLY_CONFIG_INVALID'
   | 'TALLY_SHARD_LAYOUT_MISMATCH'
   | 'TALLY_MODE_MISMATCH'
-  | 'TALLY_REDIS_UNAVAILABLE'
   | 'TALLY_AMQP_UNAVAILABLE'
-  | 'TALLY_QUEUE_INCOMPATIBLE'
-  | 'TALLY_SHUTDOWN_TIMEOUT'
   | 'TALLY_CLI_USAGE';
 
 export class TallyError extends Error {
@@ -62,4 +59,9 @@ export class CliUsageError extends TallyError {
 
 export function isTallyError(error: unknown): error is TallyError {
   return error instanceof TallyError;
+}
+
+/** An error's message for a log line; anything thrown that is not an Error is stringified. */
+export function describeError(error: unknown): string {
+  return error instanceof Error ? error.message : String(error);
 }

@@ -6,5 +6,7 @@ export * from './shards.js';
 export * from './keys.js';
 export * from './counters.js';
 export * from './backoff.js';
+export * from './failure-class.js';
+export * from './retry.js';
 export * from './batch-protocol.js';
 export * from './deviation.js';

@@ -7,7 +7,10 @@ function ceiling(attempt: number, options: BackoffOptions = DEFAULT_BACKOFF): nu
   return Math.min(options.capMs, options.baseMs * 2 ** Math.min(attempt, 20));
 }
 
-describe('backoffDelay', () => {
+describe('backoffDelay', function () {
+  // 32,000 draws: well under a second alone, but the machine is shared.
+  this.timeout(30_000);
+
   it('has frozen defaults of 100 ms base and 5 s cap', () => {
     expect(DEFAULT_BACKOFF).to.deep.equal({ baseMs: 100, capMs: 5_000 });
     expect(Object.isFrozen(DEFAULT_BACKOFF)).to.equal(true);

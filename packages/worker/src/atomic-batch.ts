@@ -16,12 +16,9 @@
  * scripts (EVALSHA; SCRIPT LOAD on NOSCRIPT; a reload after the first logged).
  */
 import { randomUUID } from 'node:crypto';
-import { setTimeout as sleep } from 'node:timers/promises';
 import type { Redis } from 'ioredis';
-import { ReplyError } from 'ioredis';
-import { backoffDelay, countKey, markerKey, receiptKey, type BatchResult, type BatchTask, type WorkerSettings } from '@tally/shared';
+import { countKey, describeError, retryUntilDone, markerKey, receiptKey, type BatchResult, type BatchTask, type WorkerSettings } from '@tally/shared';
 import { defineScript, runScript } from './lua-scripts.js';
-import { isTransientReply } from './redis-connection.js';
 import type { BatchLog } from './two-step-batch.js';
 
 /**
@@ -144,43 +141,25 @@ export function atomicBatchArgs(settings: Pick<WorkerSettings, 'prefix' | 'marke
   return args;
 }
 
-/** The server's reply text when Redis answered with an error; null for a transport failure. */
-function replyText(error: unknown): string | null {
-  return error instanceof ReplyError ? (error as Error).message : null;
-}
-
-function describe(error: unknown): string {
-  return error instanceof Error ? error.message : String(error);
-}
-
 export async function runAtomicBatch(redis: Redis, settings: WorkerSettings, task: BatchTask, log: BatchLog): Promise<BatchResult> {
   const t0 = performance.now();
   // One id for every attempt of this batch: a retry after a lost reply finds
   // the receipt the first attempt left and gets its answer back.
   const args = atomicBatchArgs(settings, task, randomUUID());
   let writeRetries = 0;
-  let reply: [string, number, number];
-  for (let attempt = 0; ; attempt++) {
-    try {
-      reply = (await runScript(redis, ATOMIC_BATCH, args, log)) as [string, number, number];
-      break;
-    } catch (error) {
-      const refusal = replyText(error);
-      if (refusal !== null && !isTransientReply(refusal)) {
-        // The script refused the batch (a bad argument, or a bug): retrying
-        // here would fail the same way. The coordinator logs it, retries the
-        // batch and acks nothing of it meanwhile. Nothing was written: the
-        // script checks before its first write.
-        throw error;
-      }
-      // A lost connection or a transient reply: the script may or may not
-      // have run; the receipt answers that on the next attempt.
+  const reply = (await retryUntilDone(() => runScript(redis, ATOMIC_BATCH, args, log), {
+    // A `fatal` or `data` reply (a bad argument, NOPERM, a bug) would fail
+    // the same way here: it goes to the coordinator, which logs it, retries
+    // the batch and acks nothing of it meanwhile. Nothing was written: the
+    // script checks before its first write.
+    giveUp: (failureClass) => failureClass !== 'transient',
+    // A lost connection or a transient reply: the script may or may not
+    // have run; the receipt answers that on the next attempt.
+    onAttemptFailed: ({ error, attempt, delayMs, failureClass }) => {
       writeRetries++;
-      const delayMs = backoffDelay(attempt);
-      log.warn({ step: 'atomic_batch', vshard: task.vshard, attempt, delayMs, err: describe(error) }, 'redis step failed; retrying');
-      await sleep(delayMs);
-    }
-  }
+      log.warn({ step: 'atomic_batch', vshard: task.vshard, attempt, delayMs, failureClass, err: describeError(error) }, 'redis step failed; retrying');
+    },
+  })) as [string, number, number];
   const [flags, countErrors] = reply;
   if (flags.length !== task.ids.length) throw new Error(`atomic batch: the script returned ${flags.length} flags for ${task.ids.length} parts`);
   const marked = new Uint8Array(task.ids.length);

@@ -1,7 +1,7 @@
 import { fileURLToPath } from 'node:url';
 
 export { aggregateNewParts, selectNewParts, type Sum } from './aggregate.js';
-export { createRedisClient, isTransientReply } from './redis-connection.js';
+export { createRedisClient } from './redis-connection.js';
 export { runTwoStepBatch, type BatchHooks, type BatchLog } from './two-step-batch.js';
 export { startTracing, traceIdsOfActiveSpan, tracingRequested, type TracingHandle } from './tracing.js';
 

@@ -1,4 +1,8 @@
 import { Redis, type RedisOptions } from 'ioredis';
+import { backoffDelay, type BackoffOptions } from '@tally/shared';
+
+/** ioredis's own reconnects: quicker than the step retries, since a reconnect is cheap and nothing waits on its log. */
+export const RECONNECT_BACKOFF: BackoffOptions = Object.freeze({ baseMs: 50, capMs: 2_000 });
 
 /**
  * One place for how Tally talks to Redis. `rediss://` URLs get TLS from
@@ -23,15 +27,7 @@ export function createRedisClient(url: string, connectionName: string, overrides
     autoResendUnfulfilledCommands: false,
     maxRetriesPerRequest: 0,
     commandTimeout: 10_000,
-    retryStrategy: (times) => Math.min(50 * 2 ** Math.min(times, 6), 2_000),
+    retryStrategy: (times) => backoffDelay(times, RECONNECT_BACKOFF),
     ...overrides,
   });
-}
-
-/**
- * Server replies that mean "try again later" rather than "never": retried.
- * Any other ReplyError (overflow, WRONGTYPE) is a refusal that no retry fixes.
- */
-export function isTransientReply(message: string): boolean {
-  return /^(OOM|LOADING|BUSY|READONLY|MASTERDOWN|TRYAGAIN|CLUSTERDOWN|MOVED|ASK|NOSCRIPT|EXECABORT)\b/.test(message);
 }

@@ -12,12 +12,12 @@
  * message.
  */
 import { randomUUID } from 'node:crypto';
-import { setTimeout as sleep } from 'node:timers/promises';
 import { SpanStatusCode, trace, type Span, type Tracer } from '@opentelemetry/api';
 import type { Redis } from 'ioredis';
 import {
-  backoffDelay,
   countKey,
+  describeError,
+  retryUntilDone,
   markerKey,
   receiptKey,
   type BatchResult,
@@ -89,25 +89,21 @@ function inSpan<T>(tracer: Tracer, name: string, attributes: Record<string, numb
   });
 }
 
-function describe(error: unknown): string {
-  return error instanceof Error ? error.message : String(error);
-}
-
-/** Retries an idempotent step until it succeeds: outages wait, they do not drop (invariant 8). */
-async function untilDone<T>(step: string, task: BatchTask, log: BatchLog, run: () => Promise<T>, onFailure?: () => void): Promise<T> {
-  for (let attempt = 0; ; attempt++) {
-    try {
-      return await run();
-    } catch (error) {
+/**
+ * Retries an idempotent step until it succeeds: outages wait, they do not
+ * drop (invariant 8). Every failure is retried today, `data` and `fatal` ones
+ * too, but each is logged with its class.
+ */
+function untilDone<T>(step: string, task: BatchTask, log: BatchLog, run: () => Promise<T>, onFailure?: () => void): Promise<T> {
+  return retryUntilDone(run, {
+    onAttemptFailed: ({ error, attempt, delayMs, failureClass }) => {
       onFailure?.();
       const span = trace.getActiveSpan();
-      span?.addEvent('tally.redis_error', { 'tally.step': step, 'tally.attempt': attempt, 'exception.message': describe(error) });
-      span?.setStatus({ code: SpanStatusCode.ERROR, message: `redis error in ${step}: ${describe(error)}` });
-      const delayMs = backoffDelay(attempt);
-      log.warn({ step, vshard: task.vshard, attempt, delayMs, err: describe(error) }, 'redis step failed; retrying');
-      await sleep(delayMs);
-    }
-  }
+      span?.addEvent('tally.redis_error', { 'tally.step': step, 'tally.attempt': attempt, 'exception.message': describeError(error) });
+      span?.setStatus({ code: SpanStatusCode.ERROR, message: `redis error in ${step}: ${describeError(error)}` });
+      log.warn({ step, vshard: task.vshard, attempt, delayMs, failureClass, err: describeError(error) }, 'redis step failed; retrying');
+    },
+  });
 }
 
 export async function runTwoStepBatch(

@@ -1,0 +1,82 @@
+import { expect } from 'chai';
+import { CliUsageError, ConfigError, describeError } from '../src/errors.js';
+import { classifyError, classifyRedisReply, isRedisReplyError, type FailureClass } from '../src/failure-class.js';
+
+/** Shaped as ioredis raises a server's error line: a ReplyError named so. */
+function replyError(message: string): Error {
+  const error = new Error(message);
+  error.name = 'ReplyError';
+  return error;
+}
+
+const REPLIES: Array<[reply: string, expected: FailureClass]> = [
+  ['OOM command not allowed when used memory > \'maxmemory\'.', 'transient'],
+  ['LOADING Redis is loading the dataset in memory', 'transient'],
+  ['BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE.', 'transient'],
+  ["READONLY You can't write against a read only replica.", 'transient'],
+  ['MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to \'no\'.', 'transient'],
+  ['TRYAGAIN Multiple keys request during rehashing of slot', 'transient'],
+  ['CLUSTERDOWN The cluster is down', 'transient'],
+  ['MOVED 3999 127.0.0.1:6381', 'transient'],
+  ['ASK 3999 127.0.0.1:6381', 'transient'],
+  ['NOSCRIPT No matching script. Please use EVAL.', 'transient'],
+  ['MISCONF Redis is configured to save RDB snapshots, but it is currently not able to persist on disk.', 'transient'],
+  ['ERR value is not an integer or out of range', 'data'],
+  ['ERR increment or decrement would overflow', 'data'],
+  ['WRONGTYPE Operation against a key holding the wrong kind of value', 'data'],
+  ['TALLY_SCRIPT_ARGS part 3 has a bad change: x 1', 'data'],
+  ["NOPERM User tally has no permissions to run the 'evalsha' command", 'fatal'],
+  ['NOAUTH Authentication required.', 'fatal'],
+  ['WRONGPASS invalid username-password pair or user is disabled.', 'fatal'],
+  ["ERR unknown command 'EVALSHA', with args beginning with: ", 'fatal'],
+  ['ERR scripting is disabled in this build', 'fatal'],
+  ['ERR something no list knows about', 'fatal'],
+];
+
+describe('classifyRedisReply', () => {
+  for (const [reply, expected] of REPLIES) {
+    it(`${reply.split(' ').slice(0, 3).join(' ')} -> ${expected}`, () => {
+      expect(classifyRedisReply(reply)).to.equal(expected);
+    });
+  }
+
+  it('matches the reply code at the start only, not a word inside the text', () => {
+    expect(classifyRedisReply('ERR user said OOM in a key name')).to.equal('fatal');
+    expect(classifyRedisReply('ERR MOVED elsewhere')).to.equal('fatal');
+    expect(classifyRedisReply('OOMPH not a code')).to.equal('fatal');
+  });
+});
+
+describe('classifyError', () => {
+  it('classifies a Redis error reply by its text', () => {
+    for (const [reply, expected] of REPLIES) expect(classifyError(replyError(reply)), reply).to.equal(expected);
+  });
+
+  it('treats transport failures and dead threads as transient, whatever their text says', () => {
+    expect(classifyError(new Error('connect ECONNREFUSED 127.0.0.1:6379'))).to.equal('transient');
+    expect(classifyError(new Error('Connection is closed.'))).to.equal('transient');
+    expect(classifyError(new Error('Command timed out'))).to.equal('transient');
+    expect(classifyError(new Error('WRONGTYPE but not a reply'))).to.equal('transient');
+    expect(classifyError('a thrown string')).to.equal('transient');
+  });
+
+  it('treats a TallyError as fatal', () => {
+    expect(classifyError(new ConfigError('TALLY_PREFIX', 'bad'))).to.equal('fatal');
+    expect(classifyError(new CliUsageError('bad'))).to.equal('fatal');
+  });
+
+  it('tells a reply error by its name only', () => {
+    expect(isRedisReplyError(replyError('ERR x'))).to.equal(true);
+    expect(isRedisReplyError(new Error('ERR x'))).to.equal(false);
+    expect(isRedisReplyError({ name: 'ReplyError', message: 'ERR x' })).to.equal(false);
+  });
+});
+
+describe('describeError', () => {
+  it('gives an Error its message and stringifies anything else', () => {
+    expect(describeError(new Error('boom'))).to.equal('boom');
+    expect(describeError('plain')).to.equal('plain');
+    expect(describeError(42)).to.equal('42');
+    expect(describeError(undefined)).to.equal('undefined');
+  });
+});
