@@ -5,7 +5,6 @@
  *            -> hold if the same id is in flight -> shard lanes -> worker thread
  *            -> every part reported done -> ack (contiguous multiple-ack)
  */
-import { setTimeout as sleep } from 'node:timers/promises';
 import { metrics, trace, type Tracer } from '@opentelemetry/api';
 import type { MeterProvider } from '@opentelemetry/sdk-metrics';
 import type { ConsumeMessage } from 'amqplib';
@@ -39,30 +38,70 @@ import { DaemonMetrics, timestampToMs } from './telemetry/metrics.js';
 
 export type DaemonState = 'created' | 'starting' | 'running' | 'stopping' | 'stopped';
 
+/** The metrics side of the daemon, present when TALLY_METRICS_PORT is set. */
+interface Telemetry {
+  readonly metrics: DaemonMetrics;
+  readonly meterProvider: MeterProvider;
+  readonly endpoints: HttpEndpoints;
+  /** The port the HTTP endpoint listens on (TALLY_METRICS_PORT=0 picks one). */
+  readonly port: number;
+}
+
+/**
+ * The daemon's collaborators, built once by start() and whole from then on:
+ * the Redis client, the counters, the worker threads, the shard lanes and
+ * the RabbitMQ link.
+ */
+interface Runtime {
+  readonly redis: Redis;
+  readonly stats: StatsRecorder;
+  /** What a crash would cost right now, integrated for `tally deviation`. */
+  readonly exposure: ExposureMeter;
+  readonly telemetry: Telemetry | null;
+  readonly pools: WorkerPools;
+  readonly lanes: ShardLanes;
+  readonly link: AmqpLink;
+}
+
+/** One step of a shutdown: run in order, each on its own, a failure logged by name and the next one run anyway. */
+interface ShutdownStep {
+  readonly name: string;
+  run(): unknown;
+}
+
+async function runSteps(steps: readonly ShutdownStep[], log: Logger): Promise<void> {
+  for (const step of steps) {
+    try {
+      await step.run();
+    } catch (error) {
+      log.warn({ step: step.name, err: describeError(error) }, `${step.name} failed`);
+    }
+  }
+}
+
+async function closeRedis(redis: Redis): Promise<void> {
+  try {
+    await redis.quit();
+  } catch {
+    redis.disconnect();
+  }
+}
+
 export class Daemon {
   private state: DaemonState = 'created';
-  private redis: Redis | null = null;
-  private pools: WorkerPools | null = null;
-  private lanes: ShardLanes | null = null;
-  private link: AmqpLink | null = null;
-  private stats: StatsRecorder | null = null;
-  /** What a crash would cost right now, integrated for `tally deviation`. */
-  private exposure: ExposureMeter | null = null;
+  /** Null until start() has built it; never partly built. */
+  private built: Runtime | null = null;
   private readonly badLog: BadMessageLog;
   /** Ack bookkeeping of the live channel; replaced on every reconnect. */
   private acks: { link: ChannelLink; tracker: AckTracker } | null = null;
   private ackScheduled = false;
   /** Message ids with parts in flight: a second delivery of one waits for the first. */
   private readonly inFlight = new Map<string, Delivery>();
-  private pendingDeadLetters = 0;
+  /** Dead-letter publishes not yet confirmed (or given up with their channel). */
+  private readonly pendingDeadLetters = new Set<Promise<void>>();
   private stopping: Promise<void> | null = null;
   private readonly tracer: Tracer = trace.getTracer('tally.coordinator');
   private readonly parseOptions: { readonly maxBytes: number };
-  private metrics: DaemonMetrics | null = null;
-  private meterProvider: MeterProvider | null = null;
-  private endpoints: HttpEndpoints | null = null;
-  /** The port the HTTP endpoint listens on, once started (TALLY_METRICS_PORT=0 picks one). */
-  metricsPort: number | null = null;
 
   constructor(
     private readonly config: TallyConfig,
@@ -72,11 +111,25 @@ export class Daemon {
     this.parseOptions = Object.freeze({ maxBytes: config.maxMessageBytes });
   }
 
+  /**
+   * The collaborators, for the paths that only run once start() built them:
+   * deliveries, batches and acks all come from the link it opened.
+   */
+  private get runtime(): Runtime {
+    if (this.built === null) throw new Error(`daemon used in state ${this.state} before start() built its runtime`);
+    return this.built;
+  }
+
+  /** The port the HTTP endpoint listens on, once started (TALLY_METRICS_PORT=0 picks one). */
+  get metricsPort(): number | null {
+    return this.built?.telemetry?.port ?? null;
+  }
+
   get status(): { state: DaemonState; consuming: boolean; redisReady: boolean; inFlight: number } {
     return {
       state: this.state,
-      consuming: this.link?.consuming ?? false,
-      redisReady: this.redis?.status === 'ready',
+      consuming: this.built?.link.consuming ?? false,
+      redisReady: this.built?.redis.status === 'ready',
       inFlight: this.inFlight.size,
     };
   }
@@ -85,33 +138,6 @@ export class Daemon {
   get ready(): boolean {
     const status = this.status;
     return status.state === 'running' && status.consuming && status.redisReady;
-  }
-
-  /** Metrics and the HTTP endpoint, when TALLY_METRICS_PORT is set. */
-  private async startMetrics(): Promise<void> {
-    const { config } = this;
-    if (config.metricsPort === null) return;
-    // Loaded only when asked for: a daemon without metrics does not pay their start-up.
-    const [{ PrometheusExporter }, { MeterProvider }] = await Promise.all([
-      import('@opentelemetry/exporter-prometheus'),
-      import('@opentelemetry/sdk-metrics'),
-    ]);
-    const exporter = new PrometheusExporter({ preventServerStart: true });
-    this.meterProvider = new MeterProvider({ readers: [exporter] });
-    metrics.setGlobalMeterProvider(this.meterProvider);
-    this.metrics = new DaemonMetrics(
-      this.meterProvider.getMeter('tally'),
-      { queue: config.queue, mode: config.mode, virtualShards: config.virtualShards },
-      {
-        counters: () => this.stats!.sinceStart,
-        inFlight: () => this.acks?.tracker.unacked ?? 0,
-        shardDepths: () => this.lanes?.depths() ?? [],
-        connections: () => ({ amqp: this.link?.current !== null && this.link !== null, redis: this.redis?.status === 'ready' }),
-      },
-    );
-    this.endpoints = new HttpEndpoints(exporter, () => ({ ready: this.ready, detail: this.status }));
-    this.metricsPort = await this.endpoints.listen(config.metricsPort);
-    this.log.info({ port: this.metricsPort, paths: ['/metrics', '/healthz', '/readyz'] }, 'http endpoint listening');
   }
 
   async start(): Promise<void> {
@@ -135,49 +161,104 @@ export class Daemon {
       },
       'starting',
     );
-
-    this.redis = createRedisClient(config.redisUrl, 'tally-coordinator');
-    this.redis.on('error', () => {});
-    this.redis.on('ready', () => log.info({ redis: redactUrl(config.redisUrl) }, 'redis ready'));
-    this.redis.on('end', () => log.warn('redis connection ended'));
-    const layout = await this.untilRedis('layout check', () => ensureLayout(this.redis!, config));
-    log.info({ virtualShards: layout.virtualShards, created: layout.created }, 'shard layout verified');
-
-    this.stats = new StatsRecorder(this.redis, config.prefix, log);
-    this.stats.start();
-    this.exposure = new ExposureMeter(this.stats, () => (this.acks?.tracker.unacked ?? 0) * 2 >= config.prefetch, config.mode === 'two-step');
-    this.exposure.start();
-    await this.startMetrics();
-    this.pools = new WorkerPools(
-      {
-        redisUrl: config.redisUrl,
-        prefix: config.prefix,
-        mode: config.mode,
-        markerTtlS: config.markerTtlS,
-        countTtlS: config.countTtlS,
-        logLevel: config.logLevel,
-      },
-      config.workers,
-      config.virtualShards,
-    );
-    this.lanes = new ShardLanes(config, (vshard, parts) => this.runBatch(vshard, parts));
-    this.link = new AmqpLink(
-      { url: config.amqpUrl, queue: config.queue, deadLetterQueue: config.deadLetterQueue, prefetch: config.prefetch },
-      log,
-      {
-        onDelivery: (link, message) => this.onDelivery(link, message),
-        onLinkUp: (link) => {
-          this.acks = { link, tracker: new AckTracker() };
-          this.exposure?.channelChanged(link);
-        },
-        onLinkDown: (link, reason) => {
-          if (this.acks?.link === link) this.acks = null;
-          log.warn({ reason, generation: link.generation }, 'deliveries of the lost channel are left to redelivery');
-        },
-      },
-    );
-    await this.link.start();
+    this.built = await this.openRuntime();
+    await this.built.link.start();
     this.state = 'running';
+  }
+
+  /**
+   * Builds the collaborators in order: Redis and the layout check first (a
+   * refused layout starts no thread), then the counters, metrics, threads,
+   * lanes and the link. If a step fails, what was opened so far is closed.
+   */
+  private async openRuntime(): Promise<Runtime> {
+    const { config, log } = this;
+    const redis = createRedisClient(config.redisUrl, 'tally-coordinator');
+    redis.on('error', () => {});
+    redis.on('ready', () => log.info({ redis: redactUrl(config.redisUrl) }, 'redis ready'));
+    redis.on('end', () => log.warn('redis connection ended'));
+    const opened: ShutdownStep[] = [{ name: 'closing redis', run: () => closeRedis(redis) }];
+    try {
+      const layout = await this.untilRedis('layout check', () => ensureLayout(redis, config));
+      log.info({ virtualShards: layout.virtualShards, created: layout.created }, 'shard layout verified');
+
+      const stats = new StatsRecorder(redis, config.prefix, log);
+      stats.start();
+      const exposure = new ExposureMeter(stats, () => (this.acks?.tracker.unacked ?? 0) * 2 >= config.prefetch, config.mode === 'two-step');
+      exposure.start();
+      opened.unshift({
+        name: 'final stats flush',
+        run: () => {
+          exposure.stop();
+          stats.stop();
+          return stats.flush();
+        },
+      });
+      const telemetry = await this.startMetrics(stats, redis);
+      if (telemetry !== null) opened.unshift({ name: 'closing the metrics endpoint', run: () => closeTelemetry(telemetry) });
+
+      const pools = new WorkerPools(
+        {
+          redisUrl: config.redisUrl,
+          prefix: config.prefix,
+          mode: config.mode,
+          markerTtlS: config.markerTtlS,
+          countTtlS: config.countTtlS,
+          logLevel: config.logLevel,
+        },
+        config.workers,
+        config.virtualShards,
+      );
+      const lanes = new ShardLanes(config, (vshard, parts) => this.runBatch(vshard, parts));
+      const link = new AmqpLink(
+        { url: config.amqpUrl, queue: config.queue, deadLetterQueue: config.deadLetterQueue, prefetch: config.prefetch },
+        log,
+        {
+          onDelivery: (link, message) => this.onDelivery(link, message),
+          onLinkUp: (link) => {
+            this.acks = { link, tracker: new AckTracker() };
+            exposure.channelChanged(link);
+          },
+          onLinkDown: (link, reason) => {
+            if (this.acks?.link === link) this.acks = null;
+            log.warn({ reason, generation: link.generation }, 'deliveries of the lost channel are left to redelivery');
+          },
+        },
+      );
+      return { redis, stats, exposure, telemetry, pools, lanes, link };
+    } catch (error) {
+      await runSteps(opened, log);
+      throw error;
+    }
+  }
+
+  /** Metrics and the HTTP endpoint, when TALLY_METRICS_PORT is set. */
+  private async startMetrics(stats: StatsRecorder, redis: Redis): Promise<Telemetry | null> {
+    const { config } = this;
+    if (config.metricsPort === null) return null;
+    // Loaded only when asked for: a daemon without metrics does not pay their start-up.
+    const [{ PrometheusExporter }, { MeterProvider }] = await Promise.all([
+      import('@opentelemetry/exporter-prometheus'),
+      import('@opentelemetry/sdk-metrics'),
+    ]);
+    const exporter = new PrometheusExporter({ preventServerStart: true });
+    const meterProvider = new MeterProvider({ readers: [exporter] });
+    metrics.setGlobalMeterProvider(meterProvider);
+    const daemonMetrics = new DaemonMetrics(
+      meterProvider.getMeter('tally'),
+      { queue: config.queue, mode: config.mode, virtualShards: config.virtualShards },
+      {
+        counters: () => stats.sinceStart,
+        inFlight: () => this.acks?.tracker.unacked ?? 0,
+        // Lanes and link exist once start() has built the runtime; a scrape before that sees none.
+        shardDepths: () => this.built?.lanes.depths() ?? [],
+        connections: () => ({ amqp: (this.built?.link.current ?? null) !== null, redis: redis.status === 'ready' }),
+      },
+    );
+    const endpoints = new HttpEndpoints(exporter, () => ({ ready: this.ready, detail: this.status }));
+    const port = await endpoints.listen(config.metricsPort);
+    this.log.info({ port, paths: ['/metrics', '/healthz', '/readyz'] }, 'http endpoint listening');
+    return { metrics: daemonMetrics, meterProvider, endpoints, port };
   }
 
   /** Startup steps wait for Redis like everything else (invariant 8), but fatal errors still stop the start. */
@@ -197,7 +278,7 @@ export class Daemon {
     if (acks === null || acks.link !== link) return; // a late delivery from a dead channel: it will be redelivered
     const tag = message.fields.deliveryTag;
     acks.tracker.received(tag);
-    const stats = this.stats!;
+    const { stats } = this.runtime;
     stats.add('received');
 
     const parsed = parseMessage(message.content, message.properties.messageId, this.parseOptions);
@@ -233,32 +314,30 @@ export class Daemon {
       first.waiters.push(delivery);
     } else {
       this.inFlight.set(delivery.id, delivery);
-      for (const [vshard, changes] of parts) this.lanes!.add(vshard, { delivery, changes });
+      for (const [vshard, changes] of parts) this.runtime.lanes.add(vshard, { delivery, changes });
     }
     // Prefetch credit exhausted: nothing more arrives until something is
     // acked, so waiting out the batch timers would only add latency.
     // Counted as the broker counts: finished deliveries that wait for an
     // earlier one to finish still hold credit until the multiple-ack.
-    if (acks.tracker.unacked >= this.config.prefetch) this.lanes!.flushAll();
+    if (acks.tracker.unacked >= this.config.prefetch) this.runtime.lanes.flushAll();
   }
 
   private deadLetter(link: ChannelLink, message: ConsumeMessage, reason: string, code: string): void {
     this.badLog.record(code, reason, message.properties.messageId);
-    this.pendingDeadLetters++;
+    const { link: amqpLink, stats } = this.runtime;
     // Given up when the channel dies: the original is redelivered on the next one.
-    const published = retryUntilDone(() => this.link!.deadLetter(link, message, reason), {
+    const published = retryUntilDone(() => amqpLink.deadLetter(link, message, reason), {
       stopWhen: () => !link.alive,
       onAttemptFailed: ({ error, delayMs }) => this.log.warn({ err: describeError(error), delayMs }, 'dead-letter publish not confirmed; retrying'),
     });
-    void published
-      .then((outcome) => {
-        if (outcome === RETRY_STOPPED) return;
-        this.stats!.add('dead_lettered');
-        this.finish(link, message.fields.deliveryTag);
-      })
-      .finally(() => {
-        this.pendingDeadLetters--;
-      });
+    const pending = published.then((outcome) => {
+      if (outcome === RETRY_STOPPED) return;
+      stats.add('dead_lettered');
+      this.finish(link, message.fields.deliveryTag);
+    });
+    this.pendingDeadLetters.add(pending);
+    void pending.finally(() => this.pendingDeadLetters.delete(pending));
   }
 
   /** Runs one shard batch on its owner thread; retried until it completes. */
@@ -273,12 +352,14 @@ export class Daemon {
     });
     const task = encodeBatchTask(vshard, parts.length, (i) => ({ id: parts[i]!.delivery.id, changes: parts[i]!.changes }), traceparent);
     const started = performance.now();
+    const { pools, exposure, stats, telemetry } = this.runtime;
+    const metrics = telemetry?.metrics;
     // A thread that died mid-batch is replaced by piscina. Re-running the
     // batch is safe: at worst it repeats a count write whose markers were
     // never occupied, exactly the crash window the counters report. A `data`
     // failure is retried too for now: "Never silently wrong" isolates and
     // dead-letters it here (giveUp on 'data', then split the batch).
-    const result = await retryUntilDone(() => this.pools!.run(task), {
+    const result = await retryUntilDone(() => pools.run(task), {
       onAttemptFailed: ({ error, attempt, delayMs, failureClass }) => {
         failBatchSpan(span, error);
         this.log.error(
@@ -288,12 +369,11 @@ export class Daemon {
       },
     });
     endBatchSpan(span, result);
-    this.metrics?.recordBatch(parts.length, performance.now() - started, result);
-    const stats = this.stats!;
+    metrics?.recordBatch(parts.length, performance.now() - started, result);
     stats.add('occupation_failures', result.occupationFailures);
     stats.add('write_retries', result.writeRetries);
     stats.add('count_errors', result.countErrors);
-    this.exposure?.batchDone(parts.map((part) => part.delivery), result.timings);
+    exposure.batchDone(parts.map((part) => part.delivery), result.timings);
     for (let i = 0; i < parts.length; i++) {
       const delivery = parts[i]!.delivery;
       if (result.marked[i] === 1) delivery.markedParts++;
@@ -303,11 +383,12 @@ export class Daemon {
 
   /** Every part of a delivery is written and marked: classify it and release its waiters. */
   private settle(delivery: Delivery): void {
-    const stats = this.stats!;
+    const { stats, exposure, telemetry } = this.runtime;
+    const metrics = telemetry?.metrics;
     this.inFlight.delete(delivery.id);
-    const now = this.metrics ? performance.now() : 0;
-    const wallNow = this.metrics ? Date.now() : 0;
-    this.metrics?.recordAck(delivery.receivedAt, delivery.publishedAt, wallNow, now);
+    const now = metrics ? performance.now() : 0;
+    const wallNow = metrics ? Date.now() : 0;
+    metrics?.recordAck(delivery.receivedAt, delivery.publishedAt, wallNow, now);
     if (delivery.markedParts === delivery.parts) stats.add('duplicates');
     else if (delivery.markedParts === 0) {
       stats.add('counted');
@@ -315,9 +396,9 @@ export class Daemon {
     } else stats.add('partial_duplicates');
     this.finish(delivery.link, delivery.tag);
     for (const waiter of delivery.waiters) {
-      this.metrics?.recordAck(waiter.receivedAt, waiter.publishedAt, wallNow, now);
+      metrics?.recordAck(waiter.receivedAt, waiter.publishedAt, wallNow, now);
       stats.add('duplicates');
-      this.exposure?.occupied(waiter.link, waiter.tag, 1);
+      exposure.occupied(waiter.link, waiter.tag, 1);
       this.finish(waiter.link, waiter.tag);
     }
   }
@@ -340,13 +421,42 @@ export class Daemon {
     if (acks === null) return;
     const upTo = acks.tracker.takeAckable();
     if (upTo === null) return;
-    this.link!.ack(acks.link, upTo);
-    this.exposure?.acked(upTo);
+    this.runtime.link.ack(acks.link, upTo);
+    this.runtime.exposure.acked(upTo);
   }
 
-  private drained(): boolean {
-    const load = this.lanes?.load;
-    return (load === undefined || (load.pendingParts === 0 && load.busyLanes === 0)) && this.pendingDeadLetters === 0 && this.inFlight.size === 0;
+  /** Nothing waits in a lane, no batch runs, no dead letter is unconfirmed, no delivery is unsettled. */
+  private drained(runtime: Runtime): boolean {
+    const load = runtime.lanes.load;
+    return load.pendingParts === 0 && load.busyLanes === 0 && this.pendingDeadLetters.size === 0 && this.inFlight.size === 0;
+  }
+
+  /**
+   * Resolves once drained(), waiting on the lanes' and the dead letters' own
+   * promises. Deliveries that arrived before the cancel took effect add new
+   * parts meanwhile, hence the loop; it ends early if nothing left could
+   * finish what is still unsettled (its deliveries go back to the broker).
+   */
+  private async whenDrained(runtime: Runtime): Promise<void> {
+    while (!this.drained(runtime)) {
+      const load = runtime.lanes.load;
+      if (load.pendingParts === 0 && load.busyLanes === 0 && this.pendingDeadLetters.size === 0) return;
+      await Promise.all([runtime.lanes.whenIdle(), ...this.pendingDeadLetters]);
+    }
+  }
+
+  /** Waits for whenDrained(), at most `graceMs`; true when drained. */
+  private async drainWithin(runtime: Runtime, graceMs: number): Promise<boolean> {
+    let timer: NodeJS.Timeout | undefined;
+    const graceOver = new Promise<void>((resolve) => {
+      timer = setTimeout(resolve, graceMs);
+    });
+    try {
+      await Promise.race([this.whenDrained(runtime), graceOver]);
+    } finally {
+      clearTimeout(timer);
+    }
+    return this.drained(runtime);
   }
 
   /**
@@ -358,57 +468,60 @@ export class Daemon {
     return this.stopping;
   }
 
+  /**
+   * The shutdown as an ordered list of steps, each guarded on its own: a
+   * step that fails is logged by name and the next one still runs, so
+   * connections are closed whatever happened before.
+   */
   private async stopOnce(graceMs: number): Promise<void> {
     const { log } = this;
     this.state = 'stopping';
     log.info({ graceMs }, 'stopping: no new deliveries, finishing what is in flight');
-    try {
-      await this.link?.stopConsuming();
-    } catch (error) {
-      log.warn({ err: describeError(error) }, 'stop consuming failed');
-    }
-    const deadline = Date.now() + graceMs;
-    this.lanes?.flushAll();
-    while (!this.drained() && Date.now() < deadline) await sleep(20);
-    if (!this.drained()) {
-      log.warn({ inFlight: this.inFlight.size, ...this.lanes?.load }, 'grace period over; unfinished deliveries stay unacked and will be redelivered');
-    }
-    try {
-      this.sendAcks();
-    } catch (error) {
-      log.warn({ err: describeError(error) }, 'final ack failed');
-    }
-    this.lanes?.close();
-    try {
-      this.exposure?.stop();
-      this.stats?.stop();
-      await this.stats?.flush();
-    } catch (error) {
-      log.warn({ err: describeError(error) }, 'final stats flush failed');
-    }
-    try {
-      await this.link?.close();
-    } catch (error) {
-      log.warn({ err: describeError(error) }, 'closing amqp failed');
-    }
-    try {
-      await this.pools?.flushTelemetry();
-      await this.pools?.destroy();
-    } catch (error) {
-      log.warn({ err: describeError(error) }, 'stopping worker threads failed');
-    }
-    try {
-      await this.redis?.quit();
-    } catch {
-      this.redis?.disconnect();
-    }
-    try {
-      await this.endpoints?.close();
-      await this.meterProvider?.shutdown();
-    } catch (error) {
-      log.warn({ err: describeError(error) }, 'closing the metrics endpoint failed');
+    const runtime = this.built;
+    if (runtime !== null) {
+      const { link, lanes, stats, exposure, pools, redis, telemetry } = runtime;
+      await runSteps(
+        [
+          { name: 'stop consuming', run: () => link.stopConsuming() },
+          {
+            name: 'finishing in-flight deliveries',
+            run: async () => {
+              lanes.flushAll();
+              if (!(await this.drainWithin(runtime, graceMs))) {
+                log.warn({ inFlight: this.inFlight.size, ...lanes.load }, 'grace period over; unfinished deliveries stay unacked and will be redelivered');
+              }
+            },
+          },
+          { name: 'final ack', run: () => this.sendAcks() },
+          { name: 'closing the shard lanes', run: () => lanes.close() },
+          {
+            name: 'final stats flush',
+            run: () => {
+              exposure.stop();
+              stats.stop();
+              return stats.flush();
+            },
+          },
+          { name: 'closing amqp', run: () => link.close() },
+          {
+            name: 'stopping worker threads',
+            run: async () => {
+              await pools.flushTelemetry();
+              await pools.destroy();
+            },
+          },
+          { name: 'closing redis', run: () => closeRedis(redis) },
+          ...(telemetry === null ? [] : [{ name: 'closing the metrics endpoint', run: () => closeTelemetry(telemetry) }]),
+        ],
+        log,
+      );
     }
     this.state = 'stopped';
-    log.info({ counters: this.stats?.sinceStart }, 'stopped');
+    log.info({ counters: runtime?.stats.sinceStart }, 'stopped');
   }
+}
+
+async function closeTelemetry(telemetry: Telemetry): Promise<void> {
+  await telemetry.endpoints.close();
+  await telemetry.meterProvider.shutdown();
 }
