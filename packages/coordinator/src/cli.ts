@@ -5,7 +5,7 @@
  */
 import { parseArgs } from 'node:util';
 import { CliUsageError, loadConfig } from '@tally/shared';
-import { createRedisClient } from '@tally/worker';
+import { createRedisClient } from '@tally/runtime';
 import { countsToJson, readCounts } from './commands/counts.js';
 import { deviationEstimate, deviationText } from './commands/deviation.js';
 import { publishCommand } from './commands/publish.js';

@@ -21,7 +21,7 @@ import {
   splitByShard,
   type TallyConfig,
 } from '@tally/shared';
-import { createRedisClient } from '@tally/worker';
+import { createRedisClient } from '@tally/runtime';
 import { AckTracker } from './ack-tracker.js';
 import { AmqpLink } from './amqp-link.js';
 import type { ChannelLink, Delivery } from './delivery.js';

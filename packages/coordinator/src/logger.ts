@@ -1,6 +1,6 @@
 import { pino, type Logger } from 'pino';
 import type { LogLevel } from '@tally/shared';
-import { traceIdsOfActiveSpan } from '@tally/worker';
+import { traceIdsOfActiveSpan } from '@tally/runtime';
 
 export type { Logger };
 

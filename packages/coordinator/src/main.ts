@@ -5,7 +5,7 @@
  * 2 configuration error (with a one-line reason naming the variable).
  */
 import { isTallyError, loadConfig, type TallyConfig } from '@tally/shared';
-import { startTracing } from '@tally/worker';
+import { startTracing } from '@tally/runtime';
 import { Daemon } from './daemon.js';
 import { createLogger } from './logger.js';
 

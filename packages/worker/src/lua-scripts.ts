@@ -8,10 +8,17 @@
  * Scripts are used for their cost as much as for atomicity: one EVALSHA
  * carrying a whole batch replaces hundreds of client-side command objects,
  * which is where a worker thread spent most of its time.
+ *
+ * The scripts are files, `lua/<name>.lua`, each with its KEYS and ARGV in a
+ * header comment. They are read once, when this module loads, from beside
+ * the compiled module (the build copies `src/lua` to `dist/src/lua`), and the
+ * SHA is computed from exactly the text that SCRIPT LOAD sends.
  */
 import { createHash } from 'node:crypto';
+import { readFileSync } from 'node:fs';
 import type { Redis } from 'ioredis';
 import { ReplyError } from 'ioredis';
+import type { BatchLog } from './batch-log.js';
 
 export interface LuaScript {
   readonly name: string;
@@ -21,12 +28,16 @@ export interface LuaScript {
   readonly lostMessage: string;
 }
 
-export function defineScript(name: string, source: string, lostMessage = 'redis lost a script (restart or SCRIPT FLUSH); loading it again'): LuaScript {
+const DEFAULT_LOST_MESSAGE = 'redis lost a script (restart or SCRIPT FLUSH); loading it again';
+
+/** A script from its source text; the SHA is that of the exact text. */
+export function defineScript(name: string, source: string, lostMessage = DEFAULT_LOST_MESSAGE): LuaScript {
   return Object.freeze({ name, source, sha: createHash('sha1').update(source).digest('hex'), lostMessage });
 }
 
-export interface ScriptLog {
-  warn(fields: Record<string, unknown>, message: string): void;
+/** Reads `lua/<name>.lua` next to this module. Synchronous: it runs once per thread, at import. */
+export function loadScript(name: string, lostMessage = DEFAULT_LOST_MESSAGE): LuaScript {
+  return defineScript(name, readFileSync(new URL(`./lua/${name}.lua`, import.meta.url), 'utf8'), lostMessage);
 }
 
 /** Per client, the scripts it has loaded once: a NOSCRIPT after that means Redis lost its script cache. */
@@ -45,7 +56,7 @@ export function evalshaArgs(script: LuaScript, keys: readonly string[], argv: re
 }
 
 /** Runs a script, loading it first if Redis does not have it. Other errors propagate to the caller's retry loop. */
-export async function runScript(redis: Redis, script: LuaScript, args: Array<string | number>, log: ScriptLog): Promise<unknown> {
+export async function runScript(redis: Redis, script: LuaScript, args: Array<string | number>, log: Pick<BatchLog, 'warn'>): Promise<unknown> {
   let scripts = loaded.get(redis);
   if (scripts === undefined) {
     scripts = new Set();

@@ -2,12 +2,11 @@
  * Piscina entry for a worker thread. It only dispatches: settings arrive once
  * as workerData, each task is one virtual-shard batch.
  */
-import { context, propagation, ROOT_CONTEXT, SpanStatusCode, trace } from '@opentelemetry/api';
+import { context, propagation, ROOT_CONTEXT } from '@opentelemetry/api';
 import { workerData } from 'piscina';
 import { pino } from 'pino';
 import { decodeBatchTask, type BatchResult, type WireBatchTask, type WorkerSettings } from '@tally/shared';
-import { createRedisClient } from './redis-connection.js';
-import { startTracing, traceIdsOfActiveSpan } from './tracing.js';
+import { createRedisClient, startTracing, traceIdsOfActiveSpan } from '@tally/runtime';
 import { runAtomicBatch } from './atomic-batch.js';
 import { runTwoStepBatch } from './two-step-batch.js';
 
@@ -21,25 +20,7 @@ const redis = createRedisClient(settings.redisUrl, 'tally-worker');
 redis.on('error', () => {});
 
 // Chosen once per thread: the mode is fixed for the life of the daemon.
-const runBatch = settings.mode === 'atomic' ? runTracedAtomicBatch : runTwoStepBatch;
-
-/** The atomic batch is one script call: one span, `tally.atomic_batch`, in place of the two-step's four. */
-function runTracedAtomicBatch(...args: Parameters<typeof runAtomicBatch>): Promise<BatchResult> {
-  const [, , task] = args;
-  return trace.getTracer('tally.worker').startActiveSpan('tally.atomic_batch', { attributes: { 'tally.shard': task.vshard } }, async (span) => {
-    try {
-      const result = await runAtomicBatch(...args);
-      span.setAttribute('tally.write_retries', result.writeRetries);
-      return result;
-    } catch (error) {
-      span.recordException(error instanceof Error ? error : new Error(String(error)));
-      span.setStatus({ code: SpanStatusCode.ERROR, message: 'atomic batch script failed' });
-      throw error;
-    } finally {
-      span.end();
-    }
-  });
-}
+const runBatch = settings.mode === 'atomic' ? runAtomicBatch : runTwoStepBatch;
 
 export default function processBatch(wire: WireBatchTask): Promise<BatchResult> {
   const task = decodeBatchTask(wire);

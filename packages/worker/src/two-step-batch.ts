@@ -12,7 +12,7 @@
  * message.
  */
 import { randomUUID } from 'node:crypto';
-import { SpanStatusCode, trace, type Span, type Tracer } from '@opentelemetry/api';
+import { SpanStatusCode, trace } from '@opentelemetry/api';
 import type { Redis } from 'ioredis';
 import {
   countKey,
@@ -25,69 +25,13 @@ import {
   type WorkerSettings,
 } from '@tally/shared';
 import { aggregateNewParts, selectNewParts } from './aggregate.js';
-import { defineScript, evalshaArgs, runScript } from './lua-scripts.js';
+import type { BatchHooks, BatchLog } from './batch-log.js';
+import { batchTracer, inSpan } from './batch-tracing.js';
+import { evalshaArgs, loadScript, runScript } from './lua-scripts.js';
 
-/**
- * KEYS: [1] the batch's write receipt, [2..] its count keys. ARGV: count TTL,
- * receipt TTL, then one delta per count key as a decimal string (Redis parses
- * it as a 64-bit integer; Lua never turns it into a double).
- * Returns {refused, alreadyWritten}. A script runs atomically, so the counts
- * land all together or not at all, and the receipt written with them makes a
- * retry after a lost reply a no-op instead of a second count.
- */
-export const WRITE_COUNTS = defineScript(
-  'write_counts',
-  `#!lua
-if redis.call('EXISTS', KEYS[1]) == 1 then return {0, 1} end
-local refused = 0
-for i = 2, #KEYS do
-  local reply = redis.pcall('INCRBY', KEYS[i], ARGV[i + 1])
-  if type(reply) == 'table' and reply.err then refused = refused + 1 end
-  redis.call('EXPIRE', KEYS[i], ARGV[1])
-end
-redis.call('SET', KEYS[1], refused, 'EX', ARGV[2])
-return {refused, 0}
-`,
-);
-
-/** KEYS: the markers to occupy. ARGV: marker TTL. SET is idempotent: a retry simply sets them again. */
-export const OCCUPY_MARKERS = defineScript(
-  'occupy_markers',
-  `#!lua
-for i = 1, #KEYS do redis.call('SET', KEYS[i], '1', 'EX', ARGV[1]) end
-return #KEYS
-`,
-);
-
-export interface BatchLog {
-  warn(fields: Record<string, unknown>, message: string): void;
-  error(fields: Record<string, unknown>, message: string): void;
-}
-
-/** Test hook: called between the count write and the marker occupation. */
-export interface BatchHooks {
-  afterCountWrite?: (task: BatchTask) => void | Promise<void>;
-}
-
-/**
- * The tracer is looked up per batch, not at import: this ESM module and the
- * CommonJS SDK hold separate copies of the API's proxy provider, so a tracer
- * taken before the thread registered its provider would stay a no-op.
- */
-function batchTracer(): Tracer {
-  return trace.getTracer('tally.worker');
-}
-
-/** Runs a step inside its own span, a child of the batch span in the active context. */
-function inSpan<T>(tracer: Tracer, name: string, attributes: Record<string, number>, run: (span: Span) => Promise<T>): Promise<T> {
-  return tracer.startActiveSpan(name, { attributes }, async (span) => {
-    try {
-      return await run(span);
-    } finally {
-      span.end();
-    }
-  });
-}
+/** The count write and the marker occupation, their KEYS and ARGV documented in lua/*.lua. */
+export const WRITE_COUNTS = loadScript('write_counts');
+export const OCCUPY_MARKERS = loadScript('occupy_markers');
 
 /**
  * Retries an idempotent step until it succeeds: outages wait, they do not

@@ -4,8 +4,9 @@ import { Redis } from 'ioredis';
 import { countKey, markerKey, type BatchTask, type WorkerSettings } from '@tally/shared';
 import { startProxy } from '@tally/bench';
 import { atomicBatchArgs, runAtomicBatch } from '../src/atomic-batch.js';
-import { createRedisClient } from '../src/redis-connection.js';
-import { runTwoStepBatch, type BatchLog } from '../src/two-step-batch.js';
+import { createRedisClient } from '@tally/runtime';
+import type { BatchLog } from '../src/batch-log.js';
+import { runTwoStepBatch } from '../src/two-step-batch.js';
 
 const REDIS_URL = process.env.TALLY_REDIS_URL ?? 'redis://127.0.0.1:6379';
 const quiet: BatchLog = { warn() {}, error() {} };

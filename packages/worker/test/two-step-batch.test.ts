@@ -4,8 +4,9 @@ import { fileURLToPath } from 'node:url';
 import { expect } from 'chai';
 import { Redis } from 'ioredis';
 import { countKey, markerKey, type BatchTask, type WorkerSettings } from '@tally/shared';
-import { createRedisClient } from '../src/redis-connection.js';
-import { runTwoStepBatch, WRITE_COUNTS, type BatchLog } from '../src/two-step-batch.js';
+import { createRedisClient } from '@tally/runtime';
+import type { BatchLog } from '../src/batch-log.js';
+import { runTwoStepBatch, WRITE_COUNTS } from '../src/two-step-batch.js';
 import { startProxy } from '@tally/bench';
 
 const REDIS_URL = process.env.TALLY_REDIS_URL ?? 'redis://127.0.0.1:6379';
@@ -107,7 +108,8 @@ describe('two-step batch against a real Redis', function () {
   it('a SIGKILL inside the crash window leaves counts written and markers absent: the redelivery overcounts visibly, never loses', async () => {
     const task = taskFor(runId);
     const script = `
-      import { runTwoStepBatch, createRedisClient } from ${JSON.stringify(fileURLToPath(new URL('../src/index.js', import.meta.url)))};
+      import { runTwoStepBatch } from ${JSON.stringify(fileURLToPath(new URL('../src/index.js', import.meta.url)))};
+      import { createRedisClient } from ${JSON.stringify(import.meta.resolve('@tally/runtime'))};
       const settings = JSON.parse(process.env.SETTINGS);
       const task = JSON.parse(process.env.TASK);
       const client = createRedisClient(settings.redisUrl, 'crasher');

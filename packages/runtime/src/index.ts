@@ -1,0 +1,2 @@
+export { createRedisClient, RECONNECT_BACKOFF } from './redis-connection.js';
+export { startTracing, traceIdsOfActiveSpan, tracingRequested, type TracingHandle } from './tracing.js';

@@ -1,0 +1,107 @@
+#!lua
+--[[
+  Atomic mode: one script per shard batch checks the markers, adds only the
+  new parts' counts and occupies their markers, as one step no crash can split.
+
+  Input:
+    KEYS[1]                the batch's receipt
+    KEYS[2 .. n+1]         the parts' markers
+    KEYS[n+2 .. n+m+1]     the batch's count keys
+    ARGV[1]                marker TTL, seconds (also the receipt's)
+    ARGV[2]                count TTL, seconds
+    ARGV[3]                n, the number of parts
+    ARGV[4]                m, the number of count keys
+    ARGV[5 ..]             per part: k, then k pairs
+                           (count key index 1..m, delta as a decimal string)
+
+  Output:
+    {flags, countErrors, replayed}
+      flags        one character per part, '1' for a duplicate
+      countErrors  increments Redis refused (overflow, a foreign value)
+      replayed     1 when the receipt answered: the batch had already run
+
+  Errors:
+    TALLY_SCRIPT_ARGS  the keys and arguments disagree; nothing was written
+
+  - Everything that can fail for a bad argument is checked in the first
+    pass, before any write: Redis does not roll back a script that errors
+    halfway, so an error must come before the first write or not at all.
+  - Lua numbers are doubles. Deltas arrive as strings and are summed per SKU
+    only while the sum stays within +-(2^53-1), where doubles are exact; a sum
+    that would leave that range is spilled as its own INCRBY first. Sums are
+    sent to INCRBY formatted with %.0f (never tostring, which writes 1e+15),
+    and Redis parses them as 64-bit integers.
+  - INCRBY runs under pcall: an overflowing count or a foreign value in a
+    count key is a refusal counted in countErrors, as in two-step mode, and
+    does not stop the rest of the batch.
+  - The receipt stores the result, so a retry after a lost reply (the script
+    ran, the answer never arrived) returns the first answer instead of
+    reporting the batch's own new parts as duplicates.
+  - The `#!lua` line makes Redis refuse the whole script up front when it is
+    out of memory, rather than at the first write inside it.
+]]
+local done = redis.call('GET', KEYS[1])
+if done then
+  local sep = string.find(done, ':', 1, true)
+  return {string.sub(done, 1, sep - 1), tonumber(string.sub(done, sep + 1)), 1}
+end
+local markerTtl = ARGV[1]
+local countTtl = ARGV[2]
+local n = tonumber(ARGV[3])
+local m = tonumber(ARGV[4])
+if n == nil or m == nil or #KEYS ~= 1 + n + m then
+  return redis.error_reply('TALLY_SCRIPT_ARGS keys and part count disagree')
+end
+local SAFE = 9007199254740991
+local flags = {}
+local seen = {}
+local sums = {}
+local spills = {}
+local pos = 5
+for i = 1, n do
+  local marker = KEYS[1 + i]
+  local k = tonumber(ARGV[pos])
+  if k == nil then return redis.error_reply('TALLY_SCRIPT_ARGS part ' .. i .. ' has no change count') end
+  pos = pos + 1
+  if seen[marker] or redis.call('EXISTS', marker) == 1 then
+    flags[i] = '1'
+    pos = pos + 2 * k
+  else
+    flags[i] = '0'
+    seen[marker] = true
+    for _ = 1, k do
+      local index = tonumber(ARGV[pos])
+      local delta = tonumber(ARGV[pos + 1])
+      if index == nil or index < 1 or index > m or delta == nil or delta ~= math.floor(delta) or math.abs(delta) > SAFE then
+        return redis.error_reply('TALLY_SCRIPT_ARGS part ' .. i .. ' has a bad change: ' .. tostring(ARGV[pos]) .. ' ' .. tostring(ARGV[pos + 1]))
+      end
+      pos = pos + 2
+      local sum = sums[index]
+      if sum == nil then
+        sums[index] = delta
+      elseif math.abs(sum + delta) > SAFE then
+        spills[#spills + 1] = {index, sum}
+        sums[index] = delta
+      else
+        sums[index] = sum + delta
+      end
+    end
+  end
+end
+local countErrors = 0
+local function add(index, sum)
+  if sum == 0 then sum = 0 end
+  local reply = redis.pcall('INCRBY', KEYS[1 + n + index], string.format('%.0f', sum))
+  if type(reply) == 'table' and reply.err then countErrors = countErrors + 1 end
+end
+for _, spill in ipairs(spills) do add(spill[1], spill[2]) end
+for index, sum in pairs(sums) do
+  add(index, sum)
+  redis.call('EXPIRE', KEYS[1 + n + index], countTtl)
+end
+for i = 1, n do
+  if flags[i] == '0' then redis.call('SET', KEYS[1 + i], '1', 'EX', markerTtl) end
+end
+local result = table.concat(flags)
+redis.call('SET', KEYS[1], result .. ':' .. countErrors, 'EX', markerTtl)
+return {result, countErrors, 0}
