@@ -9,6 +9,7 @@
  */
 import amqp, { type ChannelModel, type ConfirmChannel, type ConsumeMessage, type Message, type Options } from 'amqplib';
 import { describeError, redactUrl, retryUntilDone, TallyError } from '@tally/shared';
+import { isAmqpRefusal } from './amqp-refusal.js';
 import type { ChannelLink } from './delivery.js';
 import type { Logger } from './logger.js';
 
@@ -26,11 +27,6 @@ export interface AmqpLinkHandlers {
 }
 
 type LinkState = 'idle' | 'connecting' | 'consuming' | 'stopping' | 'closed';
-
-/** Errors that no reconnect will fix: fail the start instead of retrying forever. */
-function isFatalConnectError(error: unknown): boolean {
-  return /ACCESS_REFUSED|NOT_ALLOWED|ACCESS-REFUSED|authentication|PRECONDITION_FAILED/i.test(describeError(error));
-}
 
 export class AmqpLink {
   private state: LinkState = 'idle';
@@ -70,7 +66,7 @@ export class AmqpLink {
         },
         {
           stopWhen: () => this.state !== 'connecting',
-          giveUp: (_failureClass, error) => !this.everConnected && isFatalConnectError(error),
+          giveUp: (_failureClass, error) => !this.everConnected && isAmqpRefusal(error),
           onAttemptFailed: ({ error, attempt, delayMs }) =>
             this.log.warn({ url: redactUrl(this.options.url), attempt, delayMs, err: describeError(error) }, 'amqp connect failed; retrying'),
         },
