@@ -1,4 +1,4 @@
-import type { Channel, ConsumeMessage } from 'amqplib';
+import type { Channel } from 'amqplib';
 
 /**
  * One delivery from the moment it is parsed until it is acked. A delivery
@@ -31,5 +31,3 @@ export interface ChannelLink {
   readonly channel: Channel;
   alive: boolean;
 }
-
-export type RawDelivery = ConsumeMessage;

@@ -3,11 +3,10 @@
  *
  * A lane flushes at `batchSize` parts, when its oldest part has waited
  * `batchWaitMs`, or when asked to (prefetch credit exhausted, shutdown).
- * A lane has at most `maxInFlight` batches in flight. Two batches of one
- * shard never hold the same message id (the daemon holds back a second
- * delivery of an id in flight until the first is done), so they cannot race
- * each other past a marker; the limit bounds the crash window instead: a
- * crash costs at most `maxInFlight` batches per shard.
+ * A lane has at most one batch in flight. That bounds the crash window: a
+ * crash costs at most one batch per shard. (Two batches of one shard could
+ * not race each other past a marker anyway: the daemon holds back a second
+ * delivery of an id in flight until the first is done.)
  */
 import type { PartChanges } from '@tally/shared';
 import type { Delivery } from './delivery.js';
@@ -21,8 +20,6 @@ export interface LaneOptions {
   readonly virtualShards: number;
   readonly batchSize: number;
   readonly batchWaitMs: number;
-  /** Batches of one lane in flight at once; 1 when omitted. */
-  readonly maxInFlight?: number;
 }
 
 /** Runs one batch to completion; never rejects (retries are the dispatcher's job). */
@@ -32,8 +29,8 @@ interface Lane {
   pending: PendingPart[];
   /** When each pending part arrived, parallel to `pending`. */
   arrivedAt: number[];
-  /** Batches of this lane in flight. */
-  inFlight: number;
+  /** A batch of this lane is in flight. */
+  busy: boolean;
   /** flushAll() was called: keep flushing, without waiting, until the lane is empty. */
   drainRequested: boolean;
   timer: NodeJS.Timeout | null;
@@ -41,7 +38,6 @@ interface Lane {
 
 export class ShardLanes {
   private readonly lanes: Lane[];
-  private readonly maxInFlight: number;
   private busyLanes = 0;
   private pendingParts = 0;
   private idleWaiters: Array<() => void> = [];
@@ -50,8 +46,7 @@ export class ShardLanes {
     private readonly options: LaneOptions,
     private readonly dispatch: DispatchBatch,
   ) {
-    this.maxInFlight = Math.max(1, options.maxInFlight ?? 1);
-    this.lanes = Array.from({ length: options.virtualShards }, () => ({ pending: [], arrivedAt: [], inFlight: 0, drainRequested: false, timer: null }));
+    this.lanes = Array.from({ length: options.virtualShards }, () => ({ pending: [], arrivedAt: [], busy: false, drainRequested: false, timer: null }));
   }
 
   add(vshard: number, part: PendingPart): void {
@@ -99,7 +94,7 @@ export class ShardLanes {
 
   private arm(vshard: number): void {
     const lane = this.lanes[vshard]!;
-    if (lane.timer !== null || lane.inFlight >= this.maxInFlight || lane.pending.length === 0) return;
+    if (lane.timer !== null || lane.busy || lane.pending.length === 0) return;
     const waited = performance.now() - lane.arrivedAt[0]!;
     const delay = Math.max(0, this.options.batchWaitMs - waited);
     lane.timer = setTimeout(() => {
@@ -110,7 +105,7 @@ export class ShardLanes {
 
   private flush(vshard: number): void {
     const lane = this.lanes[vshard]!;
-    if (lane.inFlight >= this.maxInFlight || lane.pending.length === 0) return;
+    if (lane.busy || lane.pending.length === 0) return;
     if (lane.timer) {
       clearTimeout(lane.timer);
       lane.timer = null;
@@ -121,9 +116,11 @@ export class ShardLanes {
     lane.arrivedAt = lane.pending.length === 0 ? [] : lane.arrivedAt.slice(size);
     if (lane.pending.length === 0) lane.drainRequested = false;
     this.pendingParts -= parts.length;
-    if (lane.inFlight++ === 0) this.busyLanes++;
+    lane.busy = true;
+    this.busyLanes++;
     void this.dispatch(vshard, parts).finally(() => {
-      if (--lane.inFlight === 0) this.busyLanes--;
+      lane.busy = false;
+      this.busyLanes--;
       const due =
         lane.pending.length > 0 &&
         (lane.drainRequested ||

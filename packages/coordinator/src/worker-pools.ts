@@ -38,10 +38,6 @@ export class WorkerPools {
     return pool.run(task) as Promise<BatchResult>;
   }
 
-  get threads(): number {
-    return this.pools.length;
-  }
-
   /** Asks every thread to export its buffered spans (a no-op when tracing is off). */
   async flushTelemetry(): Promise<void> {
     await Promise.allSettled(this.pools.map((pool) => pool.run(null, { name: 'flushTelemetry' })));

@@ -126,9 +126,6 @@ function prefix(env: Env, name: string, fallback: string): string {
 
 function mode(env: Env, name: string): TallyMode {
   const raw = read(env, name) ?? DEFAULTS.mode;
-  if (raw === 'atomic' && !SUPPORTED_MODES.includes('atomic')) {
-    throw new ConfigError(name, `"atomic" is reserved but not available in this build; accepted: ${SUPPORTED_MODES.join(', ')}`);
-  }
   if (!(SUPPORTED_MODES as readonly string[]).includes(raw)) {
     throw new ConfigError(name, `expected one of ${SUPPORTED_MODES.join(', ')}, got ${JSON.stringify(raw)}`);
   }
