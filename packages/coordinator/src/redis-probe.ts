@@ -15,6 +15,7 @@
  * error that the caller's retry loop waits out, as for any outage.
  */
 import { randomUUID } from 'node:crypto';
+import { connect } from 'node:net';
 import type { Redis } from 'ioredis';
 import {
   assessRedis,
@@ -23,6 +24,7 @@ import {
   factsFromInfo,
   layoutKey,
   markerKey,
+  plaintextPortProblem,
   receiptKey,
   RedisRequirementError,
   requirementError,
@@ -93,6 +95,34 @@ async function maxmemoryPolicyFromConfig(redis: Redis): Promise<string | null> {
   }
 }
 
+/**
+ * A TLS ClientHello sent to a plaintext Redis port gets no answer (Redis waits
+ * for the end of an inline command), so `rediss://` aimed at such a port looks
+ * like a timeout, an outage retried forever. After a failed TLS connect, one
+ * plaintext PING (no credentials) tells the two apart: a RESP reply means the
+ * port speaks plaintext and the URL is wrong.
+ */
+export function speaksPlainRedis(host: string, port: number, timeoutMs = 1_000): Promise<boolean> {
+  return new Promise((resolve) => {
+    const socket = connect({ host, port });
+    const done = (answer: boolean): void => {
+      socket.destroy();
+      resolve(answer);
+    };
+    socket.setTimeout(timeoutMs, () => done(false));
+    socket.once('error', () => done(false));
+    socket.once('connect', () => socket.write('PING\r\n'));
+    // +PONG, or -NOAUTH / -ERR from a server with a password: RESP either way.
+    socket.once('data', (data) => done(/^[+-]/.test(data.toString('latin1'))));
+  });
+}
+
+async function tlsAimedAtPlainPort(redisUrl: string): Promise<boolean> {
+  const url = new URL(redisUrl);
+  if (url.protocol !== 'rediss:') return false;
+  return speaksPlainRedis(url.hostname.replace(/^\[|\]$/g, ''), Number(url.port || 6379));
+}
+
 /** Probes Redis once. Throws RedisRequirementError on a configuration problem, a plain Error on an outage. */
 export async function probeRedis(config: ProbeConfig, log: ProbeLog): Promise<RedisProbeReport> {
   const redis = createRedisClient(config.redisUrl, 'tally-probe', {
@@ -108,7 +138,13 @@ export async function probeRedis(config: ProbeConfig, log: ProbeLog): Promise<Re
   });
   const last = (): RedisFailure | null => lastError;
   try {
-    await attempt('connecting', last, () => redis.connect());
+    await attempt('connecting', last, () => redis.connect()).catch(async (error: unknown) => {
+      if (!(error instanceof RedisRequirementError) && (await tlsAimedAtPlainPort(config.redisUrl))) {
+        const problem = plaintextPortProblem('the TLS handshake got no answer, a plaintext PING did');
+        throw new RedisRequirementError(problem.code, problem.message);
+      }
+      throw error;
+    });
     const info = await attempt('INFO', last, () => redis.info());
     let facts: RedisFacts = factsFromInfo(info);
     if (facts.loading) throw new Error('redis is loading its data set');

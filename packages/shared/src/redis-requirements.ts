@@ -251,12 +251,17 @@ export function classifyRedisFailure(error: RedisFailure | null | undefined, ste
     };
   }
   if (/wrong version number|packet length too long|unknown protocol/i.test(message) || code === 'ERR_SSL_WRONG_VERSION_NUMBER') {
-    return {
-      code: 'TALLY_REDIS_TLS',
-      message: `the Redis port does not speak TLS (${message}); use the server's tls-port with rediss://, or redis:// for a plaintext port`,
-    };
+    return plaintextPortProblem(message);
   }
   return null;
+}
+
+/** `rediss://` aimed at a port that speaks plaintext RESP. */
+export function plaintextPortProblem(detail: string): RedisProblem {
+  return {
+    code: 'TALLY_REDIS_TLS',
+    message: `the Redis port does not speak TLS (${detail}); use the server's tls-port with rediss://, or redis:// for a plaintext port`,
+  };
 }
 
 /** The first fatal problem as an error to throw, or null. */
