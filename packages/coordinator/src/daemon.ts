@@ -21,7 +21,7 @@ import {
 } from '@tally/shared';
 import { createRedisClient } from '@tally/worker';
 import { AckTracker } from './ack-tracker.js';
-import { AmqpLink } from './amqp-link.js';
+import { AmqpLink, type AmqpBrokerState } from './amqp-link.js';
 import type { ChannelLink, Delivery } from './delivery.js';
 import { ensureLayout } from './layout-guard.js';
 import { probeRedis, type RedisProbeReport } from './redis-probe.js';
@@ -77,13 +77,14 @@ export class Daemon {
     this.parseOptions = Object.freeze({ maxBytes: config.maxMessageBytes });
   }
 
-  get status(): { state: DaemonState; consuming: boolean; redisReady: boolean; inFlight: number; redis: RedisProbeReport | null } {
+  get status(): { state: DaemonState; consuming: boolean; redisReady: boolean; inFlight: number; redis: RedisProbeReport | null; amqp: AmqpBrokerState | null } {
     return {
       state: this.state,
       consuming: this.link?.consuming ?? false,
       redisReady: this.redis?.status === 'ready',
       inFlight: this.inFlight.size,
       redis: this.redisProbe,
+      amqp: this.link?.brokerState ?? null,
     };
   }
 
@@ -117,6 +118,8 @@ export class Daemon {
     );
     registerSafetyGauges(this.meterProvider.getMeter('tally'), { 'messaging.system': 'rabbitmq', 'messaging.destination.name': config.queue }, {
       redisProbe: () => this.redisProbe,
+      amqpBlocked: () => this.link?.brokerState.blocked ?? false,
+      unroutableDeadLetters: () => this.link?.brokerState.unroutableDeadLetters ?? 0,
     });
     this.endpoints = new HttpEndpoints(exporter, () => ({ ready: this.ready, detail: this.status }));
     this.metricsPort = await this.endpoints.listen(config.metricsPort);

@@ -8,6 +8,8 @@ export type TallyErrorCode =
   | 'TALLY_MODE_MISMATCH'
   | 'TALLY_REDIS_UNAVAILABLE'
   | 'TALLY_AMQP_UNAVAILABLE'
+  /** RabbitMQ refused Tally at start (login, vhost, permission, queue arguments): the message names the fix. */
+  | 'TALLY_AMQP_REFUSED'
   | 'TALLY_QUEUE_INCOMPATIBLE'
   | 'TALLY_SHUTDOWN_TIMEOUT'
   | 'TALLY_CLI_USAGE'

@@ -6,12 +6,16 @@
  *
  *   tally.redis.eviction_allowed     1 while running on an evicting maxmemory-policy
  *   tally.redis.unprotected          1 when neither AOF nor a replica protects acked counts
+ *   tally.amqp.blocked               1 while RabbitMQ blocks the connection (memory or disk alarm)
+ *   tally.dead_letter.unroutable     dead-letter copies the broker returned as unroutable
  */
 import type { Attributes, Meter } from '@opentelemetry/api';
 import type { RedisProbeReport } from '../redis-probe.js';
 
 export interface SafetySources {
   readonly redisProbe: () => RedisProbeReport | null;
+  readonly amqpBlocked: () => boolean;
+  readonly unroutableDeadLetters: () => number;
 }
 
 export function registerSafetyGauges(meter: Meter, base: Attributes, sources: SafetySources): void {
@@ -27,4 +31,10 @@ export function registerSafetyGauges(meter: Meter, base: Attributes, sources: Sa
       const probe = sources.redisProbe();
       if (probe !== null) result.observe(!probe.aofEnabled && probe.connectedReplicas === 0 ? 1 : 0, base);
     });
+  meter
+    .createObservableGauge('tally.amqp.blocked', { description: 'RabbitMQ blocks the connection (memory or disk alarm): dead-letter publishes wait' })
+    .addCallback((result) => result.observe(sources.amqpBlocked() ? 1 : 0, base));
+  meter
+    .createObservableCounter('tally.dead_letter.unroutable', { description: 'Dead-letter copies returned unroutable (the .dead queue is missing); their originals stay unacked and are retried' })
+    .addCallback((result) => result.observe(sources.unroutableDeadLetters(), base));
 }
