@@ -10,8 +10,9 @@ import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { expect } from 'chai';
-import { freePort } from '@tally/bench';
-import { cleanup, spawnDaemon, startDaemon, stopDaemon, testSpace, type DaemonProcess } from './harness.js';
+import { freePort, generateWorkload, publishAll } from '@tally/bench';
+import { readCounts } from '../../src/commands/counts.js';
+import { cleanup, compare, spawnDaemon, startDaemon, stopDaemon, testSpace, waitForReadyEmpty, AMQP_URL, type DaemonProcess } from './harness.js';
 import { asAdmin, startConfiguredRedis, type ConfiguredRedis } from './configured-redis.js';
 
 interface FailedStart {
@@ -185,6 +186,30 @@ describe('redis start-up probe (integration: private redis-servers, the real dae
       const space = testSpace('acl', { TALLY_REDIS_URL: redisUrl(redis, 'reader:pw@') });
       const result = await startFails(space.env);
       expectOneLineRefusal(result, 'TALLY_REDIS_NOPERM', 'NOPERM', 'EVALSHA');
+    });
+
+    it('the ACL the docs recommend is enough: an exact count through a user limited to the prefix', async () => {
+      const redis = await server({});
+      const space = testSpace('acl-ok');
+      await asAdmin(redis, (admin) =>
+        admin.call('ACL', 'SETUSER', 'tally', 'on', '>pw', `~${space.prefix}*`, '+@read', '+@write', '+@scripting', '+@connection', '+info'),
+      );
+      const env = { ...space.env, TALLY_REDIS_URL: redisUrl(redis, 'tally:pw@') };
+      try {
+        const daemon = await startDaemon(env);
+        daemons.push(daemon);
+        const workload = generateWorkload({ messages: 30, skus: 8, seed: 3, duplicateRate: 0.1, idPrefix: space.queue });
+        await publishAll(workload.publishes, { url: AMQP_URL, queue: space.queue });
+        await waitForReadyEmpty(space.queue);
+        await new Promise((resolve) => setTimeout(resolve, 500));
+        expect((await stopDaemon(daemon)).code).to.equal(0);
+        expect(daemon.logs.some((l) => l.includes('NOPERM'))).to.equal(false);
+        const counts = await asAdmin(redis, async (admin) => new Map([...(await readCounts(admin, { prefix: space.prefix, virtualShards: 16 }, []))].map(([sku, v]) => [sku, Number(v)])));
+        expect(compare(counts, workload.truth).exact).to.equal(true);
+        expect(await asAdmin(redis, (admin) => admin.hget(`${space.prefix}stats`, 'counted'))).to.equal('30');
+      } finally {
+        await cleanup(space);
+      }
     });
 
     it('scripting renamed away: TALLY_REDIS_SCRIPTING', async () => {
