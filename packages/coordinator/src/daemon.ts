@@ -23,9 +23,10 @@ import {
 } from '@tally/shared';
 import { createRedisClient } from '@tally/runtime';
 import { AckTracker } from './ack-tracker.js';
-import { AmqpLink } from './amqp-link.js';
+import { AmqpLink, type AmqpBrokerState } from './amqp-link.js';
 import type { ChannelLink, Delivery } from './delivery.js';
 import { ensureLayout } from './layout-guard.js';
+import { probeRedis, type RedisProbeReport } from './redis-probe.js';
 import type { Logger } from './logger.js';
 import { ShardLanes, type PendingPart } from './shard-lanes.js';
 import { StatsRecorder } from './stats-recorder.js';
@@ -34,6 +35,7 @@ import { BadMessageLog } from './bad-message-log.js';
 import { ExposureMeter } from './exposure-meter.js';
 import { endBatchSpan, failBatchSpan, recordDeadLetter, startBatchSpan } from './telemetry/batch-span.js';
 import { HttpEndpoints } from './telemetry/http-endpoints.js';
+import { registerSafetyGauges } from './telemetry/safety-gauges.js';
 import { DaemonMetrics, timestampToMs } from './telemetry/metrics.js';
 
 export type DaemonState = 'created' | 'starting' | 'running' | 'stopping' | 'stopped';
@@ -53,6 +55,8 @@ interface Telemetry {
  * the RabbitMQ link.
  */
 interface Runtime {
+  /** What the start-up probe found (docs/redis-requirements.md). */
+  readonly redisProbe: RedisProbeReport;
   readonly redis: Redis;
   readonly stats: StatsRecorder;
   /** What a crash would cost right now, integrated for `tally deviation`. */
@@ -125,12 +129,14 @@ export class Daemon {
     return this.built?.telemetry?.port ?? null;
   }
 
-  get status(): { state: DaemonState; consuming: boolean; redisReady: boolean; inFlight: number } {
+  get status(): { state: DaemonState; consuming: boolean; redisReady: boolean; inFlight: number; redis: RedisProbeReport | null; amqp: AmqpBrokerState | null } {
     return {
       state: this.state,
       consuming: this.built?.link.consuming ?? false,
       redisReady: this.built?.redis.status === 'ready',
       inFlight: this.inFlight.size,
+      redis: this.built?.redisProbe ?? null,
+      amqp: this.built?.link.brokerState ?? null,
     };
   }
 
@@ -173,6 +179,8 @@ export class Daemon {
    */
   private async openRuntime(): Promise<Runtime> {
     const { config, log } = this;
+    // Before anything is written: a Redis that cannot keep Tally's promise stops the start here.
+    const redisProbe = await this.untilRedis('redis probe', () => probeRedis(config, log));
     const redis = createRedisClient(config.redisUrl, 'tally-coordinator');
     redis.on('error', () => {});
     redis.on('ready', () => log.info({ redis: redactUrl(config.redisUrl) }, 'redis ready'));
@@ -194,7 +202,7 @@ export class Daemon {
           return stats.flush();
         },
       });
-      const telemetry = await this.startMetrics(stats, redis);
+      const telemetry = await this.startMetrics(stats, redis, redisProbe);
       if (telemetry !== null) opened.unshift({ name: 'closing the metrics endpoint', run: () => closeTelemetry(telemetry) });
 
       const pools = new WorkerPools(
@@ -225,7 +233,7 @@ export class Daemon {
           },
         },
       );
-      return { redis, stats, exposure, telemetry, pools, lanes, link };
+      return { redisProbe, redis, stats, exposure, telemetry, pools, lanes, link };
     } catch (error) {
       await runSteps(opened, log);
       throw error;
@@ -233,7 +241,7 @@ export class Daemon {
   }
 
   /** Metrics and the HTTP endpoint, when TALLY_METRICS_PORT is set. */
-  private async startMetrics(stats: StatsRecorder, redis: Redis): Promise<Telemetry | null> {
+  private async startMetrics(stats: StatsRecorder, redis: Redis, redisProbe: RedisProbeReport): Promise<Telemetry | null> {
     const { config } = this;
     if (config.metricsPort === null) return null;
     // Loaded only when asked for: a daemon without metrics does not pay their start-up.
@@ -255,6 +263,11 @@ export class Daemon {
         connections: () => ({ amqp: (this.built?.link.current ?? null) !== null, redis: redis.status === 'ready' }),
       },
     );
+    registerSafetyGauges(meterProvider.getMeter('tally'), { 'messaging.system': 'rabbitmq', 'messaging.destination.name': config.queue }, {
+      redisProbe: () => redisProbe,
+      amqpBlocked: () => this.built?.link.brokerState.blocked ?? false,
+      unroutableDeadLetters: () => this.built?.link.brokerState.unroutableDeadLetters ?? 0,
+    });
     const endpoints = new HttpEndpoints(exporter, () => ({ ready: this.ready, detail: this.status }));
     const port = await endpoints.listen(config.metricsPort);
     this.log.info({ port, paths: ['/metrics', '/healthz', '/readyz'] }, 'http endpoint listening');

@@ -10,3 +10,4 @@ export * from './failure-class.js';
 export * from './retry.js';
 export * from './batch-protocol.js';
 export * from './deviation.js';
+export * from './redis-requirements.js';

@@ -1,12 +1,18 @@
 import { expect } from 'chai';
-import { amqpReplyCode, isAmqpRefusal } from '../../src/amqp-refusal.js';
+import { amqpReplyCode, brokerRefusal } from '../../src/broker-refusal.js';
+
+const TARGET = { url: 'amqp://guest:guest@127.0.0.1:5672', queue: 'q', deadLetterQueue: 'q.dead' };
+
+function isAmqpRefusal(error: unknown): boolean {
+  return brokerRefusal(error, TARGET) !== null;
+}
 
 /** Shaped as amqplib raises a broker's channel or connection close: the reply code in `code`. */
 function closeError(message: string, code: number): Error {
   return Object.assign(new Error(message), { code });
 }
 
-describe('amqpReplyCode and isAmqpRefusal', () => {
+describe('amqpReplyCode: refusals by reply code, not by text', () => {
   it('reads the reply code amqplib puts on a channel close', () => {
     const error = closeError('Operation failed: QueueDeclare; 406 (PRECONDITION-FAILED) with message "inequivalent arg"', 406);
     expect(amqpReplyCode(error)).to.equal(406);
