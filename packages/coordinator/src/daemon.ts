@@ -24,6 +24,7 @@ import { AckTracker } from './ack-tracker.js';
 import { AmqpLink } from './amqp-link.js';
 import type { ChannelLink, Delivery } from './delivery.js';
 import { ensureLayout } from './layout-guard.js';
+import { Heartbeat, HEARTBEAT_TTL_MS, newDaemonId } from './heartbeat.js';
 import type { Logger } from './logger.js';
 import { ShardLanes, type PendingPart } from './shard-lanes.js';
 import { StatsRecorder } from './stats-recorder.js';
@@ -62,6 +63,9 @@ export class Daemon {
   private metrics: DaemonMetrics | null = null;
   private meterProvider: MeterProvider | null = null;
   private endpoints: HttpEndpoints | null = null;
+  /** This daemon's id in its heartbeat key and mode lease. */
+  readonly daemonId = newDaemonId();
+  private heartbeat: Heartbeat | null = null;
   /** The port the HTTP endpoint listens on, once started (TALLY_METRICS_PORT=0 picks one). */
   metricsPort: number | null = null;
 
@@ -141,8 +145,12 @@ export class Daemon {
     this.redis.on('error', () => {});
     this.redis.on('ready', () => log.info({ redis: redactUrl(config.redisUrl) }, 'redis ready'));
     this.redis.on('end', () => log.warn('redis connection ended'));
-    const layout = await this.untilRedis('layout check', () => ensureLayout(this.redis!, config));
-    log.info({ virtualShards: layout.virtualShards, created: layout.created }, 'shard layout verified');
+    const lease = { holder: this.daemonId, ttlMs: HEARTBEAT_TTL_MS };
+    const layout = await this.untilRedis('layout check', () => ensureLayout(this.redis!, config, lease));
+    log.info({ virtualShards: layout.virtualShards, created: layout.created, daemonId: this.daemonId }, 'shard layout verified');
+    // From the layout check on, not from the link: the beat renews the mode lease the check took (layout-guard.ts).
+    this.heartbeat = new Heartbeat(this.redis, this.daemonId, config, () => this.heartbeatSnapshot(), log);
+    this.heartbeat.start();
 
     this.stats = new StatsRecorder(this.redis, config.prefix, log);
     this.stats.start();
@@ -179,6 +187,12 @@ export class Daemon {
     );
     await this.link.start();
     this.state = 'running';
+  }
+
+  private heartbeatSnapshot(): { consuming: boolean; oldestUnackedS: number | null; inFlight: number } {
+    const tracker = this.acks?.tracker;
+    const ageMs = tracker?.oldestUnackedAgeMs() ?? null;
+    return { consuming: this.link?.consuming ?? false, oldestUnackedS: ageMs === null ? null : ageMs / 1000, inFlight: tracker?.unacked ?? 0 };
   }
 
   /** Startup steps wait for Redis like everything else (invariant 8), but fatal errors still stop the start. */
@@ -407,6 +421,7 @@ export class Daemon {
     } catch (error) {
       log.warn({ err: describe(error) }, 'stopping worker threads failed');
     }
+    await this.heartbeat?.stop();
     try {
       await this.redis?.quit();
     } catch {
