@@ -187,6 +187,7 @@ export class Daemon {
     );
     await this.link.start();
     this.state = 'running';
+    void this.heartbeat.beatOnce(); // show "consuming" now, not at the next interval
   }
 
   private heartbeatSnapshot(): { consuming: boolean; oldestUnackedS: number | null; inFlight: number } {

@@ -86,6 +86,7 @@ export class Heartbeat {
   private timer: NodeJS.Timeout | null = null;
   private beating: Promise<void> | null = null;
   private failing = false;
+  private again = false;
   private stopped = false;
 
   constructor(
@@ -126,9 +127,22 @@ export class Heartbeat {
     this.timer.unref();
   }
 
-  /** One beat; concurrent calls share the one in progress. */
+  /**
+   * One beat. A call during a beat in progress gets one more beat after it,
+   * so what changed meanwhile (the link coming up) is shown; beats never
+   * overlap or pile up.
+   */
   beatOnce(): Promise<void> {
-    this.beating ??= this.beat().finally(() => {
+    if (this.beating !== null) {
+      this.again = true;
+      return this.beating;
+    }
+    this.beating = (async () => {
+      do {
+        this.again = false;
+        await this.beat();
+      } while (this.again && !this.stopped);
+    })().finally(() => {
       this.beating = null;
     });
     return this.beating;
