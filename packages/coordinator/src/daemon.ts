@@ -171,7 +171,14 @@ export class Daemon {
     );
     this.lanes = new ShardLanes(config, (vshard, parts) => this.runBatch(vshard, parts));
     this.link = new AmqpLink(
-      { url: config.amqpUrl, queue: config.queue, deadLetterQueue: config.deadLetterQueue, prefetch: config.prefetch },
+      {
+        url: config.amqpUrl,
+        queue: config.queue,
+        deadLetterQueue: config.deadLetterQueue,
+        prefetch: config.prefetch,
+        queueType: config.queueType,
+        deliveryLimit: config.deliveryLimit,
+      },
       log,
       {
         onDelivery: (link, message) => this.onDelivery(link, message),
