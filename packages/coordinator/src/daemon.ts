@@ -24,7 +24,7 @@ import { AckTracker } from './ack-tracker.js';
 import { AmqpLink } from './amqp-link.js';
 import type { ChannelLink, Delivery } from './delivery.js';
 import { ensureLayout } from './layout-guard.js';
-import { Heartbeat, HEARTBEAT_TTL_MS, newDaemonId } from './heartbeat.js';
+import { Heartbeat, HEARTBEAT_TTL_BEATS, newDaemonId } from './heartbeat.js';
 import type { Logger } from './logger.js';
 import { ShardLanes, type PendingPart } from './shard-lanes.js';
 import { StatsRecorder } from './stats-recorder.js';
@@ -145,11 +145,17 @@ export class Daemon {
     this.redis.on('error', () => {});
     this.redis.on('ready', () => log.info({ redis: redactUrl(config.redisUrl) }, 'redis ready'));
     this.redis.on('end', () => log.warn('redis connection ended'));
-    const lease = { holder: this.daemonId, ttlMs: HEARTBEAT_TTL_MS };
+    const lease = { holder: this.daemonId, ttlMs: HEARTBEAT_TTL_BEATS * config.heartbeatMs };
     const layout = await this.untilRedis('layout check', () => ensureLayout(this.redis!, config, lease));
     log.info({ virtualShards: layout.virtualShards, created: layout.created, daemonId: this.daemonId }, 'shard layout verified');
     // From the layout check on, not from the link: the beat renews the mode lease the check took (layout-guard.ts).
-    this.heartbeat = new Heartbeat(this.redis, this.daemonId, config, () => this.heartbeatSnapshot(), log);
+    this.heartbeat = new Heartbeat(
+      this.redis,
+      this.daemonId,
+      { prefix: config.prefix, mode: config.mode, queue: config.queue, intervalMs: config.heartbeatMs, ttlMs: lease.ttlMs },
+      () => this.heartbeatSnapshot(),
+      log,
+    );
     this.heartbeat.start();
 
     this.stats = new StatsRecorder(this.redis, config.prefix, log);

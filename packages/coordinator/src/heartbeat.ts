@@ -17,10 +17,11 @@ import { daemonKey, daemonScanPattern, type TallyMode } from '@tally/shared';
 import { releaseModeLease, renewModeLease, type ModeLease } from './layout-guard.js';
 import type { Logger } from './logger.js';
 
-/** How often a daemon beats. */
+/** How often a daemon beats by default (TALLY_HEARTBEAT_MS). */
 export const HEARTBEAT_INTERVAL_MS = 5_000;
-/** A heartbeat key (and a mode lease) outlives three missed beats, then expires. */
-export const HEARTBEAT_TTL_MS = 3 * HEARTBEAT_INTERVAL_MS;
+/** A heartbeat key (and a mode lease) outlives this many missed beats, then expires. */
+export const HEARTBEAT_TTL_BEATS = 3;
+export const HEARTBEAT_TTL_MS = HEARTBEAT_TTL_BEATS * HEARTBEAT_INTERVAL_MS;
 
 /** What the daemon reports at each beat; supplied by the daemon as a callback. */
 export interface HeartbeatSnapshot {
@@ -98,7 +99,7 @@ export class Heartbeat {
   ) {
     this.key = daemonKey(options.prefix, id);
     this.intervalMs = options.intervalMs ?? HEARTBEAT_INTERVAL_MS;
-    this.lease = Object.freeze({ holder: id, ttlMs: options.ttlMs ?? HEARTBEAT_TTL_MS });
+    this.lease = Object.freeze({ holder: id, ttlMs: options.ttlMs ?? HEARTBEAT_TTL_BEATS * this.intervalMs });
   }
 
   record(): HeartbeatRecord {

@@ -23,6 +23,8 @@ export interface TallyConfig {
   readonly queueType: QueueType;
   /** Quorum queues only: deliveries of one message before the broker dead-letters it to `<queue>.dead` (x-delivery-limit). */
   readonly deliveryLimit: number;
+  /** How often a daemon refreshes its heartbeat and mode lease; both expire after 3 intervals. */
+  readonly heartbeatMs: number;
   readonly prefix: string;
   readonly mode: TallyMode;
   readonly workers: number;
@@ -50,6 +52,7 @@ export const DEFAULTS = Object.freeze({
   mode: 'two-step' as TallyMode,
   queueType: 'classic' as QueueType,
   deliveryLimit: 20,
+  heartbeatMs: 5_000,
   prefetch: 2000,
   batchSize: 500,
   batchWaitMs: 50,
@@ -74,6 +77,7 @@ export const LIMITS = Object.freeze({
   maxMessageBytes: [64, 16_777_216],
   shutdownGraceMs: [0, 600_000],
   deliveryLimit: [1, 1_000],
+  heartbeatMs: [100, 60_000],
 } as const);
 
 export type Env = Readonly<Record<string, string | undefined>>;
@@ -196,6 +200,7 @@ export function loadConfig(env: Env = process.env): TallyConfig {
     deadLetterQueue: `${queue}.dead`,
     queueType: queueType(env, 'TALLY_QUEUE_TYPE'),
     deliveryLimit: integer(env, 'TALLY_DELIVERY_LIMIT', DEFAULTS.deliveryLimit, LIMITS.deliveryLimit),
+    heartbeatMs: integer(env, 'TALLY_HEARTBEAT_MS', DEFAULTS.heartbeatMs, LIMITS.heartbeatMs),
     prefix: prefix(env, 'TALLY_PREFIX', DEFAULTS.prefix),
     mode: mode(env, 'TALLY_MODE'),
     workers,

@@ -37,6 +37,7 @@ const BAD_VALUES: ReadonlyArray<readonly [variable: string, values: readonly str
   ['TALLY_LOG_LEVEL', ['loud', 'verbose', 'INFO', 'warning']],
   ['TALLY_QUEUE_TYPE', ['stream', 'Quorum', 'CLASSIC', 'quorum,classic', 'lazy']],
   ['TALLY_DELIVERY_LIMIT', ['0', '-1', '1001', 'twenty', '2.5']],
+  ['TALLY_HEARTBEAT_MS', ['99', '60001', '5s', '1.5']],
 ];
 
 describe('loadConfig', () => {
@@ -49,6 +50,7 @@ describe('loadConfig', () => {
       deadLetterQueue: 'inventory.changes.dead',
       queueType: 'classic',
       deliveryLimit: 20,
+      heartbeatMs: 5_000,
       prefix: 'tally:',
       mode: 'two-step',
       workers: Math.min(Math.max(1, availableParallelism() - 1), 16),
@@ -111,7 +113,7 @@ describe('loadConfig', () => {
       const read = new Set([...source.matchAll(/'(TALLY_[A-Z_]+)'/g)].map((m) => m[1]!));
       const covered = new Set(BAD_VALUES.map(([name]) => name));
       expect([...covered].sort()).to.deep.equal([...read].sort());
-      expect(covered.size).to.equal(19);
+      expect(covered.size).to.equal(20);
     });
 
     it('names the accepted range for integers', () => {
