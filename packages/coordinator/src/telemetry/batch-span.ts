@@ -6,6 +6,16 @@
  */
 import { context, propagation, SpanKind, SpanStatusCode, trace, type Link, type Span, type Tracer } from '@opentelemetry/api';
 import type { BatchResult, TallyMode } from '@tally/shared';
+import {
+  ATTR_ERROR_TYPE,
+  ATTR_MESSAGING_BATCH_MESSAGE_COUNT,
+  ATTR_MESSAGING_DESTINATION_NAME,
+  ATTR_MESSAGING_OPERATION_NAME,
+  ATTR_MESSAGING_OPERATION_TYPE,
+  ATTR_MESSAGING_SYSTEM,
+  MESSAGING_OPERATION_TYPE_VALUE_PROCESS,
+  MESSAGING_SYSTEM_VALUE_RABBITMQ,
+} from './semconv.js';
 
 /**
  * Links beyond this are counted in `tally.links.dropped`, not recorded. Each
@@ -60,11 +70,11 @@ export function startBatchSpan(tracer: Tracer, input: BatchSpanInput): StartedBa
       root: true,
       links,
       attributes: {
-        'messaging.system': 'rabbitmq',
-        'messaging.destination.name': input.queue,
-        'messaging.operation.type': 'process',
-        'messaging.operation.name': 'process',
-        'messaging.batch.message_count': input.parts,
+        [ATTR_MESSAGING_SYSTEM]: MESSAGING_SYSTEM_VALUE_RABBITMQ,
+        [ATTR_MESSAGING_DESTINATION_NAME]: input.queue,
+        [ATTR_MESSAGING_OPERATION_TYPE]: MESSAGING_OPERATION_TYPE_VALUE_PROCESS,
+        [ATTR_MESSAGING_OPERATION_NAME]: 'process',
+        [ATTR_MESSAGING_BATCH_MESSAGE_COUNT]: input.parts,
         'tally.shard': input.vshard,
         'tally.mode': input.mode,
         'tally.links.dropped': dropped,
@@ -115,11 +125,11 @@ export function recordDeadLetter(tracer: Tracer, queue: string, reasonCode: stri
     root: true,
     links: link ? [link] : [],
     attributes: {
-      'messaging.system': 'rabbitmq',
-      'messaging.destination.name': queue,
-      'messaging.operation.type': 'process',
+      [ATTR_MESSAGING_SYSTEM]: MESSAGING_SYSTEM_VALUE_RABBITMQ,
+      [ATTR_MESSAGING_DESTINATION_NAME]: queue,
+      [ATTR_MESSAGING_OPERATION_TYPE]: MESSAGING_OPERATION_TYPE_VALUE_PROCESS,
       'tally.messages.dead_lettered': 1,
-      'error.type': reasonCode,
+      [ATTR_ERROR_TYPE]: reasonCode,
     },
   });
   if (span.isRecording()) {

@@ -149,9 +149,9 @@ describe('observability (integration: OTLP receiver, /metrics, /readyz, logs)', 
       }
       expect(m.get('messaging_client_consumed_messages_total')).to.equal(2_000);
       expect(m.get('tally_batch_size_count'), 'batch size histogram').to.be.greaterThan(0);
-      expect(m.get('tally_crash_window_duration_count'), 'crash window histogram').to.be.greaterThan(0);
-      expect(m.get('tally_message_age_count'), 'end-to-end age histogram').to.equal(2_000);
-      expect(m.get('tally_flush_duration_count')).to.be.greaterThan(0);
+      expect(m.get('tally_crash_window_duration_seconds_count'), 'crash window histogram').to.be.greaterThan(0);
+      expect(m.get('tally_message_age_seconds_count'), 'end-to-end age histogram').to.equal(2_000);
+      expect(m.get('tally_flush_duration_seconds_count')).to.be.greaterThan(0);
       expect(metricsText).to.match(/tally_connection_up\{[^}]*server_type="redis"[^}]*\} 1/);
       expect(metricsText).to.include('tally_shard_queue_depth');
 
