@@ -6,7 +6,7 @@
  */
 import { parseArgs } from 'node:util';
 import { CliUsageError, loadConfig } from '@tally/shared';
-import { createRedisClient } from '@tally/worker';
+import { createRedisClient, startTracing } from '@tally/worker';
 import { countsToJson, readCounts } from './commands/counts.js';
 import { deadList, deadListText, deadReplay, deadReplayText, deadSubcommand } from './commands/dead.js';
 import { deviationEstimate, deviationText } from './commands/deviation.js';
@@ -118,7 +118,13 @@ async function main(argv: string[]): Promise<void> {
       },
       strict: true,
     });
-    await publishCommand(values, config, out);
+    // Producer spans only when the standard OTEL_* variables ask for traces, as for the daemon.
+    const tracing = await startTracing(process.env, 'tally-publish');
+    try {
+      await publishCommand(values, config, out);
+    } finally {
+      await tracing?.shutdown();
+    }
     return;
   }
   if (command === 'deviation') {
