@@ -27,6 +27,7 @@ import { AmqpLink, type AmqpBrokerState } from './amqp-link.js';
 import type { ChannelLink, Delivery } from './delivery.js';
 import { ensureLayout } from './layout-guard.js';
 import { probeRedis, type RedisProbeReport } from './redis-probe.js';
+import { Heartbeat, HEARTBEAT_TTL_BEATS, newDaemonId } from './heartbeat.js';
 import type { Logger } from './logger.js';
 import { ShardLanes, type PendingPart } from './shard-lanes.js';
 import { StatsRecorder } from './stats-recorder.js';
@@ -37,6 +38,7 @@ import { endBatchSpan, failBatchSpan, recordDeadLetter, startBatchSpan } from '.
 import { HttpEndpoints } from './telemetry/http-endpoints.js';
 import { registerSafetyGauges } from './telemetry/safety-gauges.js';
 import { DaemonMetrics, timestampToMs } from './telemetry/metrics.js';
+import { createMetricsExport } from './telemetry/metrics-export.js';
 
 export type DaemonState = 'created' | 'starting' | 'running' | 'stopping' | 'stopped';
 
@@ -58,6 +60,8 @@ interface Runtime {
   /** What the start-up probe found (docs/redis-requirements.md). */
   readonly redisProbe: RedisProbeReport;
   readonly redis: Redis;
+  /** Renews this daemon's heartbeat key and the mode lease its layout check took. */
+  readonly heartbeat: Heartbeat;
   readonly stats: StatsRecorder;
   /** What a crash would cost right now, integrated for `tally deviation`. */
   readonly exposure: ExposureMeter;
@@ -106,6 +110,8 @@ export class Daemon {
   private stopping: Promise<void> | null = null;
   private readonly tracer: Tracer = trace.getTracer('tally.coordinator');
   private readonly parseOptions: { readonly maxBytes: number };
+  /** This daemon's id in its heartbeat key and mode lease. */
+  readonly daemonId = newDaemonId();
 
   constructor(
     private readonly config: TallyConfig,
@@ -170,6 +176,13 @@ export class Daemon {
     this.built = await this.openRuntime();
     await this.built.link.start();
     this.state = 'running';
+    void this.built.heartbeat.beatOnce(); // show "consuming" now, not at the next interval
+  }
+
+  private heartbeatSnapshot(): { consuming: boolean; oldestUnackedS: number | null; inFlight: number } {
+    const tracker = this.acks?.tracker;
+    const ageMs = tracker?.oldestUnackedAgeMs() ?? null;
+    return { consuming: this.built?.link.consuming ?? false, oldestUnackedS: ageMs === null ? null : ageMs / 1000, inFlight: tracker?.unacked ?? 0 };
   }
 
   /**
@@ -187,8 +200,19 @@ export class Daemon {
     redis.on('end', () => log.warn('redis connection ended'));
     const opened: ShutdownStep[] = [{ name: 'closing redis', run: () => closeRedis(redis) }];
     try {
-      const layout = await this.untilRedis('layout check', () => ensureLayout(redis, config));
-      log.info({ virtualShards: layout.virtualShards, created: layout.created }, 'shard layout verified');
+      const lease = { holder: this.daemonId, ttlMs: HEARTBEAT_TTL_BEATS * config.heartbeatMs };
+      const layout = await this.untilRedis('layout check', () => ensureLayout(redis, config, lease));
+      log.info({ virtualShards: layout.virtualShards, created: layout.created, daemonId: this.daemonId }, 'shard layout verified');
+      // From the layout check on, not from the link: the beat renews the mode lease the check took (layout-guard.ts).
+      const heartbeat = new Heartbeat(
+        redis,
+        this.daemonId,
+        { prefix: config.prefix, mode: config.mode, queue: config.queue, intervalMs: config.heartbeatMs, ttlMs: lease.ttlMs },
+        () => this.heartbeatSnapshot(),
+        log,
+      );
+      heartbeat.start();
+      opened.unshift({ name: 'stopping the heartbeat', run: () => heartbeat.stop() });
 
       const stats = new StatsRecorder(redis, config.prefix, log);
       stats.start();
@@ -219,7 +243,14 @@ export class Daemon {
       );
       const lanes = new ShardLanes(config, (vshard, parts) => this.runBatch(vshard, parts));
       const link = new AmqpLink(
-        { url: config.amqpUrl, queue: config.queue, deadLetterQueue: config.deadLetterQueue, prefetch: config.prefetch },
+        {
+          url: config.amqpUrl,
+          queue: config.queue,
+          deadLetterQueue: config.deadLetterQueue,
+          prefetch: config.prefetch,
+          queueType: config.queueType,
+          deliveryLimit: config.deliveryLimit,
+        },
         log,
         {
           onDelivery: (link, message) => this.onDelivery(link, message),
@@ -233,7 +264,7 @@ export class Daemon {
           },
         },
       );
-      return { redisProbe, redis, stats, exposure, telemetry, pools, lanes, link };
+      return { redisProbe, redis, heartbeat, stats, exposure, telemetry, pools, lanes, link };
     } catch (error) {
       await runSteps(opened, log);
       throw error;
@@ -244,13 +275,7 @@ export class Daemon {
   private async startMetrics(stats: StatsRecorder, redis: Redis, redisProbe: RedisProbeReport): Promise<Telemetry | null> {
     const { config } = this;
     if (config.metricsPort === null) return null;
-    // Loaded only when asked for: a daemon without metrics does not pay their start-up.
-    const [{ PrometheusExporter }, { MeterProvider }] = await Promise.all([
-      import('@opentelemetry/exporter-prometheus'),
-      import('@opentelemetry/sdk-metrics'),
-    ]);
-    const exporter = new PrometheusExporter({ preventServerStart: true });
-    const meterProvider = new MeterProvider({ readers: [exporter] });
+    const { exporter, provider: meterProvider } = await createMetricsExport();
     metrics.setGlobalMeterProvider(meterProvider);
     const daemonMetrics = new DaemonMetrics(
       meterProvider.getMeter('tally'),
@@ -261,6 +286,11 @@ export class Daemon {
         // Lanes and link exist once start() has built the runtime; a scrape before that sees none.
         shardDepths: () => this.built?.lanes.depths() ?? [],
         connections: () => ({ amqp: (this.built?.link.current ?? null) !== null, redis: redis.status === 'ready' }),
+        // Map order is arrival order: the first delivery with parts in flight is the oldest one holding the acks back.
+        oldestUnackedAgeSeconds: () => {
+          const oldest = this.inFlight.values().next().value;
+          return oldest === undefined ? 0 : (performance.now() - oldest.receivedAt) / 1000;
+        },
       },
     );
     registerSafetyGauges(meterProvider.getMeter('tally'), { 'messaging.system': 'rabbitmq', 'messaging.destination.name': config.queue }, {
@@ -269,8 +299,8 @@ export class Daemon {
       unroutableDeadLetters: () => this.built?.link.brokerState.unroutableDeadLetters ?? 0,
     });
     const endpoints = new HttpEndpoints(exporter, () => ({ ready: this.ready, detail: this.status }));
-    const port = await endpoints.listen(config.metricsPort);
-    this.log.info({ port, paths: ['/metrics', '/healthz', '/readyz'] }, 'http endpoint listening');
+    const port = await endpoints.listen(config.metricsPort, config.metricsHost);
+    this.log.info({ host: config.metricsHost, port, paths: ['/metrics', '/healthz', '/readyz'] }, 'http endpoint listening');
     return { metrics: daemonMetrics, meterProvider, endpoints, port };
   }
 
@@ -492,7 +522,7 @@ export class Daemon {
     log.info({ graceMs }, 'stopping: no new deliveries, finishing what is in flight');
     const runtime = this.built;
     if (runtime !== null) {
-      const { link, lanes, stats, exposure, pools, redis, telemetry } = runtime;
+      const { link, lanes, stats, exposure, pools, heartbeat, redis, telemetry } = runtime;
       await runSteps(
         [
           { name: 'stop consuming', run: () => link.stopConsuming() },
@@ -523,6 +553,7 @@ export class Daemon {
               await pools.destroy();
             },
           },
+          { name: 'stopping the heartbeat', run: () => heartbeat.stop() },
           { name: 'closing redis', run: () => closeRedis(redis) },
           ...(telemetry === null ? [] : [{ name: 'closing the metrics endpoint', run: () => closeTelemetry(telemetry) }]),
         ],

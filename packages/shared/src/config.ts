@@ -1,3 +1,4 @@
+import { isIP } from 'node:net';
 import { availableParallelism } from 'node:os';
 import { ConfigError } from './errors.js';
 
@@ -5,6 +6,10 @@ export type TallyMode = 'two-step' | 'atomic';
 
 /** Modes this build can run; see README "Atomic mode" for when to pick which. */
 export const SUPPORTED_MODES: readonly TallyMode[] = Object.freeze(['two-step', 'atomic']);
+
+/** The type of the queues Tally declares; an existing queue is used as it is. See docs/scale-out.md. */
+export type QueueType = 'classic' | 'quorum';
+export const QUEUE_TYPES: readonly QueueType[] = Object.freeze(['classic', 'quorum']);
 
 export type LogLevel = 'fatal' | 'error' | 'warn' | 'info' | 'debug' | 'trace' | 'silent';
 const LOG_LEVELS: readonly LogLevel[] = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'];
@@ -15,6 +20,12 @@ export interface TallyConfig {
   readonly queue: string;
   /** `<queue>.dead`: where bad messages go, with `x-tally-reason`. */
   readonly deadLetterQueue: string;
+  /** Applies to the queues Tally declares (x-queue-type). */
+  readonly queueType: QueueType;
+  /** Quorum queues only: deliveries of one message before the broker dead-letters it to `<queue>.dead` (x-delivery-limit). */
+  readonly deliveryLimit: number;
+  /** How often a daemon refreshes its heartbeat and mode lease; both expire after 3 intervals. */
+  readonly heartbeatMs: number;
   readonly prefix: string;
   readonly mode: TallyMode;
   readonly workers: number;
@@ -27,6 +38,8 @@ export interface TallyConfig {
   readonly acceptTypes: ReadonlySet<string> | null;
   /** null: no metrics endpoint. */
   readonly metricsPort: number | null;
+  /** The address the metrics/health endpoint binds to; loopback unless an operator opens it. */
+  readonly metricsHost: string;
   readonly virtualShards: number;
   readonly maxMessageBytes: number;
   readonly shutdownGraceMs: number;
@@ -50,6 +63,9 @@ export const DEFAULTS = Object.freeze({
   queue: 'inventory.changes',
   prefix: 'tally:',
   mode: 'two-step' as TallyMode,
+  queueType: 'classic' as QueueType,
+  deliveryLimit: 20,
+  heartbeatMs: 5_000,
   prefetch: 2000,
   batchSize: 500,
   batchWaitMs: 50,
@@ -59,6 +75,7 @@ export const DEFAULTS = Object.freeze({
   maxMessageBytes: 65_536,
   shutdownGraceMs: 30_000,
   logLevel: 'info' as LogLevel,
+  metricsHost: '127.0.0.1',
   allowEviction: false,
   redisWaitReplicas: 0,
   redisWaitTimeoutMs: 5_000,
@@ -80,6 +97,8 @@ export const LIMITS = Object.freeze({
   // WAIT 0 blocks forever: a stalled ack nobody sees. One minute is already
   // longer than any replica that is keeping up needs.
   redisWaitTimeoutMs: [1, 60_000],
+  deliveryLimit: [1, 1_000],
+  heartbeatMs: [100, 60_000],
 } as const);
 
 export type Env = Readonly<Record<string, string | undefined>>;
@@ -172,6 +191,14 @@ function mode(env: Env, name: string): TallyMode {
   return raw as TallyMode;
 }
 
+function queueType(env: Env, name: string): QueueType {
+  const raw = read(env, name) ?? DEFAULTS.queueType;
+  if (!(QUEUE_TYPES as readonly string[]).includes(raw)) {
+    throw new ConfigError(name, `expected one of ${QUEUE_TYPES.join(', ')}, got ${JSON.stringify(raw)}`);
+  }
+  return raw as QueueType;
+}
+
 function acceptTypes(env: Env, name: string): ReadonlySet<string> | null {
   const raw = read(env, name);
   if (raw === undefined) return null;
@@ -181,6 +208,18 @@ function acceptTypes(env: Env, name: string): ReadonlySet<string> | null {
     if (t.length > 64) throw new ConfigError(name, `type names are at most 64 characters, got ${JSON.stringify(t)}`);
   }
   return new Set(types);
+}
+
+/**
+ * An IP literal (v4 or v6, `::` for every interface) or a host name. Bound by
+ * node:http as given; a name that does not resolve fails the start there.
+ */
+function host(env: Env, name: string, fallback: string): string {
+  const raw = read(env, name) ?? fallback;
+  if (isIP(raw) === 0 && !/^(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$/.test(raw)) {
+    throw new ConfigError(name, `expected an IP address (127.0.0.1, 0.0.0.0, ::) or a host name, got ${JSON.stringify(raw)}`);
+  }
+  return raw;
 }
 
 function logLevel(env: Env, name: string): LogLevel {
@@ -212,6 +251,9 @@ export function loadConfig(env: Env = process.env): TallyConfig {
     redisUrl: url(env, 'TALLY_REDIS_URL', DEFAULTS.redisUrl, ['redis:', 'rediss:']),
     queue,
     deadLetterQueue: `${queue}.dead`,
+    queueType: queueType(env, 'TALLY_QUEUE_TYPE'),
+    deliveryLimit: integer(env, 'TALLY_DELIVERY_LIMIT', DEFAULTS.deliveryLimit, LIMITS.deliveryLimit),
+    heartbeatMs: integer(env, 'TALLY_HEARTBEAT_MS', DEFAULTS.heartbeatMs, LIMITS.heartbeatMs),
     prefix: prefix(env, 'TALLY_PREFIX', DEFAULTS.prefix),
     mode: mode(env, 'TALLY_MODE'),
     workers,
@@ -222,6 +264,7 @@ export function loadConfig(env: Env = process.env): TallyConfig {
     countTtlS: integer(env, 'TALLY_COUNT_TTL_S', DEFAULTS.countTtlS, LIMITS.countTtlS),
     acceptTypes: acceptTypes(env, 'TALLY_ACCEPT_TYPES'),
     metricsPort: metricsPortRaw === undefined ? null : integer(env, 'TALLY_METRICS_PORT', 0, LIMITS.metricsPort),
+    metricsHost: host(env, 'TALLY_METRICS_HOST', DEFAULTS.metricsHost),
     virtualShards,
     maxMessageBytes: integer(env, 'TALLY_MAX_MESSAGE_BYTES', DEFAULTS.maxMessageBytes, LIMITS.maxMessageBytes),
     shutdownGraceMs: integer(env, 'TALLY_SHUTDOWN_GRACE_MS', DEFAULTS.shutdownGraceMs, LIMITS.shutdownGraceMs),

@@ -6,9 +6,13 @@ export type TallyErrorCode =
   | 'TALLY_CONFIG_INVALID'
   | 'TALLY_SHARD_LAYOUT_MISMATCH'
   | 'TALLY_MODE_MISMATCH'
+  /** The CLI could not reach RabbitMQ (tally dead). */
+  | 'TALLY_AMQP_UNAVAILABLE'
   /** RabbitMQ refused Tally at start (login, vhost, permission, queue arguments): the message names the fix. */
   | 'TALLY_AMQP_REFUSED'
   | 'TALLY_CLI_USAGE'
+  | 'TALLY_QUEUE_MISSING'
+  | 'TALLY_REPLAY_REFUSED'
   | RedisRequirementCode;
 
 /**
@@ -79,6 +83,23 @@ export class RedisRequirementError extends TallyError {
 export class CliUsageError extends TallyError {
   constructor(message: string) {
     super('TALLY_CLI_USAGE', message);
+  }
+}
+
+/** A CLI command needs a queue the daemon has not declared yet (wrong TALLY_QUEUE, or never started). */
+export class QueueMissingError extends TallyError {
+  constructor(message: string, options?: { cause?: unknown }) {
+    super('TALLY_QUEUE_MISSING', message, options);
+  }
+}
+
+/**
+ * `tally dead replay` could not get a copy confirmed into the work queue
+ * (nacked, or unroutable): the dead letter stays where it was, nothing moved.
+ */
+export class ReplayRefusedError extends TallyError {
+  constructor(message: string) {
+    super('TALLY_REPLAY_REFUSED', message);
   }
 }
 

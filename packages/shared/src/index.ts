@@ -11,3 +11,4 @@ export * from './retry.js';
 export * from './batch-protocol.js';
 export * from './deviation.js';
 export * from './redis-requirements.js';
+export * from './dead-letter.js';
