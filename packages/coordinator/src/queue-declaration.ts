@@ -15,6 +15,7 @@
  */
 import type { ChannelModel } from 'amqplib';
 import { describeError, type QueueType } from '@tally/shared';
+import { amqpReplyCode } from './broker-refusal.js';
 import type { Logger } from './logger.js';
 
 export interface QueueDeclarationOptions {
@@ -91,7 +92,7 @@ async function tryDeclare(model: ChannelModel, queue: string, args: Record<strin
     await channel.close().catch(() => {});
     return null;
   } catch (error) {
-    if (!/PRECONDITION.FAILED/.test(describeError(error))) throw error;
+    if (amqpReplyCode(error) !== 406 /* PRECONDITION_FAILED */) throw error;
     return describeError(error).replace(/^.*with message "/, '').replace(/"$/, '');
   }
 }
