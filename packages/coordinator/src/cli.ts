@@ -11,6 +11,7 @@ import { deviationEstimate, deviationText } from './commands/deviation.js';
 import { publishCommand } from './commands/publish.js';
 import { readStatsReport } from './commands/stats.js';
 import { readTruth, verify } from './commands/verify.js';
+import { explainRedisFailures } from './redis-probe.js';
 
 const USAGE = `usage: tally <command> [options]
 
@@ -76,10 +77,13 @@ async function main(argv: string[]): Promise<void> {
       strict: true,
     });
     const redis = createRedisClient(config.redisUrl, 'tally-cli', { maxRetriesPerRequest: 0, retryStrategy: () => null });
-    redis.on('error', () => {});
+    // A wrong password or an untrusted certificate reads as its fix, not as "Connection is closed".
+    const explain = explainRedisFailures(redis);
     try {
       const estimate = await deviationEstimate(redis, config, values);
       out(values.json ? JSON.stringify(estimate) : deviationText(estimate, config.prefix));
+    } catch (error) {
+      throw explain(error);
     } finally {
       redis.disconnect();
     }
@@ -100,7 +104,7 @@ async function main(argv: string[]): Promise<void> {
   if (command === 'verify' && !values.truth) throw new CliUsageError('verify needs --truth FILE');
   // One attempt, no endless reconnects: a CLI should fail fast and say why.
   const redis = createRedisClient(config.redisUrl, 'tally-cli', { maxRetriesPerRequest: 0, retryStrategy: () => null });
-  redis.on('error', () => {});
+  const explain = explainRedisFailures(redis);
   try {
     if (command === 'verify') {
       const verdict = verify(await readCounts(redis, config, []), await readTruth(values.truth!));
@@ -123,6 +127,8 @@ async function main(argv: string[]): Promise<void> {
         }
       }
     }
+  } catch (error) {
+    throw explain(error);
   } finally {
     redis.disconnect();
   }

@@ -21,9 +21,10 @@ import {
 } from '@tally/shared';
 import { createRedisClient } from '@tally/worker';
 import { AckTracker } from './ack-tracker.js';
-import { AmqpLink } from './amqp-link.js';
+import { AmqpLink, type AmqpBrokerState } from './amqp-link.js';
 import type { ChannelLink, Delivery } from './delivery.js';
 import { ensureLayout } from './layout-guard.js';
+import { probeRedis, type RedisProbeReport } from './redis-probe.js';
 import type { Logger } from './logger.js';
 import { ShardLanes, type PendingPart } from './shard-lanes.js';
 import { StatsRecorder } from './stats-recorder.js';
@@ -32,6 +33,7 @@ import { BadMessageLog } from './bad-message-log.js';
 import { ExposureMeter } from './exposure-meter.js';
 import { endBatchSpan, failBatchSpan, recordDeadLetter, startBatchSpan } from './telemetry/batch-span.js';
 import { HttpEndpoints } from './telemetry/http-endpoints.js';
+import { registerSafetyGauges } from './telemetry/safety-gauges.js';
 import { DaemonMetrics, timestampToMs } from './telemetry/metrics.js';
 
 export type DaemonState = 'created' | 'starting' | 'running' | 'stopping' | 'stopped';
@@ -64,6 +66,8 @@ export class Daemon {
   private endpoints: HttpEndpoints | null = null;
   /** The port the HTTP endpoint listens on, once started (TALLY_METRICS_PORT=0 picks one). */
   metricsPort: number | null = null;
+  /** What the start-up probe found (docs/redis-requirements.md). */
+  private redisProbe: RedisProbeReport | null = null;
 
   constructor(
     private readonly config: TallyConfig,
@@ -73,12 +77,14 @@ export class Daemon {
     this.parseOptions = Object.freeze({ maxBytes: config.maxMessageBytes });
   }
 
-  get status(): { state: DaemonState; consuming: boolean; redisReady: boolean; inFlight: number } {
+  get status(): { state: DaemonState; consuming: boolean; redisReady: boolean; inFlight: number; redis: RedisProbeReport | null; amqp: AmqpBrokerState | null } {
     return {
       state: this.state,
       consuming: this.link?.consuming ?? false,
       redisReady: this.redis?.status === 'ready',
       inFlight: this.inFlight.size,
+      redis: this.redisProbe,
+      amqp: this.link?.brokerState ?? null,
     };
   }
 
@@ -110,6 +116,11 @@ export class Daemon {
         connections: () => ({ amqp: this.link?.current !== null && this.link !== null, redis: this.redis?.status === 'ready' }),
       },
     );
+    registerSafetyGauges(this.meterProvider.getMeter('tally'), { 'messaging.system': 'rabbitmq', 'messaging.destination.name': config.queue }, {
+      redisProbe: () => this.redisProbe,
+      amqpBlocked: () => this.link?.brokerState.blocked ?? false,
+      unroutableDeadLetters: () => this.link?.brokerState.unroutableDeadLetters ?? 0,
+    });
     this.endpoints = new HttpEndpoints(exporter, () => ({ ready: this.ready, detail: this.status }));
     this.metricsPort = await this.endpoints.listen(config.metricsPort);
     this.log.info({ port: this.metricsPort, paths: ['/metrics', '/healthz', '/readyz'] }, 'http endpoint listening');
@@ -137,6 +148,8 @@ export class Daemon {
       'starting',
     );
 
+    // Before anything is written: a Redis that cannot keep Tally's promise stops the start here.
+    this.redisProbe = await this.untilRedis('redis probe', () => probeRedis(config, log));
     this.redis = createRedisClient(config.redisUrl, 'tally-coordinator');
     this.redis.on('error', () => {});
     this.redis.on('ready', () => log.info({ redis: redactUrl(config.redisUrl) }, 'redis ready'));

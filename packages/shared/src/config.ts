@@ -31,6 +31,16 @@ export interface TallyConfig {
   readonly maxMessageBytes: number;
   readonly shutdownGraceMs: number;
   readonly logLevel: LogLevel;
+  /**
+   * TALLY_ALLOW_EVICTION: start even when Redis's maxmemory-policy may evict
+   * keys. Every Tally key has a TTL, so any volatile-* or allkeys-* policy can
+   * drop counts (lost) or markers (counted twice); off by default.
+   */
+  readonly allowEviction: boolean;
+  /** TALLY_REDIS_WAIT_REPLICAS: replicas that must acknowledge a batch's writes (Redis WAIT) before its deliveries are acked; 0 = no WAIT. */
+  readonly redisWaitReplicas: number;
+  /** TALLY_REDIS_WAIT_TIMEOUT_MS: how long one WAIT may block; a timeout is retried, never acked. */
+  readonly redisWaitTimeoutMs: number;
 }
 
 /** Frozen defaults, the single place where a default value is written down. */
@@ -49,6 +59,9 @@ export const DEFAULTS = Object.freeze({
   maxMessageBytes: 65_536,
   shutdownGraceMs: 30_000,
   logLevel: 'info' as LogLevel,
+  allowEviction: false,
+  redisWaitReplicas: 0,
+  redisWaitTimeoutMs: 5_000,
 });
 
 /** Ranges, named so the error message can quote them. */
@@ -63,6 +76,10 @@ export const LIMITS = Object.freeze({
   virtualShards: [1, 1024],
   maxMessageBytes: [64, 16_777_216],
   shutdownGraceMs: [0, 600_000],
+  redisWaitReplicas: [0, 16],
+  // WAIT 0 blocks forever: a stalled ack nobody sees. One minute is already
+  // longer than any replica that is keeping up needs.
+  redisWaitTimeoutMs: [1, 60_000],
 } as const);
 
 export type Env = Readonly<Record<string, string | undefined>>;
@@ -99,7 +116,30 @@ function url(env: Env, name: string, fallback: string, schemes: readonly string[
   if (!schemes.includes(parsed.protocol)) {
     throw new ConfigError(name, `unsupported scheme ${JSON.stringify(parsed.protocol)}; expected one of ${schemes.join(', ')}`);
   }
-  return raw;
+  return withLowerCaseScheme(raw);
+}
+
+/**
+ * URL schemes are case-insensitive (RFC 3986), and `new URL` accepts
+ * `REDISS://`, but ioredis tests `startsWith('rediss://')`: an upper-case
+ * scheme connected in plaintext and sent the password in the clear. Every
+ * consumer (daemon, worker threads, CLI) takes the URL from here, so the
+ * scheme is lowered once; the rest of the URL is left exactly as given.
+ */
+function withLowerCaseScheme(raw: string): string {
+  return raw.replace(/^[A-Za-z][A-Za-z0-9+.-]*:/, (scheme) => scheme.toLowerCase());
+}
+
+const TRUE_WORDS = ['1', 'true', 'yes'];
+const FALSE_WORDS = ['0', 'false', 'no'];
+
+function flag(env: Env, name: string, fallback: boolean): boolean {
+  const raw = read(env, name);
+  if (raw === undefined) return fallback;
+  const word = raw.toLowerCase();
+  if (TRUE_WORDS.includes(word)) return true;
+  if (FALSE_WORDS.includes(word)) return false;
+  throw new ConfigError(name, `expected one of ${[...TRUE_WORDS, ...FALSE_WORDS].join(', ')}, got ${JSON.stringify(raw)}`);
 }
 
 /** Queue names: AMQP allows up to 255 bytes; `.dead` is appended. */
@@ -189,5 +229,8 @@ export function loadConfig(env: Env = process.env): TallyConfig {
     maxMessageBytes: integer(env, 'TALLY_MAX_MESSAGE_BYTES', DEFAULTS.maxMessageBytes, LIMITS.maxMessageBytes),
     shutdownGraceMs: integer(env, 'TALLY_SHUTDOWN_GRACE_MS', DEFAULTS.shutdownGraceMs, LIMITS.shutdownGraceMs),
     logLevel: logLevel(env, 'TALLY_LOG_LEVEL'),
+    allowEviction: flag(env, 'TALLY_ALLOW_EVICTION', DEFAULTS.allowEviction),
+    redisWaitReplicas: integer(env, 'TALLY_REDIS_WAIT_REPLICAS', DEFAULTS.redisWaitReplicas, LIMITS.redisWaitReplicas),
+    redisWaitTimeoutMs: integer(env, 'TALLY_REDIS_WAIT_TIMEOUT_MS', DEFAULTS.redisWaitTimeoutMs, LIMITS.redisWaitTimeoutMs),
   });
 }

@@ -8,9 +8,26 @@ export type TallyErrorCode =
   | 'TALLY_MODE_MISMATCH'
   | 'TALLY_REDIS_UNAVAILABLE'
   | 'TALLY_AMQP_UNAVAILABLE'
+  /** RabbitMQ refused Tally at start (login, vhost, permission, queue arguments): the message names the fix. */
+  | 'TALLY_AMQP_REFUSED'
   | 'TALLY_QUEUE_INCOMPATIBLE'
   | 'TALLY_SHUTDOWN_TIMEOUT'
-  | 'TALLY_CLI_USAGE';
+  | 'TALLY_CLI_USAGE'
+  | RedisRequirementCode;
+
+/**
+ * What a Redis can fail to give Tally at start (docs/redis-requirements.md).
+ * Each is a configuration problem no retry fixes, so the start stops with
+ * one line naming the fix instead of looping on "redis unavailable".
+ */
+export type RedisRequirementCode =
+  | 'TALLY_REDIS_EVICTION_POLICY'
+  | 'TALLY_REDIS_VERSION'
+  | 'TALLY_REDIS_SCRIPTING'
+  | 'TALLY_REDIS_NOPERM'
+  | 'TALLY_REDIS_AUTH'
+  | 'TALLY_REDIS_CLUSTER'
+  | 'TALLY_REDIS_TLS';
 
 export class TallyError extends Error {
   readonly code: TallyErrorCode;
@@ -51,6 +68,15 @@ export class ShardLayoutMismatchError extends TallyError {
 export class ModeSwitchRefusedError extends TallyError {
   constructor(message: string) {
     super('TALLY_MODE_MISMATCH', message);
+  }
+}
+
+/** Redis does not meet a requirement (see RedisRequirementCode); the message names the fix. */
+export class RedisRequirementError extends TallyError {
+  declare readonly code: RedisRequirementCode;
+
+  constructor(code: RedisRequirementCode, message: string) {
+    super(code, message);
   }
 }
 

@@ -35,6 +35,10 @@ const BAD_VALUES: ReadonlyArray<readonly [variable: string, values: readonly str
   ['TALLY_MAX_MESSAGE_BYTES', ['63', '16777217', '64k']],
   ['TALLY_SHUTDOWN_GRACE_MS', ['-1', '600001', '30s']],
   ['TALLY_LOG_LEVEL', ['loud', 'verbose', 'INFO', 'warning']],
+  ['TALLY_ALLOW_EVICTION', ['maybe', '2', 'on', 'y']],
+  ['TALLY_REDIS_WAIT_REPLICAS', ['-1', '17', 'all', '1.0']],
+  // 0 would make WAIT block forever.
+  ['TALLY_REDIS_WAIT_TIMEOUT_MS', ['0', '60001', '5s', '-5']],
 ];
 
 describe('loadConfig', () => {
@@ -59,6 +63,9 @@ describe('loadConfig', () => {
       maxMessageBytes: 65_536,
       shutdownGraceMs: 30_000,
       logLevel: 'info',
+      allowEviction: false,
+      redisWaitReplicas: 0,
+      redisWaitTimeoutMs: 5_000,
     };
     expect(config).to.deep.equal(expected);
     expect(Object.isFrozen(config)).to.equal(true);
@@ -107,7 +114,7 @@ describe('loadConfig', () => {
       const read = new Set([...source.matchAll(/'(TALLY_[A-Z_]+)'/g)].map((m) => m[1]!));
       const covered = new Set(BAD_VALUES.map(([name]) => name));
       expect([...covered].sort()).to.deep.equal([...read].sort());
-      expect(covered.size).to.equal(17);
+      expect(covered.size).to.equal(20);
     });
 
     it('names the accepted range for integers', () => {
@@ -161,6 +168,19 @@ describe('loadConfig', () => {
       expect(config.redisUrl).to.equal('rediss://:p@cache.example:6380/2');
     });
 
+    it('schemes in any letter case, lowered so every consumer sees rediss:// and amqps:// (TLS), the rest untouched', () => {
+      const config = loadConfig({ TALLY_AMQP_URL: 'AMQPS://U:P@Broker.example:5671/VHost', TALLY_REDIS_URL: 'ReDiSs://:PassWord@Cache.example:6380/2' });
+      expect(config.amqpUrl).to.equal('amqps://U:P@Broker.example:5671/VHost');
+      expect(config.redisUrl).to.equal('rediss://:PassWord@Cache.example:6380/2');
+      expect(loadConfig({ TALLY_REDIS_URL: 'REDIS://h:1' }).redisUrl).to.equal('redis://h:1');
+      expect(loadConfig({ TALLY_AMQP_URL: 'Amqp://h' }).amqpUrl).to.equal('amqp://h');
+    });
+
+    it('TALLY_ALLOW_EVICTION as 1/0, true/false, yes/no in any case', () => {
+      for (const word of ['1', 'true', 'TRUE', 'yes', ' Yes ']) expect(loadConfig({ TALLY_ALLOW_EVICTION: word }).allowEviction, word).to.equal(true);
+      for (const word of ['0', 'false', 'no', 'NO']) expect(loadConfig({ TALLY_ALLOW_EVICTION: word }).allowEviction, word).to.equal(false);
+    });
+
     it('amqp:// and redis:// URLs with surrounding blanks trimmed', () => {
       const config = loadConfig({ TALLY_AMQP_URL: ' amqp://h ', TALLY_REDIS_URL: '\tredis://h:1\n' });
       expect(config.amqpUrl).to.equal('amqp://h');
@@ -177,6 +197,8 @@ describe('loadConfig', () => {
         TALLY_METRICS_PORT: 'metricsPort',
         TALLY_MAX_MESSAGE_BYTES: 'maxMessageBytes',
         TALLY_SHUTDOWN_GRACE_MS: 'shutdownGraceMs',
+        TALLY_REDIS_WAIT_REPLICAS: 'redisWaitReplicas',
+        TALLY_REDIS_WAIT_TIMEOUT_MS: 'redisWaitTimeoutMs',
       };
       for (const [variable, key] of Object.entries(names)) {
         for (const value of LIMITS[key]) {
