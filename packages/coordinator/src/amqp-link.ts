@@ -10,16 +10,20 @@
 import { randomUUID } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
 import amqp, { type ChannelModel, type ConfirmChannel, type ConsumeMessage, type Message, type Options } from 'amqplib';
-import { backoffDelay, redactUrl, TallyError } from '@tally/shared';
+import { backoffDelay, redactUrl, TallyError, type QueueType } from '@tally/shared';
 import { brokerRefusal } from './broker-refusal.js';
 import type { ChannelLink } from './delivery.js';
 import type { Logger } from './logger.js';
+import { declareTallyQueues } from './queue-declaration.js';
 
 export interface AmqpLinkOptions {
   readonly url: string;
   readonly queue: string;
   readonly deadLetterQueue: string;
   readonly prefetch: number;
+  /** TALLY_QUEUE_TYPE and TALLY_DELIVERY_LIMIT; see queue-declaration.ts. Classic when absent. */
+  readonly queueType?: QueueType;
+  readonly deliveryLimit?: number;
 }
 
 export interface AmqpLinkHandlers {
@@ -171,27 +175,14 @@ export class AmqpLink {
   }
 
   /**
-   * Declares the work queue and `<queue>.dead` as durable queues, unless they
-   * already exist: a queue an operator declared with other arguments (quorum,
-   * TTLs) is used as it is instead of failing with PRECONDITION_FAILED.
+   * Declares the work queue and `<queue>.dead` as durable queues of
+   * TALLY_QUEUE_TYPE; a queue that exists with other arguments (declared by
+   * an operator: another type, TTLs) is used as it is instead of failing
+   * with PRECONDITION_FAILED, and what was found is logged.
    */
   private async declareQueues(model: ChannelModel): Promise<void> {
-    for (const queue of [this.options.queue, this.options.deadLetterQueue]) {
-      const probe = await model.createChannel();
-      probe.on('error', () => {});
-      try {
-        await probe.checkQueue(queue);
-        await probe.close();
-        continue;
-      } catch {
-        // NOT_FOUND closed the probe channel; declare it on a fresh one.
-      }
-      const channel = await model.createChannel();
-      // A refusal (403, 406) rejects assertQueue; without a listener it would also be thrown uncaught.
-      channel.on('error', () => {});
-      await channel.assertQueue(queue, { durable: true });
-      await channel.close();
-    }
+    const { queue, deadLetterQueue, queueType = 'classic', deliveryLimit = 20 } = this.options;
+    await declareTallyQueues(model, { queue, deadLetterQueue, queueType, deliveryLimit }, this.log);
   }
 
   /**

@@ -10,6 +10,7 @@ import { countsToJson, readCounts } from './commands/counts.js';
 import { deviationEstimate, deviationText } from './commands/deviation.js';
 import { publishCommand } from './commands/publish.js';
 import { readStatsReport } from './commands/stats.js';
+import { statusCommand } from './commands/status.js';
 import { readTruth, verify } from './commands/verify.js';
 import { explainRedisFailures } from './redis-probe.js';
 
@@ -25,6 +26,8 @@ commands:
                                   expected overcount per month and its bound, each term shown, from the
                                   counters, TALLY_MARKER_TTL_S, TALLY_BATCH_SIZE, TALLY_PREFETCH and
                                   TALLY_VIRTUAL_SHARDS, and the crash pattern (percentiles: pNN, min, max)
+  status [--json]                 live daemons (host, pid, mode, version, consuming, oldest unacked age,
+                                  last beat), the prefix's layout, the queue's depth and consumers
   publish [options]               publish a generated workload to TALLY_QUEUE
       --messages N (10000)  --skus N (1000)  --changes MIN-MAX (1-8)  --deltas MIN-MAX (1-9)
       --duplicate-rate R (0.02)  --bad-rate R (0)  --types a,b  --zipf S (0)  --seed N
@@ -68,6 +71,11 @@ async function main(argv: string[]): Promise<void> {
       strict: true,
     });
     await publishCommand(values, config, out);
+    return;
+  }
+  if (command === 'status') {
+    const { values } = parseArgs({ args: rest, options: { json: { type: 'boolean', default: false } }, strict: true });
+    await statusCommand(config, values.json, out);
     return;
   }
   if (command === 'deviation') {

@@ -25,6 +25,7 @@ import { AmqpLink, type AmqpBrokerState } from './amqp-link.js';
 import type { ChannelLink, Delivery } from './delivery.js';
 import { ensureLayout } from './layout-guard.js';
 import { probeRedis, type RedisProbeReport } from './redis-probe.js';
+import { Heartbeat, HEARTBEAT_TTL_BEATS, newDaemonId } from './heartbeat.js';
 import type { Logger } from './logger.js';
 import { ShardLanes, type PendingPart } from './shard-lanes.js';
 import { StatsRecorder } from './stats-recorder.js';
@@ -64,6 +65,9 @@ export class Daemon {
   private metrics: DaemonMetrics | null = null;
   private meterProvider: MeterProvider | null = null;
   private endpoints: HttpEndpoints | null = null;
+  /** This daemon's id in its heartbeat key and mode lease. */
+  readonly daemonId = newDaemonId();
+  private heartbeat: Heartbeat | null = null;
   /** The port the HTTP endpoint listens on, once started (TALLY_METRICS_PORT=0 picks one). */
   metricsPort: number | null = null;
   /** What the start-up probe found (docs/redis-requirements.md). */
@@ -154,8 +158,18 @@ export class Daemon {
     this.redis.on('error', () => {});
     this.redis.on('ready', () => log.info({ redis: redactUrl(config.redisUrl) }, 'redis ready'));
     this.redis.on('end', () => log.warn('redis connection ended'));
-    const layout = await this.untilRedis('layout check', () => ensureLayout(this.redis!, config));
-    log.info({ virtualShards: layout.virtualShards, created: layout.created }, 'shard layout verified');
+    const lease = { holder: this.daemonId, ttlMs: HEARTBEAT_TTL_BEATS * config.heartbeatMs };
+    const layout = await this.untilRedis('layout check', () => ensureLayout(this.redis!, config, lease));
+    log.info({ virtualShards: layout.virtualShards, created: layout.created, daemonId: this.daemonId }, 'shard layout verified');
+    // From the layout check on, not from the link: the beat renews the mode lease the check took (layout-guard.ts).
+    this.heartbeat = new Heartbeat(
+      this.redis,
+      this.daemonId,
+      { prefix: config.prefix, mode: config.mode, queue: config.queue, intervalMs: config.heartbeatMs, ttlMs: lease.ttlMs },
+      () => this.heartbeatSnapshot(),
+      log,
+    );
+    this.heartbeat.start();
 
     this.stats = new StatsRecorder(this.redis, config.prefix, log);
     this.stats.start();
@@ -176,7 +190,14 @@ export class Daemon {
     );
     this.lanes = new ShardLanes(config, (vshard, parts) => this.runBatch(vshard, parts));
     this.link = new AmqpLink(
-      { url: config.amqpUrl, queue: config.queue, deadLetterQueue: config.deadLetterQueue, prefetch: config.prefetch },
+      {
+        url: config.amqpUrl,
+        queue: config.queue,
+        deadLetterQueue: config.deadLetterQueue,
+        prefetch: config.prefetch,
+        queueType: config.queueType,
+        deliveryLimit: config.deliveryLimit,
+      },
       log,
       {
         onDelivery: (link, message) => this.onDelivery(link, message),
@@ -192,6 +213,13 @@ export class Daemon {
     );
     await this.link.start();
     this.state = 'running';
+    void this.heartbeat.beatOnce(); // show "consuming" now, not at the next interval
+  }
+
+  private heartbeatSnapshot(): { consuming: boolean; oldestUnackedS: number | null; inFlight: number } {
+    const tracker = this.acks?.tracker;
+    const ageMs = tracker?.oldestUnackedAgeMs() ?? null;
+    return { consuming: this.link?.consuming ?? false, oldestUnackedS: ageMs === null ? null : ageMs / 1000, inFlight: tracker?.unacked ?? 0 };
   }
 
   /** Startup steps wait for Redis like everything else (invariant 8), but fatal errors still stop the start. */
@@ -420,6 +448,7 @@ export class Daemon {
     } catch (error) {
       log.warn({ err: describe(error) }, 'stopping worker threads failed');
     }
+    await this.heartbeat?.stop();
     try {
       await this.redis?.quit();
     } catch {

@@ -6,6 +6,10 @@ export type TallyMode = 'two-step' | 'atomic';
 /** Modes this build can run; see README "Atomic mode" for when to pick which. */
 export const SUPPORTED_MODES: readonly TallyMode[] = Object.freeze(['two-step', 'atomic']);
 
+/** The type of the queues Tally declares; an existing queue is used as it is. See docs/scale-out.md. */
+export type QueueType = 'classic' | 'quorum';
+export const QUEUE_TYPES: readonly QueueType[] = Object.freeze(['classic', 'quorum']);
+
 export type LogLevel = 'fatal' | 'error' | 'warn' | 'info' | 'debug' | 'trace' | 'silent';
 const LOG_LEVELS: readonly LogLevel[] = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'];
 
@@ -15,6 +19,12 @@ export interface TallyConfig {
   readonly queue: string;
   /** `<queue>.dead`: where bad messages go, with `x-tally-reason`. */
   readonly deadLetterQueue: string;
+  /** Applies to the queues Tally declares (x-queue-type). */
+  readonly queueType: QueueType;
+  /** Quorum queues only: deliveries of one message before the broker dead-letters it to `<queue>.dead` (x-delivery-limit). */
+  readonly deliveryLimit: number;
+  /** How often a daemon refreshes its heartbeat and mode lease; both expire after 3 intervals. */
+  readonly heartbeatMs: number;
   readonly prefix: string;
   readonly mode: TallyMode;
   readonly workers: number;
@@ -50,6 +60,9 @@ export const DEFAULTS = Object.freeze({
   queue: 'inventory.changes',
   prefix: 'tally:',
   mode: 'two-step' as TallyMode,
+  queueType: 'classic' as QueueType,
+  deliveryLimit: 20,
+  heartbeatMs: 5_000,
   prefetch: 2000,
   batchSize: 500,
   batchWaitMs: 50,
@@ -80,6 +93,8 @@ export const LIMITS = Object.freeze({
   // WAIT 0 blocks forever: a stalled ack nobody sees. One minute is already
   // longer than any replica that is keeping up needs.
   redisWaitTimeoutMs: [1, 60_000],
+  deliveryLimit: [1, 1_000],
+  heartbeatMs: [100, 60_000],
 } as const);
 
 export type Env = Readonly<Record<string, string | undefined>>;
@@ -175,6 +190,14 @@ function mode(env: Env, name: string): TallyMode {
   return raw as TallyMode;
 }
 
+function queueType(env: Env, name: string): QueueType {
+  const raw = read(env, name) ?? DEFAULTS.queueType;
+  if (!(QUEUE_TYPES as readonly string[]).includes(raw)) {
+    throw new ConfigError(name, `expected one of ${QUEUE_TYPES.join(', ')}, got ${JSON.stringify(raw)}`);
+  }
+  return raw as QueueType;
+}
+
 function acceptTypes(env: Env, name: string): ReadonlySet<string> | null {
   const raw = read(env, name);
   if (raw === undefined) return null;
@@ -215,6 +238,9 @@ export function loadConfig(env: Env = process.env): TallyConfig {
     redisUrl: url(env, 'TALLY_REDIS_URL', DEFAULTS.redisUrl, ['redis:', 'rediss:']),
     queue,
     deadLetterQueue: `${queue}.dead`,
+    queueType: queueType(env, 'TALLY_QUEUE_TYPE'),
+    deliveryLimit: integer(env, 'TALLY_DELIVERY_LIMIT', DEFAULTS.deliveryLimit, LIMITS.deliveryLimit),
+    heartbeatMs: integer(env, 'TALLY_HEARTBEAT_MS', DEFAULTS.heartbeatMs, LIMITS.heartbeatMs),
     prefix: prefix(env, 'TALLY_PREFIX', DEFAULTS.prefix),
     mode: mode(env, 'TALLY_MODE'),
     workers,

@@ -9,3 +9,4 @@ export * from './backoff.js';
 export * from './batch-protocol.js';
 export * from './deviation.js';
 export * from './redis-requirements.js';
+export * from './dead-letter.js';

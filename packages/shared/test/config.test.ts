@@ -39,6 +39,9 @@ const BAD_VALUES: ReadonlyArray<readonly [variable: string, values: readonly str
   ['TALLY_REDIS_WAIT_REPLICAS', ['-1', '17', 'all', '1.0']],
   // 0 would make WAIT block forever.
   ['TALLY_REDIS_WAIT_TIMEOUT_MS', ['0', '60001', '5s', '-5']],
+  ['TALLY_QUEUE_TYPE', ['stream', 'Quorum', 'CLASSIC', 'quorum,classic', 'lazy']],
+  ['TALLY_DELIVERY_LIMIT', ['0', '-1', '1001', 'twenty', '2.5']],
+  ['TALLY_HEARTBEAT_MS', ['99', '60001', '5s', '1.5']],
 ];
 
 describe('loadConfig', () => {
@@ -49,6 +52,9 @@ describe('loadConfig', () => {
       redisUrl: 'redis://127.0.0.1:6379',
       queue: 'inventory.changes',
       deadLetterQueue: 'inventory.changes.dead',
+      queueType: 'classic',
+      deliveryLimit: 20,
+      heartbeatMs: 5_000,
       prefix: 'tally:',
       mode: 'two-step',
       workers: Math.min(Math.max(1, availableParallelism() - 1), 16),
@@ -114,7 +120,7 @@ describe('loadConfig', () => {
       const read = new Set([...source.matchAll(/'(TALLY_[A-Z_]+)'/g)].map((m) => m[1]!));
       const covered = new Set(BAD_VALUES.map(([name]) => name));
       expect([...covered].sort()).to.deep.equal([...read].sort());
-      expect(covered.size).to.equal(20);
+      expect(covered.size).to.equal(23);
     });
 
     it('names the accepted range for integers', () => {
@@ -235,6 +241,15 @@ describe('loadConfig', () => {
       for (const level of ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']) {
         expect(loadConfig({ TALLY_LOG_LEVEL: level }).logLevel).to.equal(level);
       }
+    });
+
+    it('TALLY_QUEUE_TYPE classic or quorum, and TALLY_DELIVERY_LIMIT from 1 to 1000', () => {
+      expect(loadConfig({ TALLY_QUEUE_TYPE: 'quorum' }).queueType).to.equal('quorum');
+      expect(loadConfig({ TALLY_QUEUE_TYPE: 'classic' }).queueType).to.equal('classic');
+      expect(configError({ TALLY_QUEUE_TYPE: 'stream' }).message).to.include('classic, quorum');
+      expect(loadConfig({ TALLY_DELIVERY_LIMIT: '1' }).deliveryLimit).to.equal(1);
+      expect(loadConfig({ TALLY_DELIVERY_LIMIT: '1000' }).deliveryLimit).to.equal(1000);
+      expect(configError({ TALLY_DELIVERY_LIMIT: '0' }).message).to.include('from 1 to 1000');
     });
 
     it('TALLY_METRICS_PORT: null when unset, a number when set', () => {

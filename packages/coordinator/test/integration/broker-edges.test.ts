@@ -101,7 +101,7 @@ describe('broker edges (integration: the real RabbitMQ)', function () {
       try {
         await withUser(['^$', '.*', '.*'], async (url) => {
           const result = await startFails({ ...space.env, TALLY_AMQP_URL: url });
-          expectOneLineRefusal(result, 'ACCESS_REFUSED', `access to queue '${space.queue}'`, 'rabbitmqctl set_permissions');
+          expectOneLineRefusal(result, 'ACCESS_REFUSED', `access to queue '${space.queue}`, 'rabbitmqctl set_permissions');
         });
       } finally {
         await cleanup(space);
