@@ -5,6 +5,7 @@
 # checks that every contender counts correctly, never a speed).
 source "$(dirname "$0")/lib.sh"
 ensure_services
+ensure_apt_packages
 install_and_build
 LOG="$(mktemp)"
 trap 'rm -f "$LOG"' EXIT

@@ -36,6 +36,7 @@ import { endBatchSpan, failBatchSpan, recordDeadLetter, startBatchSpan } from '.
 import { HttpEndpoints } from './telemetry/http-endpoints.js';
 import { registerSafetyGauges } from './telemetry/safety-gauges.js';
 import { DaemonMetrics, timestampToMs } from './telemetry/metrics.js';
+import { createMetricsExport } from './telemetry/metrics-export.js';
 
 export type DaemonState = 'created' | 'starting' | 'running' | 'stopping' | 'stopped';
 
@@ -102,13 +103,8 @@ export class Daemon {
   private async startMetrics(): Promise<void> {
     const { config } = this;
     if (config.metricsPort === null) return;
-    // Loaded only when asked for: a daemon without metrics does not pay their start-up.
-    const [{ PrometheusExporter }, { MeterProvider }] = await Promise.all([
-      import('@opentelemetry/exporter-prometheus'),
-      import('@opentelemetry/sdk-metrics'),
-    ]);
-    const exporter = new PrometheusExporter({ preventServerStart: true });
-    this.meterProvider = new MeterProvider({ readers: [exporter] });
+    const { exporter, provider } = await createMetricsExport();
+    this.meterProvider = provider;
     metrics.setGlobalMeterProvider(this.meterProvider);
     this.metrics = new DaemonMetrics(
       this.meterProvider.getMeter('tally'),
@@ -118,6 +114,11 @@ export class Daemon {
         inFlight: () => this.acks?.tracker.unacked ?? 0,
         shardDepths: () => this.lanes?.depths() ?? [],
         connections: () => ({ amqp: this.link?.current !== null && this.link !== null, redis: this.redis?.status === 'ready' }),
+        // Map order is arrival order: the first delivery with parts in flight is the oldest one holding the acks back.
+        oldestUnackedAgeSeconds: () => {
+          const oldest = this.inFlight.values().next().value;
+          return oldest === undefined ? 0 : (performance.now() - oldest.receivedAt) / 1000;
+        },
       },
     );
     registerSafetyGauges(this.meterProvider.getMeter('tally'), { 'messaging.system': 'rabbitmq', 'messaging.destination.name': config.queue }, {
@@ -126,8 +127,8 @@ export class Daemon {
       unroutableDeadLetters: () => this.link?.brokerState.unroutableDeadLetters ?? 0,
     });
     this.endpoints = new HttpEndpoints(exporter, () => ({ ready: this.ready, detail: this.status }));
-    this.metricsPort = await this.endpoints.listen(config.metricsPort);
-    this.log.info({ port: this.metricsPort, paths: ['/metrics', '/healthz', '/readyz'] }, 'http endpoint listening');
+    this.metricsPort = await this.endpoints.listen(config.metricsPort, config.metricsHost);
+    this.log.info({ host: config.metricsHost, port: this.metricsPort, paths: ['/metrics', '/healthz', '/readyz'] }, 'http endpoint listening');
   }
 
   async start(): Promise<void> {

@@ -1,3 +1,4 @@
+import { isIP } from 'node:net';
 import { availableParallelism } from 'node:os';
 import { ConfigError } from './errors.js';
 
@@ -37,6 +38,8 @@ export interface TallyConfig {
   readonly acceptTypes: ReadonlySet<string> | null;
   /** null: no metrics endpoint. */
   readonly metricsPort: number | null;
+  /** The address the metrics/health endpoint binds to; loopback unless an operator opens it. */
+  readonly metricsHost: string;
   readonly virtualShards: number;
   readonly maxMessageBytes: number;
   readonly shutdownGraceMs: number;
@@ -72,6 +75,7 @@ export const DEFAULTS = Object.freeze({
   maxMessageBytes: 65_536,
   shutdownGraceMs: 30_000,
   logLevel: 'info' as LogLevel,
+  metricsHost: '127.0.0.1',
   allowEviction: false,
   redisWaitReplicas: 0,
   redisWaitTimeoutMs: 5_000,
@@ -209,6 +213,18 @@ function acceptTypes(env: Env, name: string): ReadonlySet<string> | null {
   return new Set(types);
 }
 
+/**
+ * An IP literal (v4 or v6, `::` for every interface) or a host name. Bound by
+ * node:http as given; a name that does not resolve fails the start there.
+ */
+function host(env: Env, name: string, fallback: string): string {
+  const raw = read(env, name) ?? fallback;
+  if (isIP(raw) === 0 && !/^(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$/.test(raw)) {
+    throw new ConfigError(name, `expected an IP address (127.0.0.1, 0.0.0.0, ::) or a host name, got ${JSON.stringify(raw)}`);
+  }
+  return raw;
+}
+
 function logLevel(env: Env, name: string): LogLevel {
   const raw = read(env, name) ?? DEFAULTS.logLevel;
   if (!(LOG_LEVELS as readonly string[]).includes(raw)) {
@@ -251,6 +267,7 @@ export function loadConfig(env: Env = process.env): TallyConfig {
     countTtlS: integer(env, 'TALLY_COUNT_TTL_S', DEFAULTS.countTtlS, LIMITS.countTtlS),
     acceptTypes: acceptTypes(env, 'TALLY_ACCEPT_TYPES'),
     metricsPort: metricsPortRaw === undefined ? null : integer(env, 'TALLY_METRICS_PORT', 0, LIMITS.metricsPort),
+    metricsHost: host(env, 'TALLY_METRICS_HOST', DEFAULTS.metricsHost),
     virtualShards,
     maxMessageBytes: integer(env, 'TALLY_MAX_MESSAGE_BYTES', DEFAULTS.maxMessageBytes, LIMITS.maxMessageBytes),
     shutdownGraceMs: integer(env, 'TALLY_SHUTDOWN_GRACE_MS', DEFAULTS.shutdownGraceMs, LIMITS.shutdownGraceMs),

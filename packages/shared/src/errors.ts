@@ -13,6 +13,8 @@ export type TallyErrorCode =
   | 'TALLY_QUEUE_INCOMPATIBLE'
   | 'TALLY_SHUTDOWN_TIMEOUT'
   | 'TALLY_CLI_USAGE'
+  | 'TALLY_QUEUE_MISSING'
+  | 'TALLY_REPLAY_REFUSED'
   | RedisRequirementCode;
 
 /**
@@ -83,6 +85,23 @@ export class RedisRequirementError extends TallyError {
 export class CliUsageError extends TallyError {
   constructor(message: string) {
     super('TALLY_CLI_USAGE', message);
+  }
+}
+
+/** A CLI command needs a queue the daemon has not declared yet (wrong TALLY_QUEUE, or never started). */
+export class QueueMissingError extends TallyError {
+  constructor(message: string, options?: { cause?: unknown }) {
+    super('TALLY_QUEUE_MISSING', message, options);
+  }
+}
+
+/**
+ * `tally dead replay` could not get a copy confirmed into the work queue
+ * (nacked, or unroutable): the dead letter stays where it was, nothing moved.
+ */
+export class ReplayRefusedError extends TallyError {
+  constructor(message: string) {
+    super('TALLY_REPLAY_REFUSED', message);
   }
 }
 

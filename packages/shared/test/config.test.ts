@@ -31,6 +31,7 @@ const BAD_VALUES: ReadonlyArray<readonly [variable: string, values: readonly str
   ['TALLY_COUNT_TTL_S', ['0', '315360001', 'forever']],
   ['TALLY_ACCEPT_TYPES', [`sale,${'t'.repeat(65)}`]],
   ['TALLY_METRICS_PORT', ['65536', '-1', 'http', '9464.5']],
+  ['TALLY_METRICS_HOST', ['http://0.0.0.0', '0.0.0.0:9464', 'a b', '-lead.example', '1.2.3.4/24']],
   ['TALLY_VIRTUAL_SHARDS', ['0', '1025', 'sixteen', '16.0', '-16']],
   ['TALLY_MAX_MESSAGE_BYTES', ['63', '16777217', '64k']],
   ['TALLY_SHUTDOWN_GRACE_MS', ['-1', '600001', '30s']],
@@ -65,6 +66,7 @@ describe('loadConfig', () => {
       countTtlS: 2_592_000,
       acceptTypes: null,
       metricsPort: null,
+      metricsHost: '127.0.0.1',
       virtualShards: 16,
       maxMessageBytes: 65_536,
       shutdownGraceMs: 30_000,
@@ -120,7 +122,7 @@ describe('loadConfig', () => {
       const read = new Set([...source.matchAll(/'(TALLY_[A-Z_]+)'/g)].map((m) => m[1]!));
       const covered = new Set(BAD_VALUES.map(([name]) => name));
       expect([...covered].sort()).to.deep.equal([...read].sort());
-      expect(covered.size).to.equal(23);
+      expect(covered.size).to.equal(24);
     });
 
     it('names the accepted range for integers', () => {
@@ -256,6 +258,13 @@ describe('loadConfig', () => {
       expect(loadConfig({}).metricsPort).to.equal(null);
       expect(loadConfig({ TALLY_METRICS_PORT: '9464' }).metricsPort).to.equal(9464);
       expect(loadConfig({ TALLY_METRICS_PORT: '0' }).metricsPort).to.equal(0);
+    });
+
+    it('TALLY_METRICS_HOST: loopback by default, any IP literal or host name', () => {
+      expect(loadConfig({}).metricsHost).to.equal('127.0.0.1');
+      for (const host of ['0.0.0.0', '::', '::1', '10.1.2.3', 'localhost', 'metrics.internal-1.example']) {
+        expect(loadConfig({ TALLY_METRICS_HOST: host }).metricsHost).to.equal(host);
+      }
     });
   });
 
