@@ -178,7 +178,9 @@ async function main(argv: string[]): Promise<void> {
       const verdict = verify(await readCounts(redis, config, []), await readTruth(values.truth!));
       if (values.json) out(JSON.stringify(verdict));
       else {
-        out(`${verdict.skus} SKUs: ${verdict.exact} exact, ${verdict.below} below the truth (${verdict.missingUnits} units lost), ${verdict.above} above it (${verdict.excessUnits} units overcounted)`);
+        out(
+          `${verdict.skus} SKUs: ${verdict.exact} exact, ${verdict.below} below the truth (${verdict.missingUnits} units lost), ${verdict.above} above it (${verdict.excessUnits} units overcounted)`,
+        );
       }
       if (verdict.below > 0 || (values.exact && verdict.above > 0)) process.exitCode = 1;
     } else if (command === 'counts') {

@@ -135,7 +135,14 @@ export class Daemon {
     return this.built?.telemetry?.port ?? null;
   }
 
-  get status(): { state: DaemonState; consuming: boolean; redisReady: boolean; inFlight: number; redis: RedisProbeReport | null; amqp: AmqpBrokerState | null } {
+  get status(): {
+    state: DaemonState;
+    consuming: boolean;
+    redisReady: boolean;
+    inFlight: number;
+    redis: RedisProbeReport | null;
+    amqp: AmqpBrokerState | null;
+  } {
     return {
       state: this.state,
       consuming: this.built?.link.consuming ?? false,
@@ -293,11 +300,15 @@ export class Daemon {
         },
       },
     );
-    registerSafetyGauges(meterProvider.getMeter('tally'), { 'messaging.system': 'rabbitmq', 'messaging.destination.name': config.queue }, {
-      redisProbe: () => redisProbe,
-      amqpBlocked: () => this.built?.link.brokerState.blocked ?? false,
-      unroutableDeadLetters: () => this.built?.link.brokerState.unroutableDeadLetters ?? 0,
-    });
+    registerSafetyGauges(
+      meterProvider.getMeter('tally'),
+      { 'messaging.system': 'rabbitmq', 'messaging.destination.name': config.queue },
+      {
+        redisProbe: () => redisProbe,
+        amqpBlocked: () => this.built?.link.brokerState.blocked ?? false,
+        unroutableDeadLetters: () => this.built?.link.brokerState.unroutableDeadLetters ?? 0,
+      },
+    );
     const endpoints = new HttpEndpoints(exporter, () => ({ ready: this.ready, detail: this.status }));
     const port = await endpoints.listen(config.metricsPort, config.metricsHost);
     this.log.info({ host: config.metricsHost, port, paths: ['/metrics', '/healthz', '/readyz'] }, 'http endpoint listening');
@@ -416,7 +427,10 @@ export class Daemon {
     stats.add('occupation_failures', result.occupationFailures);
     stats.add('write_retries', result.writeRetries);
     stats.add('count_errors', result.countErrors);
-    exposure.batchDone(parts.map((part) => part.delivery), result.timings);
+    exposure.batchDone(
+      parts.map((part) => part.delivery),
+      result.timings,
+    );
     for (let i = 0; i < parts.length; i++) {
       const delivery = parts[i]!.delivery;
       if (result.marked[i] === 1) delivery.markedParts++;

@@ -24,7 +24,14 @@ try {
 const log = createLogger(config.logLevel, { component: 'coordinator' });
 // Before the daemon, so its tracer is the SDK's; off unless OTEL_* asks for traces.
 const tracing = await startTracing(process.env);
-if (tracing) log.info({ exporter: process.env.OTEL_TRACES_EXPORTER ?? 'otlp', protocol: process.env.OTEL_EXPORTER_OTLP_TRACES_PROTOCOL ?? process.env.OTEL_EXPORTER_OTLP_PROTOCOL ?? 'http/protobuf' }, 'tracing on');
+if (tracing)
+  log.info(
+    {
+      exporter: process.env.OTEL_TRACES_EXPORTER ?? 'otlp',
+      protocol: process.env.OTEL_EXPORTER_OTLP_TRACES_PROTOCOL ?? process.env.OTEL_EXPORTER_OTLP_PROTOCOL ?? 'http/protobuf',
+    },
+    'tracing on',
+  );
 const daemon = new Daemon(config, log);
 
 async function stopAll(): Promise<void> {

@@ -93,7 +93,9 @@ async function tryDeclare(model: ChannelModel, queue: string, args: Record<strin
     return null;
   } catch (error) {
     if (amqpReplyCode(error) !== 406 /* PRECONDITION_FAILED */) throw error;
-    return describeError(error).replace(/^.*with message "/, '').replace(/"$/, '');
+    return describeError(error)
+      .replace(/^.*with message "/, '')
+      .replace(/"$/, '');
   }
 }
 

@@ -123,9 +123,7 @@ export class ShardLanes {
       this.busyLanes--;
       const due =
         lane.pending.length > 0 &&
-        (lane.drainRequested ||
-          lane.pending.length >= this.options.batchSize ||
-          performance.now() - lane.arrivedAt[0]! >= this.options.batchWaitMs);
+        (lane.drainRequested || lane.pending.length >= this.options.batchSize || performance.now() - lane.arrivedAt[0]! >= this.options.batchWaitMs);
       if (due) this.flush(vshard);
       else this.arm(vshard);
       if (this.pendingParts === 0 && this.busyLanes === 0) {

@@ -14,7 +14,10 @@ export type Env = Readonly<Record<string, string | undefined>>;
 /** Traces are on when an exporter or an endpoint is named, and the SDK is not disabled. */
 export function tracingRequested(env: Env): boolean {
   if (/^true$/i.test(env.OTEL_SDK_DISABLED ?? '')) return false;
-  const exporters = (env.OTEL_TRACES_EXPORTER ?? '').split(',').map((s) => s.trim()).filter(Boolean);
+  const exporters = (env.OTEL_TRACES_EXPORTER ?? '')
+    .split(',')
+    .map((s) => s.trim())
+    .filter(Boolean);
   if (exporters.length > 0) return !exporters.every((e) => e === 'none');
   return Boolean(env.OTEL_EXPORTER_OTLP_ENDPOINT || env.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT);
 }

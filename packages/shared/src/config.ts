@@ -202,7 +202,10 @@ function queueType(env: Env, name: string): QueueType {
 function acceptTypes(env: Env, name: string): ReadonlySet<string> | null {
   const raw = read(env, name);
   if (raw === undefined) return null;
-  const types = raw.split(',').map((t) => t.trim()).filter((t) => t !== '');
+  const types = raw
+    .split(',')
+    .map((t) => t.trim())
+    .filter((t) => t !== '');
   if (types.length === 0) return null;
   for (const t of types) {
     if (t.length > 64) throw new ConfigError(name, `type names are at most 64 characters, got ${JSON.stringify(t)}`);
@@ -242,7 +245,10 @@ export function loadConfig(env: Env = process.env): TallyConfig {
   const defaultWorkers = Math.min(Math.max(1, availableParallelism() - 1), virtualShards);
   const workers = integer(env, 'TALLY_WORKERS', defaultWorkers, LIMITS.workers);
   if (workers > virtualShards) {
-    throw new ConfigError('TALLY_WORKERS', `must not exceed TALLY_VIRTUAL_SHARDS (${virtualShards}): each thread owns at least one virtual shard, got ${workers}`);
+    throw new ConfigError(
+      'TALLY_WORKERS',
+      `must not exceed TALLY_VIRTUAL_SHARDS (${virtualShards}): each thread owns at least one virtual shard, got ${workers}`,
+    );
   }
   const queue = queueName(env, 'TALLY_QUEUE', DEFAULTS.queue);
   const metricsPortRaw = read(env, 'TALLY_METRICS_PORT');

@@ -24,7 +24,8 @@ export type FailureClass = 'transient' | 'fatal' | 'data';
 const TRANSIENT_REPLY = /^(OOM|LOADING|BUSY|READONLY|MASTERDOWN|TRYAGAIN|CLUSTERDOWN|MOVED|ASK|NOSCRIPT|EXECABORT|MISCONF|NOREPLICAS)\b/;
 
 /** Refusals caused by the values in the command: the same write fails the same way every time. */
-const DATA_REPLY = /^(WRONGTYPE\b|ERR value is not an integer|ERR increment or decrement would overflow|ERR value is not a valid float|ERR increment would produce NaN or Infinity|TALLY_SCRIPT_ARGS\b)/;
+const DATA_REPLY =
+  /^(WRONGTYPE\b|ERR value is not an integer|ERR increment or decrement would overflow|ERR value is not a valid float|ERR increment would produce NaN or Infinity|TALLY_SCRIPT_ARGS\b)/;
 
 /**
  * Classifies the text of a Redis error reply. Everything else is `fatal`:

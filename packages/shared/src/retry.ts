@@ -47,7 +47,10 @@ export interface RetryOptions {
 /** What retryUntilDone resolves to when `stopWhen` ended it before the step succeeded. */
 export const RETRY_STOPPED: unique symbol = Symbol('retry stopped');
 
-export function retryUntilDone<T>(step: (attempt: number) => Promise<T>, options: RetryOptions & { stopWhen: () => boolean }): Promise<T | typeof RETRY_STOPPED>;
+export function retryUntilDone<T>(
+  step: (attempt: number) => Promise<T>,
+  options: RetryOptions & { stopWhen: () => boolean },
+): Promise<T | typeof RETRY_STOPPED>;
 export function retryUntilDone<T>(step: (attempt: number) => Promise<T>, options?: RetryOptions): Promise<T>;
 export async function retryUntilDone<T>(step: (attempt: number) => Promise<T>, options: RetryOptions = {}): Promise<T | typeof RETRY_STOPPED> {
   const { classify = classifyError, giveUp, onAttemptFailed, stopWhen, backoff = DEFAULT_BACKOFF, sleep = nodeSleep, random = Math.random } = options;

@@ -30,9 +30,18 @@ describe('backoffDelay', function () {
       [1_000_000, 2500, 5000],
     ];
     for (const [attempt, low, high] of expected) {
-      expect(backoffDelay(attempt, DEFAULT_BACKOFF, () => 0), `attempt ${attempt}`).to.equal(low);
-      expect(backoffDelay(attempt, DEFAULT_BACKOFF, () => ALMOST_ONE), `attempt ${attempt}`).to.equal(high);
-      expect(backoffDelay(attempt, DEFAULT_BACKOFF, () => 0.5), `attempt ${attempt}`).to.equal(Math.round(low * 1.5));
+      expect(
+        backoffDelay(attempt, DEFAULT_BACKOFF, () => 0),
+        `attempt ${attempt}`,
+      ).to.equal(low);
+      expect(
+        backoffDelay(attempt, DEFAULT_BACKOFF, () => ALMOST_ONE),
+        `attempt ${attempt}`,
+      ).to.equal(high);
+      expect(
+        backoffDelay(attempt, DEFAULT_BACKOFF, () => 0.5),
+        `attempt ${attempt}`,
+      ).to.equal(Math.round(low * 1.5));
     }
   });
 

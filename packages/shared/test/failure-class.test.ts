@@ -10,11 +10,11 @@ function replyError(message: string): Error {
 }
 
 const REPLIES: Array<[reply: string, expected: FailureClass]> = [
-  ['OOM command not allowed when used memory > \'maxmemory\'.', 'transient'],
+  ["OOM command not allowed when used memory > 'maxmemory'.", 'transient'],
   ['LOADING Redis is loading the dataset in memory', 'transient'],
   ['BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE.', 'transient'],
   ["READONLY You can't write against a read only replica.", 'transient'],
-  ['MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to \'no\'.', 'transient'],
+  ["MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'.", 'transient'],
   ['TRYAGAIN Multiple keys request during rehashing of slot', 'transient'],
   ['CLUSTERDOWN The cluster is down', 'transient'],
   ['MOVED 3999 127.0.0.1:6381', 'transient'],

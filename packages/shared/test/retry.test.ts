@@ -67,7 +67,10 @@ describe('retryUntilDone', () => {
   it('waits what backoffDelay says for the given options and randomness, capped', async () => {
     const clock = fakeClock();
     const backoff = { baseMs: 10, capMs: 35 };
-    const { step } = failing(Array.from({ length: 6 }, () => new Error('down')), 'up');
+    const { step } = failing(
+      Array.from({ length: 6 }, () => new Error('down')),
+      'up',
+    );
     await retryUntilDone(step, { sleep: clock.sleep, backoff, random: () => 0.5 });
     expect(clock.slept).to.deep.equal([0, 1, 2, 3, 4, 5].map((attempt) => backoffDelay(attempt, backoff, () => 0.5)));
     expect(clock.slept).to.deep.equal([8, 15, 26, 26, 26, 26]);
@@ -106,7 +109,7 @@ describe('retryUntilDone', () => {
     expect(failures).to.have.length(1);
   });
 
-  it('classifies with the caller\'s classifier when one is given', async () => {
+  it("classifies with the caller's classifier when one is given", async () => {
     const clock = fakeClock();
     const { step } = failing([new Error('anything')], 'ok');
     const failures: FailedAttempt[] = [];

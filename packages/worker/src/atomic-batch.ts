@@ -27,7 +27,11 @@ export const ATOMIC_BATCH = loadScript('atomic_batch', 'redis lost the atomic ba
 export const ATOMIC_BATCH_SHA = ATOMIC_BATCH.sha;
 
 /** The EVALSHA arguments of a batch after the command name: SHA, number of keys, keys, then ARGV as documented in the script. */
-export function atomicBatchArgs(settings: Pick<WorkerSettings, 'prefix' | 'markerTtlS' | 'countTtlS'>, task: BatchTask, batchId: string): Array<string | number> {
+export function atomicBatchArgs(
+  settings: Pick<WorkerSettings, 'prefix' | 'markerTtlS' | 'countTtlS'>,
+  task: BatchTask,
+  batchId: string,
+): Array<string | number> {
   const { prefix, markerTtlS, countTtlS } = settings;
   const { vshard, ids, changes } = task;
   const skuIndex = new Map<string, number>();

@@ -14,16 +14,7 @@
 import { randomUUID } from 'node:crypto';
 import { SpanStatusCode, trace } from '@opentelemetry/api';
 import type { Redis } from 'ioredis';
-import {
-  countKey,
-  describeError,
-  retryUntilDone,
-  markerKey,
-  receiptKey,
-  type BatchResult,
-  type BatchTask,
-  type WorkerSettings,
-} from '@tally/shared';
+import { countKey, describeError, retryUntilDone, markerKey, receiptKey, type BatchResult, type BatchTask, type WorkerSettings } from '@tally/shared';
 import { aggregateNewParts, selectNewParts } from './aggregate.js';
 import type { BatchHooks, BatchLog } from './batch-log.js';
 import { batchTracer, inSpan } from './batch-tracing.js';
@@ -50,13 +41,7 @@ function untilDone<T>(step: string, task: BatchTask, log: BatchLog, run: () => P
   });
 }
 
-export async function runTwoStepBatch(
-  redis: Redis,
-  settings: WorkerSettings,
-  task: BatchTask,
-  log: BatchLog,
-  hooks: BatchHooks = {},
-): Promise<BatchResult> {
+export async function runTwoStepBatch(redis: Redis, settings: WorkerSettings, task: BatchTask, log: BatchLog, hooks: BatchHooks = {}): Promise<BatchResult> {
   const { prefix, markerTtlS, countTtlS } = settings;
   const { vshard, ids, changes } = task;
   const markerKeys = ids.map((id) => markerKey(prefix, vshard, id));
@@ -85,18 +70,20 @@ export async function runTwoStepBatch(
     // Built once: every attempt sends the same receipt, so a retry after a
     // reply that never came finds the receipt and writes nothing twice.
     const args = evalshaArgs(WRITE_COUNTS, keys, argv);
-    countErrors = await inSpan(tracer, 'tally.write_counts', { 'tally.shard': vshard, 'tally.skus.distinct': sums.size }, () => untilDone(
-      'write_counts',
-      task,
-      log,
-      async () => {
-        const [refused] = (await runScript(redis, WRITE_COUNTS, args, log)) as [number, number];
-        return refused;
-      },
-      () => {
-        writeRetries++;
-      },
-    ));
+    countErrors = await inSpan(tracer, 'tally.write_counts', { 'tally.shard': vshard, 'tally.skus.distinct': sums.size }, () =>
+      untilDone(
+        'write_counts',
+        task,
+        log,
+        async () => {
+          const [refused] = (await runScript(redis, WRITE_COUNTS, args, log)) as [number, number];
+          return refused;
+        },
+        () => {
+          writeRetries++;
+        },
+      ),
+    );
     if (countErrors > 0) {
       log.error({ vshard, countErrors }, 'redis refused count increments (overflow or a non-integer value in a count key)');
     }
@@ -110,23 +97,25 @@ export async function runTwoStepBatch(
   for (let i = 0; i < ids.length; i++) if (marked[i] === 0) newMarkers.push(markerKeys[i]!);
   if (newMarkers.length > 0) {
     const args = evalshaArgs(OCCUPY_MARKERS, newMarkers, [markerTtlS]);
-    await inSpan(tracer, 'tally.occupy_markers', { 'tally.shard': vshard }, () => untilDone(
-      'occupy_markers',
-      task,
-      log,
-      async () => {
-        await runScript(redis, OCCUPY_MARKERS, args, log);
-      },
-      () => {
-        // The counts are written and the markers are not: the crash window
-        // is open for this batch until a retry succeeds. Counted once per batch.
-        if (occupationFailures === 0) {
-          crashWindow.addEvent('tally.occupation_failure', { 'tally.shard': vshard });
-          crashWindow.setStatus({ code: SpanStatusCode.ERROR, message: 'marker occupation failed after the counts were written' });
-        }
-        occupationFailures = 1;
-      },
-    ));
+    await inSpan(tracer, 'tally.occupy_markers', { 'tally.shard': vshard }, () =>
+      untilDone(
+        'occupy_markers',
+        task,
+        log,
+        async () => {
+          await runScript(redis, OCCUPY_MARKERS, args, log);
+        },
+        () => {
+          // The counts are written and the markers are not: the crash window
+          // is open for this batch until a retry succeeds. Counted once per batch.
+          if (occupationFailures === 0) {
+            crashWindow.addEvent('tally.occupation_failure', { 'tally.shard': vshard });
+            crashWindow.setStatus({ code: SpanStatusCode.ERROR, message: 'marker occupation failed after the counts were written' });
+          }
+          occupationFailures = 1;
+        },
+      ),
+    );
   }
   crashWindow.end();
   const t3 = performance.now();

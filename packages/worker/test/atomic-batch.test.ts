@@ -20,7 +20,10 @@ function taskFor(runId: string, vshard = 5, parts = 60): BatchTask {
   const changes: Array<Array<[string, number]>> = [];
   for (let i = 0; i < parts; i++) {
     ids.push(`${runId}-m${i}`);
-    changes.push([[`S${i % 7}`, 1 + (i % 3)], [`T${i % 5}`, -2]]);
+    changes.push([
+      [`S${i % 7}`, 1 + (i % 3)],
+      [`T${i % 5}`, -2],
+    ]);
   }
   return { vshard, ids, changes };
 }
@@ -112,9 +115,20 @@ describe('atomic batch against a real Redis', function () {
       vshard: 9,
       ids: ['a', 'b', 'c', 'd', 'e'].map((s) => `${runId}-${s}`),
       changes: [
-        [['BIG', max], ['NEG', -max], ['ZERO', 5]],
-        [['BIG', max], ['NEG', -max], ['ZERO', -5]],
-        [['BIG', 1], ['NEG', -1]],
+        [
+          ['BIG', max],
+          ['NEG', -max],
+          ['ZERO', 5],
+        ],
+        [
+          ['BIG', max],
+          ['NEG', -max],
+          ['ZERO', -5],
+        ],
+        [
+          ['BIG', 1],
+          ['NEG', -1],
+        ],
         [['BIG', -3]],
         [['BIG', max]],
       ],

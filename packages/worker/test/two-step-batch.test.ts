@@ -10,7 +10,9 @@ import { runTwoStepBatch, WRITE_COUNTS } from '../src/two-step-batch.js';
 import { startProxy } from '@tally/bench';
 
 const REDIS_URL = process.env.TALLY_REDIS_URL ?? 'redis://127.0.0.1:6379';
-const quiet: BatchLog = process.env.TEST_VERBOSE ? { warn: (f, m) => console.log(Date.now() % 100000, m, JSON.stringify(f)), error: (f, m) => console.log(m, f) } : { warn() {}, error() {} };
+const quiet: BatchLog = process.env.TEST_VERBOSE
+  ? { warn: (f, m) => console.log(Date.now() % 100000, m, JSON.stringify(f)), error: (f, m) => console.log(m, f) }
+  : { warn() {}, error() {} };
 
 function settingsFor(prefix: string): WorkerSettings {
   return { redisUrl: REDIS_URL, prefix, mode: 'two-step', markerTtlS: 600, countTtlS: 2_592_000, logLevel: 'silent' };
@@ -21,7 +23,10 @@ function taskFor(runId: string, vshard = 3, parts = 50): BatchTask {
   const changes: Array<Array<[string, number]>> = [];
   for (let i = 0; i < parts; i++) {
     ids.push(`${runId}-m${i}`);
-    changes.push([[`S${i % 7}`, 1 + (i % 3)], [`T${i % 5}`, 2]]);
+    changes.push([
+      [`S${i % 7}`, 1 + (i % 3)],
+      [`T${i % 5}`, 2],
+    ]);
   }
   return { vshard, ids, changes };
 }
@@ -255,7 +260,10 @@ describe('two-step batch against a real Redis', function () {
       ({ server, probe } = await start());
       const second = taskFor(`${runId}b`, 5, 10);
       await runTwoStepBatch(client, settingsFor(prefix), second, log);
-      expect(warnings.some((w) => w.includes('lost a script')), 'the reload was noticed').to.equal(true);
+      expect(
+        warnings.some((w) => w.includes('lost a script')),
+        'the reload was noticed',
+      ).to.equal(true);
       expect(await probe.get(countKey(prefix, 5, 'S0')), 'counted on the restarted server').to.not.equal(null);
       expect(await probe.mget(second.ids.map((id) => markerKey(prefix, 5, id)))).to.deep.equal(second.ids.map(() => '1'));
     } finally {

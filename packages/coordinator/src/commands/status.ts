@@ -73,7 +73,13 @@ export async function readQueueStatus(config: Pick<TallyConfig, 'amqpUrl' | 'que
   try {
     const work = await checkQueue(connection, config.queue);
     const dead = await checkQueue(connection, config.deadLetterQueue);
-    return { ...base, exists: work !== null, depth: work?.messageCount ?? null, consumers: work?.consumerCount ?? null, dead_depth: dead?.messageCount ?? null };
+    return {
+      ...base,
+      exists: work !== null,
+      depth: work?.messageCount ?? null,
+      consumers: work?.consumerCount ?? null,
+      dead_depth: dead?.messageCount ?? null,
+    };
   } finally {
     await connection.close().catch(() => {});
   }
@@ -84,20 +90,31 @@ export async function readQueueStatus(config: Pick<TallyConfig, 'amqpUrl' | 'que
  * heartbeats (the one client on a standalone Redis, every master on a
  * cluster); `redis` answers single-key reads such as the layout.
  */
-export async function readStatus(nodes: readonly Redis[], redis: Redis, config: Pick<TallyConfig, 'prefix' | 'amqpUrl' | 'queue' | 'deadLetterQueue'>): Promise<StatusReport> {
+export async function readStatus(
+  nodes: readonly Redis[],
+  redis: Redis,
+  config: Pick<TallyConfig, 'prefix' | 'amqpUrl' | 'queue' | 'deadLetterQueue'>,
+): Promise<StatusReport> {
   const [daemons, layout, queue] = await Promise.all([listDaemons(nodes, config.prefix), readLayout(redis, config.prefix), readQueueStatus(config)]);
   return { prefix: config.prefix, layout, queue, daemons };
 }
 
 function table(rows: string[][]): string[] {
   const widths = rows[0]!.map((_, c) => Math.max(...rows.map((r) => r[c]!.length)));
-  return rows.map((r) => r.map((cell, c) => (c === r.length - 1 ? cell : cell.padEnd(widths[c]!))).join('  ').trimEnd());
+  return rows.map((r) =>
+    r
+      .map((cell, c) => (c === r.length - 1 ? cell : cell.padEnd(widths[c]!)))
+      .join('  ')
+      .trimEnd(),
+  );
 }
 
 export function statusText(report: StatusReport): string {
   const lines: string[] = [];
   const { layout, queue } = report;
-  lines.push(`prefix  ${report.prefix}  ${layout === null ? '(no layout: no daemon has started on it)' : `${layout.virtual_shards} virtual shards, ${layout.mode} mode`}`);
+  lines.push(
+    `prefix  ${report.prefix}  ${layout === null ? '(no layout: no daemon has started on it)' : `${layout.virtual_shards} virtual shards, ${layout.mode} mode`}`,
+  );
   if (queue.error !== undefined) lines.push(`queue   ${queue.name}: ${queue.error}`);
   else if (!queue.exists) lines.push(`queue   ${queue.name}: does not exist`);
   else {

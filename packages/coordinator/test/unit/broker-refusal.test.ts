@@ -11,7 +11,9 @@ const TARGET = { url: 'amqp://tally:secret@rabbit:5672/inventory', queue: 'stock
 describe('brokerRefusal (RabbitMQ refusals at start -> one line naming the fix)', () => {
   it('a wrong login names TALLY_AMQP_URL and never the password', () => {
     const line = brokerRefusal(
-      new Error('Handshake terminated by server: 403 (ACCESS-REFUSED) with message "ACCESS_REFUSED - Login was refused using authentication mechanism PLAIN. For details see the broker logfile."'),
+      new Error(
+        'Handshake terminated by server: 403 (ACCESS-REFUSED) with message "ACCESS_REFUSED - Login was refused using authentication mechanism PLAIN. For details see the broker logfile."',
+      ),
       TARGET,
     )!;
     expect(line).to.include('TALLY_AMQP_URL').and.include('Login was refused');
@@ -25,7 +27,10 @@ describe('brokerRefusal (RabbitMQ refusals at start -> one line naming the fix)'
 
   it('a queue the user may not declare or consume names the queue and the exact permissions', () => {
     const line = brokerRefusal(
-      closed(`Channel closed by server: 403 (ACCESS-REFUSED) with message "ACCESS_REFUSED - access to queue 'stock.moves' in vhost 'inventory' refused for user 'tally'"`, 403),
+      closed(
+        `Channel closed by server: 403 (ACCESS-REFUSED) with message "ACCESS_REFUSED - access to queue 'stock.moves' in vhost 'inventory' refused for user 'tally'"`,
+        403,
+      ),
       TARGET,
     )!;
     expect(line).to.include("access to queue 'stock.moves'").and.include(permissionFix(TARGET));
@@ -40,18 +45,32 @@ describe('brokerRefusal (RabbitMQ refusals at start -> one line naming the fix)'
 
   it('a queue declared with other arguments (406) says so and names TALLY_QUEUE', () => {
     const line = brokerRefusal(
-      closed(`Channel closed by server: 406 (PRECONDITION-FAILED) with message "PRECONDITION_FAILED - inequivalent arg 'x-queue-type' for queue 'stock.moves' in vhost 'inventory': received 'quorum' but current is 'classic'"`, 406),
+      closed(
+        `Channel closed by server: 406 (PRECONDITION-FAILED) with message "PRECONDITION_FAILED - inequivalent arg 'x-queue-type' for queue 'stock.moves' in vhost 'inventory': received 'quorum' but current is 'classic'"`,
+        406,
+      ),
       TARGET,
     )!;
     expect(line).to.include("inequivalent arg 'x-queue-type'").and.include('TALLY_QUEUE').and.include('other arguments');
   });
 
   it('an exclusive queue of another connection (405) names TALLY_QUEUE', () => {
-    const line = brokerRefusal(closed(`Channel closed by server: 405 (RESOURCE-LOCKED) with message "RESOURCE_LOCKED - cannot obtain exclusive access to locked queue 'stock.moves' in vhost 'inventory'"`, 405), TARGET)!;
+    const line = brokerRefusal(
+      closed(
+        `Channel closed by server: 405 (RESOURCE-LOCKED) with message "RESOURCE_LOCKED - cannot obtain exclusive access to locked queue 'stock.moves' in vhost 'inventory'"`,
+        405,
+      ),
+      TARGET,
+    )!;
     expect(line).to.include('TALLY_QUEUE').and.include('exclusive');
   });
 
-  for (const transient of ['connect ECONNREFUSED 127.0.0.1:5672', 'Socket closed abruptly during opening handshake', 'read ECONNRESET', 'Connection closed: 320 (CONNECTION-FORCED) with message "CONNECTION_FORCED - broker forced connection closure with reason \'shutdown\'"']) {
+  for (const transient of [
+    'connect ECONNREFUSED 127.0.0.1:5672',
+    'Socket closed abruptly during opening handshake',
+    'read ECONNRESET',
+    'Connection closed: 320 (CONNECTION-FORCED) with message "CONNECTION_FORCED - broker forced connection closure with reason \'shutdown\'"',
+  ]) {
     it(`passes by itself, so retried: ${transient}`, () => {
       expect(brokerRefusal(new Error(transient), TARGET)).to.equal(null);
     });
