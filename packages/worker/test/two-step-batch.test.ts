@@ -6,7 +6,7 @@ import { Redis } from 'ioredis';
 import { countKey, markerKey, type BatchTask, type WorkerSettings } from '@tally/shared';
 import { createRedisClient } from '../src/redis-connection.js';
 import { runTwoStepBatch, WRITE_COUNTS, type BatchLog } from '../src/two-step-batch.js';
-import { startProxy } from '@tally/bench';
+import { startProxy } from '@tally/testkit';
 
 const REDIS_URL = process.env.TALLY_REDIS_URL ?? 'redis://127.0.0.1:6379';
 const quiet: BatchLog = process.env.TEST_VERBOSE ? { warn: (f, m) => console.log(Date.now() % 100000, m, JSON.stringify(f)), error: (f, m) => console.log(m, f) } : { warn() {}, error() {} };

@@ -1,5 +1,5 @@
 import { writeFile } from 'node:fs/promises';
-import { generateWorkload, publishAll, WORKLOAD_DEFAULTS, type WorkloadOptions } from '@tally/bench';
+import { generateWorkload, publishAll, WORKLOAD_DEFAULTS, type WorkloadOptions } from '@tally/workload';
 import { CliUsageError, redactUrl, type TallyConfig } from '@tally/shared';
 
 export interface PublishFlags {

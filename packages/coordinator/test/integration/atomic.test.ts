@@ -9,7 +9,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { expect } from 'chai';
 import amqp from 'amqplib';
 import { Redis } from 'ioredis';
-import { ensureQueue, generateWorkload, publishAll, type Publish } from '@tally/bench';
+import { ensureQueue, generateWorkload, publishAll, type Publish } from '@tally/workload';
 import { escapeGlob, layoutKey, markerScanPattern } from '@tally/shared';
 import { readCounts } from '../../src/commands/counts.js';
 import { readStats, readStatsReport } from '../../src/commands/stats.js';
@@ -31,7 +31,7 @@ import {
   type DaemonProcess,
   type TestSpace,
 } from './harness.js';
-import { startPrivateRedis } from './private-redis.js';
+import { startPrivateRedis } from '@tally/testkit';
 import { redeliveryUnderLoad } from './scenarios.js';
 
 const ATOMIC = { TALLY_MODE: 'atomic' } as const;

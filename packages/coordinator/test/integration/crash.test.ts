@@ -1,6 +1,6 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import { expect } from 'chai';
-import { generateWorkload, publishAll } from '@tally/bench';
+import { generateWorkload, publishAll } from '@tally/workload';
 import { shardOf } from '@tally/shared';
 import { cleanup, compare, countsOf, drainWithDaemon, killDaemon, startDaemon, statsOf, testSpace, AMQP_URL } from './harness.js';
 

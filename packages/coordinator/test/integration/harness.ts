@@ -9,7 +9,7 @@ import { promisify } from 'node:util';
 import { setTimeout as sleep } from 'node:timers/promises';
 import amqp from 'amqplib';
 import { Redis } from 'ioredis';
-import { resetNamespace } from '@tally/bench';
+import { resetNamespace } from '@tally/testkit';
 import { readCounts } from '../../src/commands/counts.js';
 import { readStats } from '../../src/commands/stats.js';
 
@@ -196,17 +196,8 @@ export async function drainQueue(queue: string): Promise<amqp.GetMessage[]> {
   return messages;
 }
 
-/** Differences between counts and truth: missing (below truth) and excess units per SKU. */
-export function compare(counts: Map<string, number>, truth: Map<string, number>): { below: string[]; excess: Map<string, number>; exact: boolean } {
-  const below: string[] = [];
-  const excess = new Map<string, number>();
-  for (const sku of new Set([...counts.keys(), ...truth.keys()])) {
-    const diff = (counts.get(sku) ?? 0) - (truth.get(sku) ?? 0);
-    if (diff < 0) below.push(sku);
-    if (diff > 0) excess.set(sku, diff);
-  }
-  return { below, excess, exact: below.length === 0 && excess.size === 0 };
-}
+/** Differences between counts and truth: the one comparison `tally verify` and the bench use too. */
+export { compareWithTruth as compare } from '@tally/workload';
 
 const run = promisify(execFile);
 
