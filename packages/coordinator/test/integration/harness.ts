@@ -9,7 +9,9 @@ import { promisify } from 'node:util';
 import { setTimeout as sleep } from 'node:timers/promises';
 import amqp from 'amqplib';
 import { Redis } from 'ioredis';
+import { escapeGlob } from '@tally/shared';
 import { resetNamespace } from '@tally/testkit';
+import { ensureQueue, type Publish } from '@tally/workload';
 import { readCounts } from '../../src/commands/counts.js';
 import { readStats } from '../../src/commands/stats.js';
 
@@ -172,6 +174,53 @@ export async function countsOf(prefix: string, virtualShards = 16): Promise<Map<
 
 export async function statsOf(prefix: string): Promise<Awaited<ReturnType<typeof readStats>>> {
   return withRedis((redis) => readStats(redis, { prefix }));
+}
+
+/** Keys matching a pattern (SCAN, never KEYS). */
+export async function keyCount(pattern: string): Promise<number> {
+  return withRedis(async (redis) => {
+    let cursor = '0';
+    let total = 0;
+    do {
+      const [next, keys] = await redis.scan(cursor, 'MATCH', pattern, 'COUNT', 10_000);
+      cursor = next;
+      total += keys.length;
+    } while (cursor !== '0');
+    return total;
+  });
+}
+
+/** Batch receipts: one per shard batch written, in either mode. */
+export const receiptCount = (prefix: string): Promise<number> => keyCount(`${escapeGlob(prefix)}w:{*}:*`);
+
+/** Waits until a batch is written after `before` receipts existed: the daemon just started is at work. False on timeout. */
+export async function waitForNewBatch(prefix: string, before: number, timeoutMs = 5_000): Promise<boolean> {
+  const deadline = Date.now() + timeoutMs;
+  while (Date.now() < deadline) {
+    if ((await receiptCount(prefix)) > before) return true;
+    await sleep(10);
+  }
+  return false;
+}
+
+/** Publishes `chunk` messages every `everyMs` on one confirm channel: a stream, not a preload. */
+export async function publishPaced(publishes: readonly Publish[], queue: string, chunk: number, everyMs: number): Promise<void> {
+  const connection = await amqp.connect(AMQP_URL);
+  try {
+    await ensureQueue(connection, queue);
+    const channel = await connection.createConfirmChannel();
+    for (let i = 0; i < publishes.length; i += chunk) {
+      const started = Date.now();
+      for (const publish of publishes.slice(i, i + chunk)) {
+        channel.sendToQueue(queue, publish.body, { persistent: true, ...(publish.messageId !== undefined ? { messageId: publish.messageId } : {}) });
+      }
+      await channel.waitForConfirms();
+      await sleep(Math.max(0, everyMs - (Date.now() - started)));
+    }
+    await channel.close();
+  } finally {
+    await connection.close().catch(() => {});
+  }
 }
 
 /** Removes a test's queues and keys. */
