@@ -50,8 +50,26 @@ export interface DaemonProcess {
   waitForLog(text: string, timeoutMs?: number): Promise<string>;
 }
 
+/** Every daemon spawned and not yet exited: a root hook kills them after each test, so a failing test leaves none running. */
+const liveDaemons = new Set<ChildProcess>();
+
+// A root-level hook (registered when a test file first imports the harness):
+// no test starts a daemon in a `before` to share it, so none outlives its test.
+afterEach(async function killLeftoverDaemons() {
+  const leftovers = [...liveDaemons];
+  await Promise.all(
+    leftovers.map((child) => {
+      const exited = new Promise((resolve) => child.once('exit', resolve));
+      child.kill('SIGKILL');
+      return exited;
+    }),
+  );
+});
+
 export function spawnDaemon(env: Record<string, string>): DaemonProcess {
   const child = spawn(process.execPath, [MAIN], { env: { ...process.env, ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
+  liveDaemons.add(child);
+  child.once('exit', () => liveDaemons.delete(child));
   const logs: string[] = [];
   const stderr: string[] = [];
   let buffer = '';
