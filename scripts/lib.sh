@@ -48,6 +48,36 @@ ensure_services() {
   fi
 }
 
+# Debian packages the tests drive: promtool and prometheus (package
+# prometheus: metrics lint, rule unit tests, a real scrape) and systemd-analyze
+# (package systemd: the service unit). Installs only what is missing, with one
+# quiet apt-get update first; never starts the distro's prometheus service
+# (policy-rc.d refuses service starts during the install).
+APT_PACKAGES=(prometheus systemd)
+
+ensure_apt_packages() {
+  local missing=()
+  local package
+  for package in "${APT_PACKAGES[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q 'install ok installed'; then missing+=("$package"); fi
+  done
+  if [ "${#missing[@]}" -eq 0 ]; then return; fi
+  if ! command -v apt-get >/dev/null 2>&1; then
+    echo "missing Debian packages: ${missing[*]} (and no apt-get to install them)" >&2
+    return 1
+  fi
+  local sudo=""
+  if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+  echo "installing Debian packages: ${missing[*]}" >&2
+  local policy=/usr/sbin/policy-rc.d created_policy=""
+  if [ ! -e "$policy" ]; then
+    printf '#!/bin/sh\nexit 101\n' | $sudo tee "$policy" >/dev/null && $sudo chmod +x "$policy" && created_policy=1
+  fi
+  $sudo apt-get update -qq >&2
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+  if [ -n "$created_policy" ]; then $sudo rm -f "$policy"; fi
+}
+
 install_and_build() {
   ensure_pnpm
   cd "$ROOT"

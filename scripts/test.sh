@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Installs, builds and runs every suite against the local RabbitMQ and Redis:
-# the unit and integration tests, the fault-injection suite, and the
-# benchmark's quick mode (which checks that every contender counts correctly,
-# never a speed).
+# Installs, builds, lints (eslint, import cycles, prettier --check) and runs
+# every suite against the local RabbitMQ and Redis: the unit and integration
+# tests, the fault-injection suite, and the benchmark's quick mode (which
+# checks that every contender counts correctly, never a speed).
 source "$(dirname "$0")/lib.sh"
 ensure_services
+ensure_apt_packages
 install_and_build
 LOG="$(mktemp)"
 trap 'rm -f "$LOG"' EXIT
@@ -20,6 +21,8 @@ run_step() {
     status=$step_status
   fi
 }
+# Lint first: it is quick, and a failure is reported without stopping the tests.
+run_step pnpm lint
 run_step pnpm test
 run_step pnpm test:faults
 run_step pnpm bench --quick

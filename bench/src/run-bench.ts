@@ -10,14 +10,13 @@ import { Redis } from 'ioredis';
 import type { BenchContext } from './context.js';
 import { isTally } from './contenders.js';
 import { startTraceSink } from './trace-sink.js';
-import { runDrain, resetSpace } from './drain.js';
+import { runDrain } from './drain.js';
 import { runLatency } from './latency-run.js';
 import type { BenchOptions } from './options.js';
 import { parseInfo, startPrivateRedis, type PrivateRedis } from '@tally/testkit';
 import {
   summarize,
   type BenchResults,
-  type ContenderName,
   type DrainRecord,
   type LatencyRecord,
   type MarkerMemoryRecord,
@@ -25,7 +24,6 @@ import {
 } from './results.js';
 import { median } from './stats.js';
 import { generateWorkload, type Workload, type WorkloadOptions } from '@tally/workload';
-import { contextRunFields, prefixName, queueName } from './context.js';
 
 /** Rotates the contender order by the round, so no contender always runs first (or right after the broker's preload). */
 export function roundOrder<T>(items: readonly T[], round: number): T[] {

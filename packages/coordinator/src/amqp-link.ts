@@ -7,17 +7,23 @@
  * from; when a link dies its unacked deliveries are simply redelivered by the
  * broker, and the markers (or the in-flight id hold) recognise them.
  */
+import { randomUUID } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
 import amqp, { type ChannelModel, type ConfirmChannel, type ConsumeMessage, type Message, type Options } from 'amqplib';
-import { backoffDelay, redactUrl, TallyError } from '@tally/shared';
+import { backoffDelay, redactUrl, TallyError, type QueueType } from '@tally/shared';
+import { brokerRefusal } from './broker-refusal.js';
 import type { ChannelLink } from './delivery.js';
 import type { Logger } from './logger.js';
+import { declareTallyQueues } from './queue-declaration.js';
 
 export interface AmqpLinkOptions {
   readonly url: string;
   readonly queue: string;
   readonly deadLetterQueue: string;
   readonly prefetch: number;
+  /** TALLY_QUEUE_TYPE and TALLY_DELIVERY_LIMIT; see queue-declaration.ts. Classic when absent. */
+  readonly queueType?: QueueType;
+  readonly deliveryLimit?: number;
 }
 
 export interface AmqpLinkHandlers {
@@ -27,6 +33,34 @@ export interface AmqpLinkHandlers {
 }
 
 type LinkState = 'idle' | 'connecting' | 'consuming' | 'stopping' | 'closed';
+
+/** The broker's side of the link, for status, /readyz detail and gauges. */
+export interface AmqpBrokerState {
+  /** RabbitMQ blocks the connection (memory or disk alarm): dead-letter publishes wait until it unblocks. */
+  readonly blocked: boolean;
+  readonly blockedReason: string | null;
+  readonly blockedSince: string | null;
+  /** Dead-letter copies the broker returned unroutable since start; each original stayed unacked and was retried. */
+  readonly unroutableDeadLetters: number;
+}
+
+/**
+ * Correlates a returned dead-letter copy with its publish: the broker sends
+ * basic.return before the confirm of the same message, and several copies
+ * may be in flight, so each copy carries its own id.
+ */
+const DEAD_LETTER_ID_HEADER = 'x-tally-dead-letter-id';
+
+/** A dead-letter copy the broker could not route: not kept, so its original must not be acked. */
+export class UnroutableDeadLetterError extends Error {
+  constructor(queue: string, replyText: string) {
+    super(
+      `dead-letter copy returned unroutable (${replyText}): queue ${queue} does not exist; the original stays unacked and is retried; ` +
+        `declare ${queue} again (a durable queue) or restart Tally, which declares it`,
+    );
+    this.name = 'UnroutableDeadLetterError';
+  }
+}
 
 function describe(error: unknown): string {
   return error instanceof Error ? error.message : String(error);
@@ -44,6 +78,10 @@ export class AmqpLink {
   private consumerTag: string | null = null;
   private generation = 0;
   private everConnected = false;
+  private blocked: { reason: string; since: Date } | null = null;
+  private unroutableDeadLetters = 0;
+  /** Ids of dead-letter copies the broker returned and whose confirm has not come yet. */
+  private readonly returnedDeadLetters = new Set<string>();
 
   constructor(
     private readonly options: AmqpLinkOptions,
@@ -53,6 +91,15 @@ export class AmqpLink {
 
   get current(): ChannelLink | null {
     return this.link?.alive ? this.link : null;
+  }
+
+  get brokerState(): AmqpBrokerState {
+    return {
+      blocked: this.blocked !== null,
+      blockedReason: this.blocked?.reason ?? null,
+      blockedSince: this.blocked?.since.toISOString() ?? null,
+      unroutableDeadLetters: this.unroutableDeadLetters,
+    };
   }
 
   get consuming(): boolean {
@@ -72,6 +119,11 @@ export class AmqpLink {
         this.everConnected = true;
         return;
       } catch (error) {
+        if (!this.everConnected) {
+          // A refusal at start is configuration: one line naming the fix, not a retry loop.
+          const refusal = brokerRefusal(error, this.options);
+          if (refusal !== null) throw new TallyError('TALLY_AMQP_REFUSED', `${refusal} (broker ${redactUrl(this.options.url)})`, { cause: error });
+        }
         if (!this.everConnected && isFatalConnectError(error)) {
           throw new TallyError('TALLY_AMQP_UNAVAILABLE', `RabbitMQ at ${redactUrl(this.options.url)} refused Tally: ${describe(error)}`, { cause: error });
         }
@@ -84,16 +136,20 @@ export class AmqpLink {
 
   private async connectOnce(): Promise<void> {
     const model = await amqp.connect(this.options.url, { clientProperties: { connection_name: `tally-coordinator-${process.pid}` } });
+    // From the first moment: a channel the broker closes re-emits its error on
+    // the connection, and an 'error' without a listener is an uncaught throw.
+    model.on('error', (error: Error) => this.log.warn({ err: describe(error) }, 'amqp connection error'));
+    this.watchAlarms(model);
     try {
       await this.declareQueues(model);
       const channel = await model.createConfirmChannel();
+      channel.on('error', (error: Error) => this.log.warn({ err: describe(error) }, 'amqp channel error'));
       await channel.prefetch(this.options.prefetch);
       const link: ChannelLink = { generation: ++this.generation, channel, alive: true };
       const down = (reason: string) => this.linkDown(link, reason);
-      model.on('error', (error: Error) => this.log.warn({ err: describe(error) }, 'amqp connection error'));
       model.on('close', (error?: Error) => down(error ? describe(error) : 'connection closed'));
-      channel.on('error', (error: Error) => this.log.warn({ err: describe(error) }, 'amqp channel error'));
       channel.on('close', () => down('channel closed'));
+      channel.on('return', (message: Message) => this.deadLetterReturned(message));
       this.model = model;
       this.link = link;
       this.handlers.onLinkUp(link);
@@ -119,25 +175,43 @@ export class AmqpLink {
   }
 
   /**
-   * Declares the work queue and `<queue>.dead` as durable queues, unless they
-   * already exist: a queue an operator declared with other arguments (quorum,
-   * TTLs) is used as it is instead of failing with PRECONDITION_FAILED.
+   * Declares the work queue and `<queue>.dead` as durable queues of
+   * TALLY_QUEUE_TYPE; a queue that exists with other arguments (declared by
+   * an operator: another type, TTLs) is used as it is instead of failing
+   * with PRECONDITION_FAILED, and what was found is logged.
    */
   private async declareQueues(model: ChannelModel): Promise<void> {
-    for (const queue of [this.options.queue, this.options.deadLetterQueue]) {
-      const probe = await model.createChannel();
-      probe.on('error', () => {});
-      try {
-        await probe.checkQueue(queue);
-        await probe.close();
-        continue;
-      } catch {
-        // NOT_FOUND closed the probe channel; declare it on a fresh one.
-      }
-      const channel = await model.createChannel();
-      await channel.assertQueue(queue, { durable: true });
-      await channel.close();
-    }
+    const { queue, deadLetterQueue, queueType = 'classic', deliveryLimit = 20 } = this.options;
+    await declareTallyQueues(model, { queue, deadLetterQueue, queueType, deliveryLimit }, this.log);
+  }
+
+  /**
+   * Memory and disk alarms: RabbitMQ stops reading from a connection that
+   * publishes, so dead-letter copies wait (their originals stay unacked).
+   * Consuming and acking go on. Logged, and shown in status and /readyz.
+   */
+  private watchAlarms(model: ChannelModel): void {
+    this.blocked = null;
+    model.on('blocked', (reason: string) => {
+      this.blocked = { reason: String(reason), since: new Date() };
+      this.log.warn({ reason: String(reason) }, 'amqp connection blocked by the broker (resource alarm): dead-letter publishes wait until it clears');
+    });
+    model.on('unblocked', () => {
+      const since = this.blocked?.since;
+      this.blocked = null;
+      this.log.info({ blockedMs: since ? Date.now() - since.getTime() : null }, 'amqp connection unblocked');
+    });
+  }
+
+  private deadLetterReturned(message: Message): void {
+    const id = message.properties.headers?.[DEAD_LETTER_ID_HEADER];
+    this.unroutableDeadLetters++;
+    const fields = message.fields as Message['fields'] & { replyCode?: number; replyText?: string };
+    this.log.warn(
+      { queue: this.options.deadLetterQueue, replyCode: fields.replyCode, replyText: fields.replyText, messageId: message.properties.messageId },
+      `dead-letter copy unroutable: queue ${this.options.deadLetterQueue} is missing; its original stays unacked and is retried`,
+    );
+    if (typeof id === 'string') this.returnedDeadLetters.add(id);
   }
 
   private linkDown(link: ChannelLink, reason: string): void {
@@ -178,9 +252,12 @@ export class AmqpLink {
   deadLetter(link: ChannelLink, message: ConsumeMessage, reason: string): Promise<void> {
     const channel = link.channel as ConfirmChannel;
     const { properties } = message;
+    const id = randomUUID();
     const options: Options.Publish = {
       persistent: true,
-      headers: { ...(properties.headers ?? {}), 'x-tally-reason': reason, 'x-tally-source-queue': this.options.queue },
+      // The broker returns an unroutable copy instead of dropping it (and then still confirms it).
+      mandatory: true,
+      headers: { ...(properties.headers ?? {}), 'x-tally-reason': reason, 'x-tally-source-queue': this.options.queue, [DEAD_LETTER_ID_HEADER]: id },
       contentType: properties.contentType,
       contentEncoding: properties.contentEncoding,
       messageId: properties.messageId,
@@ -196,7 +273,9 @@ export class AmqpLink {
       }
       try {
         channel.sendToQueue(this.options.deadLetterQueue, message.content, options, (error) => {
+          const returned = this.returnedDeadLetters.delete(id);
           if (error) reject(error instanceof Error ? error : new Error(String(error)));
+          else if (returned) reject(new UnroutableDeadLetterError(this.options.deadLetterQueue, 'NO_ROUTE'));
           else resolve();
         });
       } catch (error) {

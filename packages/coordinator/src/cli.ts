@@ -1,35 +1,73 @@
 #!/usr/bin/env node
 /**
- * `pnpm tally <command>`: read counts and counters, publish a workload.
+ * `pnpm tally <command>`: read counts and counters, publish a workload,
+ * list and replay dead letters.
  * Honours the same TALLY_* variables as the daemon.
  */
 import { parseArgs } from 'node:util';
 import { CliUsageError, loadConfig } from '@tally/shared';
-import { createRedisClient } from '@tally/worker';
+import { createRedisClient, startTracing } from '@tally/worker';
 import { countsToJson, readCounts } from './commands/counts.js';
+import { deadList, deadListText, deadReplay, deadReplayText, deadSubcommand } from './commands/dead.js';
 import { deviationEstimate, deviationText } from './commands/deviation.js';
 import { publishCommand } from './commands/publish.js';
-import { readStatsReport } from './commands/stats.js';
+import { readStatsReport, statsText } from './commands/stats.js';
+import { statusCommand } from './commands/status.js';
 import { readTruth, verify } from './commands/verify.js';
+import { explainRedisFailures } from './redis-probe.js';
 
-const USAGE = `usage: tally <command> [options]
+/** One help text per command: `tally <command> --help` prints it. */
+const HELP = Object.freeze({
+  counts: `usage: tally counts [--json] [--sku S ...]
+  counts per SKU under TALLY_PREFIX (all, or the SKUs named)
+  --json     one JSON object mapping each SKU to its integer count
+  --sku S    only this SKU (repeatable)`,
+  stats: `usage: tally stats [--json]
+  the prefix's mode and accumulated counters (received, duplicates, occupation_failures: null in
+  atomic mode, where it cannot happen, ...), totals across restarts and daemons
+  --json     one JSON object`,
+  verify: `usage: tally verify --truth FILE [--exact] [--json]
+  compare the counts with a truth file (exit 1 if any SKU is below it, or with --exact if any differs)`,
+  deviation: `usage: tally deviation --crashes-per-month N --recovery p50=90s,p90=5m,p99=20m [--json]
+  expected overcount per month and its bound, each term shown, from the counters, TALLY_MARKER_TTL_S,
+  TALLY_BATCH_SIZE, TALLY_PREFETCH and TALLY_VIRTUAL_SHARDS, and the crash pattern (percentiles: pNN, min, max)`,
+  publish: `usage: tally publish [options]
+  publish a generated workload to TALLY_QUEUE (progress on stderr when it is a terminal)
+  --messages N (10000)  --skus N (1000)  --changes MIN-MAX (1-8)  --deltas MIN-MAX (1-9)
+  --duplicate-rate R (0.02)  --bad-rate R (0)  --types a,b  --zipf S (0)  --seed N
+  --id-prefix P  --truth FILE (write the expected counts as JSON)
+  with tracing on (OTEL_* as for the daemon) each message gets a producer span and its traceparent header`,
+  dead: `usage: tally dead list [--json] [--reason CODE] [--limit N]
+       tally dead replay [--reason CODE] [--limit N] [--json]
+  list      counts of <TALLY_QUEUE>.dead by reason, and the first N (20) messages with id and reason;
+            the messages are read and requeued in one step, in their order (docs/operations.md)
+  replay    move the matching dead letters (all, or --reason CODE, at most --limit N) back to TALLY_QUEUE:
+            each copy is confirmed by the broker before the dead one is removed; the rest stay in order
+  CODE      a reason code (oversized-body, malformed-json, missing-id, ... see README) or "unknown"`,
+  status: `usage: tally status [--json]
+  live daemons from their heartbeats (host, pid, mode, version, consuming, oldest unacked age, last beat),
+  the prefix's layout, and the queue's depth and consumers
+  --json     one JSON object`,
+} as const);
+
+type Command = keyof typeof HELP;
+
+const USAGE = `usage: tally <command> [options]   (tally <command> --help for its options)
 
 commands:
-  counts [--json] [--sku S ...]   counts per SKU under TALLY_PREFIX (all, or the SKUs named)
-  stats [--json]                  the prefix's mode and accumulated counters (received, duplicates,
-                                  occupation_failures: null in atomic mode, where it cannot happen, ...)
-  verify --truth FILE [--exact]   compare the counts with a truth file (exit 1 if any SKU is below it,
-                                  or with --exact if any differs)
-  deviation --crashes-per-month N --recovery p50=90s,p90=5m,p99=20m [--json]
-                                  expected overcount per month and its bound, each term shown, from the
-                                  counters, TALLY_MARKER_TTL_S, TALLY_BATCH_SIZE, TALLY_PREFETCH and
-                                  TALLY_VIRTUAL_SHARDS, and the crash pattern (percentiles: pNN, min, max)
-  publish [options]               publish a generated workload to TALLY_QUEUE
-      --messages N (10000)  --skus N (1000)  --changes MIN-MAX (1-8)  --deltas MIN-MAX (1-9)
-      --duplicate-rate R (0.02)  --bad-rate R (0)  --types a,b  --zipf S (0)  --seed N
-      --id-prefix P  --truth FILE (write the expected counts as JSON)
+  counts      counts per SKU under TALLY_PREFIX
+  stats       the mode and the accumulated counters
+  verify      compare the counts with a truth file
+  deviation   expected overcount per month, and its bound
+  publish     publish a generated workload to TALLY_QUEUE
+  status      live daemons, the layout, the queue's depth and consumers
+  dead        list or replay <TALLY_QUEUE>.dead
 
 Environment: TALLY_REDIS_URL, TALLY_AMQP_URL, TALLY_QUEUE, TALLY_PREFIX, TALLY_VIRTUAL_SHARDS, ... (see README)`;
+
+function isCommand(name: string): name is Command {
+  return Object.hasOwn(HELP, name);
+}
 
 // `tally counts | head` closes the pipe early: that is a normal end, not an error.
 process.stdout.on('error', (error: NodeJS.ErrnoException) => {
@@ -47,7 +85,28 @@ async function main(argv: string[]): Promise<void> {
     out(USAGE);
     return;
   }
+  if (!isCommand(command)) throw new CliUsageError(`unknown command ${JSON.stringify(command)}\n${USAGE}`);
+  if (rest.includes('--help') || rest.includes('-h')) {
+    out(HELP[command]);
+    return;
+  }
   const config = loadConfig(process.env);
+  if (command === 'dead') {
+    const [sub, ...flags] = rest;
+    const { values } = parseArgs({
+      args: flags,
+      options: { json: { type: 'boolean', default: false }, reason: { type: 'string' }, limit: { type: 'string' } },
+      strict: true,
+    });
+    if (deadSubcommand(sub) === 'list') {
+      const report = await deadList(values, config);
+      out(values.json ? JSON.stringify(report) : deadListText(report));
+    } else {
+      const report = await deadReplay(values, config);
+      out(values.json ? JSON.stringify(report) : deadReplayText(report));
+    }
+    return;
+  }
   if (command === 'publish') {
     const { values } = parseArgs({
       args: rest,
@@ -66,7 +125,18 @@ async function main(argv: string[]): Promise<void> {
       },
       strict: true,
     });
-    await publishCommand(values, config, out);
+    // Producer spans only when the standard OTEL_* variables ask for traces, as for the daemon.
+    const tracing = await startTracing(process.env, 'tally-publish');
+    try {
+      await publishCommand(values, config, out);
+    } finally {
+      await tracing?.shutdown();
+    }
+    return;
+  }
+  if (command === 'status') {
+    const { values } = parseArgs({ args: rest, options: { json: { type: 'boolean', default: false } }, strict: true });
+    await statusCommand(config, values.json, out);
     return;
   }
   if (command === 'deviation') {
@@ -76,16 +146,18 @@ async function main(argv: string[]): Promise<void> {
       strict: true,
     });
     const redis = createRedisClient(config.redisUrl, 'tally-cli', { maxRetriesPerRequest: 0, retryStrategy: () => null });
-    redis.on('error', () => {});
+    // A wrong password or an untrusted certificate reads as its fix, not as "Connection is closed".
+    const explain = explainRedisFailures(redis);
     try {
       const estimate = await deviationEstimate(redis, config, values);
       out(values.json ? JSON.stringify(estimate) : deviationText(estimate, config.prefix));
+    } catch (error) {
+      throw explain(error);
     } finally {
       redis.disconnect();
     }
     return;
   }
-  if (command !== 'counts' && command !== 'stats' && command !== 'verify') throw new CliUsageError(`unknown command ${JSON.stringify(command)}\n${USAGE}`);
   const { values } = parseArgs({
     args: rest,
     options: {
@@ -100,7 +172,7 @@ async function main(argv: string[]): Promise<void> {
   if (command === 'verify' && !values.truth) throw new CliUsageError('verify needs --truth FILE');
   // One attempt, no endless reconnects: a CLI should fail fast and say why.
   const redis = createRedisClient(config.redisUrl, 'tally-cli', { maxRetriesPerRequest: 0, retryStrategy: () => null });
-  redis.on('error', () => {});
+  const explain = explainRedisFailures(redis);
   try {
     if (command === 'verify') {
       const verdict = verify(await readCounts(redis, config, []), await readTruth(values.truth!));
@@ -115,14 +187,10 @@ async function main(argv: string[]): Promise<void> {
       else for (const [sku, value] of [...counts].sort(([a], [b]) => (a < b ? -1 : 1))) out(`${sku}\t${value}`);
     } else {
       const stats = await readStatsReport(redis, config);
-      if (values.json) out(JSON.stringify(stats));
-      else {
-        for (const [name, value] of Object.entries(stats)) {
-          const shown = value === null && name === 'occupation_failures' ? 'n/a (atomic mode: counts and markers are written in one step)' : value;
-          out(`${name.padEnd(22)} ${shown}`);
-        }
-      }
+      out(values.json ? JSON.stringify(stats) : statsText(stats));
     }
+  } catch (error) {
+    throw explain(error);
   } finally {
     redis.disconnect();
   }

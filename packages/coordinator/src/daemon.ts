@@ -21,9 +21,11 @@ import {
 } from '@tally/shared';
 import { createRedisClient } from '@tally/worker';
 import { AckTracker } from './ack-tracker.js';
-import { AmqpLink } from './amqp-link.js';
+import { AmqpLink, type AmqpBrokerState } from './amqp-link.js';
 import type { ChannelLink, Delivery } from './delivery.js';
 import { ensureLayout } from './layout-guard.js';
+import { probeRedis, type RedisProbeReport } from './redis-probe.js';
+import { Heartbeat, HEARTBEAT_TTL_BEATS, newDaemonId } from './heartbeat.js';
 import type { Logger } from './logger.js';
 import { ShardLanes, type PendingPart } from './shard-lanes.js';
 import { StatsRecorder } from './stats-recorder.js';
@@ -32,7 +34,9 @@ import { BadMessageLog } from './bad-message-log.js';
 import { ExposureMeter } from './exposure-meter.js';
 import { endBatchSpan, failBatchSpan, recordDeadLetter, startBatchSpan } from './telemetry/batch-span.js';
 import { HttpEndpoints } from './telemetry/http-endpoints.js';
+import { registerSafetyGauges } from './telemetry/safety-gauges.js';
 import { DaemonMetrics, timestampToMs } from './telemetry/metrics.js';
+import { createMetricsExport } from './telemetry/metrics-export.js';
 
 export type DaemonState = 'created' | 'starting' | 'running' | 'stopping' | 'stopped';
 
@@ -62,8 +66,13 @@ export class Daemon {
   private metrics: DaemonMetrics | null = null;
   private meterProvider: MeterProvider | null = null;
   private endpoints: HttpEndpoints | null = null;
+  /** This daemon's id in its heartbeat key and mode lease. */
+  readonly daemonId = newDaemonId();
+  private heartbeat: Heartbeat | null = null;
   /** The port the HTTP endpoint listens on, once started (TALLY_METRICS_PORT=0 picks one). */
   metricsPort: number | null = null;
+  /** What the start-up probe found (docs/redis-requirements.md). */
+  private redisProbe: RedisProbeReport | null = null;
 
   constructor(
     private readonly config: TallyConfig,
@@ -73,12 +82,14 @@ export class Daemon {
     this.parseOptions = Object.freeze({ maxBytes: config.maxMessageBytes });
   }
 
-  get status(): { state: DaemonState; consuming: boolean; redisReady: boolean; inFlight: number } {
+  get status(): { state: DaemonState; consuming: boolean; redisReady: boolean; inFlight: number; redis: RedisProbeReport | null; amqp: AmqpBrokerState | null } {
     return {
       state: this.state,
       consuming: this.link?.consuming ?? false,
       redisReady: this.redis?.status === 'ready',
       inFlight: this.inFlight.size,
+      redis: this.redisProbe,
+      amqp: this.link?.brokerState ?? null,
     };
   }
 
@@ -92,13 +103,8 @@ export class Daemon {
   private async startMetrics(): Promise<void> {
     const { config } = this;
     if (config.metricsPort === null) return;
-    // Loaded only when asked for: a daemon without metrics does not pay their start-up.
-    const [{ PrometheusExporter }, { MeterProvider }] = await Promise.all([
-      import('@opentelemetry/exporter-prometheus'),
-      import('@opentelemetry/sdk-metrics'),
-    ]);
-    const exporter = new PrometheusExporter({ preventServerStart: true });
-    this.meterProvider = new MeterProvider({ readers: [exporter] });
+    const { exporter, provider } = await createMetricsExport();
+    this.meterProvider = provider;
     metrics.setGlobalMeterProvider(this.meterProvider);
     this.metrics = new DaemonMetrics(
       this.meterProvider.getMeter('tally'),
@@ -108,11 +114,21 @@ export class Daemon {
         inFlight: () => this.acks?.tracker.unacked ?? 0,
         shardDepths: () => this.lanes?.depths() ?? [],
         connections: () => ({ amqp: this.link?.current !== null && this.link !== null, redis: this.redis?.status === 'ready' }),
+        // Map order is arrival order: the first delivery with parts in flight is the oldest one holding the acks back.
+        oldestUnackedAgeSeconds: () => {
+          const oldest = this.inFlight.values().next().value;
+          return oldest === undefined ? 0 : (performance.now() - oldest.receivedAt) / 1000;
+        },
       },
     );
+    registerSafetyGauges(this.meterProvider.getMeter('tally'), { 'messaging.system': 'rabbitmq', 'messaging.destination.name': config.queue }, {
+      redisProbe: () => this.redisProbe,
+      amqpBlocked: () => this.link?.brokerState.blocked ?? false,
+      unroutableDeadLetters: () => this.link?.brokerState.unroutableDeadLetters ?? 0,
+    });
     this.endpoints = new HttpEndpoints(exporter, () => ({ ready: this.ready, detail: this.status }));
-    this.metricsPort = await this.endpoints.listen(config.metricsPort);
-    this.log.info({ port: this.metricsPort, paths: ['/metrics', '/healthz', '/readyz'] }, 'http endpoint listening');
+    this.metricsPort = await this.endpoints.listen(config.metricsPort, config.metricsHost);
+    this.log.info({ host: config.metricsHost, port: this.metricsPort, paths: ['/metrics', '/healthz', '/readyz'] }, 'http endpoint listening');
   }
 
   async start(): Promise<void> {
@@ -137,12 +153,24 @@ export class Daemon {
       'starting',
     );
 
+    // Before anything is written: a Redis that cannot keep Tally's promise stops the start here.
+    this.redisProbe = await this.untilRedis('redis probe', () => probeRedis(config, log));
     this.redis = createRedisClient(config.redisUrl, 'tally-coordinator');
     this.redis.on('error', () => {});
     this.redis.on('ready', () => log.info({ redis: redactUrl(config.redisUrl) }, 'redis ready'));
     this.redis.on('end', () => log.warn('redis connection ended'));
-    const layout = await this.untilRedis('layout check', () => ensureLayout(this.redis!, config));
-    log.info({ virtualShards: layout.virtualShards, created: layout.created }, 'shard layout verified');
+    const lease = { holder: this.daemonId, ttlMs: HEARTBEAT_TTL_BEATS * config.heartbeatMs };
+    const layout = await this.untilRedis('layout check', () => ensureLayout(this.redis!, config, lease));
+    log.info({ virtualShards: layout.virtualShards, created: layout.created, daemonId: this.daemonId }, 'shard layout verified');
+    // From the layout check on, not from the link: the beat renews the mode lease the check took (layout-guard.ts).
+    this.heartbeat = new Heartbeat(
+      this.redis,
+      this.daemonId,
+      { prefix: config.prefix, mode: config.mode, queue: config.queue, intervalMs: config.heartbeatMs, ttlMs: lease.ttlMs },
+      () => this.heartbeatSnapshot(),
+      log,
+    );
+    this.heartbeat.start();
 
     this.stats = new StatsRecorder(this.redis, config.prefix, log);
     this.stats.start();
@@ -163,7 +191,14 @@ export class Daemon {
     );
     this.lanes = new ShardLanes(config, (vshard, parts) => this.runBatch(vshard, parts));
     this.link = new AmqpLink(
-      { url: config.amqpUrl, queue: config.queue, deadLetterQueue: config.deadLetterQueue, prefetch: config.prefetch },
+      {
+        url: config.amqpUrl,
+        queue: config.queue,
+        deadLetterQueue: config.deadLetterQueue,
+        prefetch: config.prefetch,
+        queueType: config.queueType,
+        deliveryLimit: config.deliveryLimit,
+      },
       log,
       {
         onDelivery: (link, message) => this.onDelivery(link, message),
@@ -179,6 +214,13 @@ export class Daemon {
     );
     await this.link.start();
     this.state = 'running';
+    void this.heartbeat.beatOnce(); // show "consuming" now, not at the next interval
+  }
+
+  private heartbeatSnapshot(): { consuming: boolean; oldestUnackedS: number | null; inFlight: number } {
+    const tracker = this.acks?.tracker;
+    const ageMs = tracker?.oldestUnackedAgeMs() ?? null;
+    return { consuming: this.link?.consuming ?? false, oldestUnackedS: ageMs === null ? null : ageMs / 1000, inFlight: tracker?.unacked ?? 0 };
   }
 
   /** Startup steps wait for Redis like everything else (invariant 8), but fatal errors still stop the start. */
@@ -407,6 +449,7 @@ export class Daemon {
     } catch (error) {
       log.warn({ err: describe(error) }, 'stopping worker threads failed');
     }
+    await this.heartbeat?.stop();
     try {
       await this.redis?.quit();
     } catch {

@@ -19,10 +19,148 @@ export interface Layout {
 }
 
 /**
+ * A daemon's claim on the prefix's mode, kept as a field `lease:<id>` of the
+ * layout hash with a server-clock expiry. While a lease of one mode is live,
+ * no daemon can switch the prefix to the other: the switch is decided by the
+ * same script that reads the leases, so a daemon that has just verified the
+ * layout but not yet written a marker is seen. The heartbeat renews it; a
+ * clean stop releases it; a crashed daemon's lease runs out after `ttlMs`.
+ */
+export interface ModeLease {
+  readonly holder: string;
+  readonly ttlMs: number;
+}
+
+/**
  * Prefixes laid out before the mode was recorded were run by two-step
  * daemons: the only mode there was.
  */
 const MODE_OF_UNRECORDED_LAYOUT: TallyMode = 'two-step';
+
+const LEASE_FIELD = 'lease:';
+
+/**
+ * Creates or verifies the layout in one step (one key, so one slot on a
+ * cluster too). Everything a start decides about the layout happens here,
+ * so daemons starting at the same instant on a new prefix see one winner:
+ * the first script to run creates the record, every later one verifies it.
+ *
+ * KEYS[1] layout hash
+ * ARGV: 1 virtual shards, 2 shard hash, 3 mode, 4 now (ISO, for created_at
+ *       and mode_switched_at), 5 mode of a layout recorded before modes were,
+ *       6 lease holder ('' for none), 7 lease ms, 8 '1' when the caller found
+ *       no live marker and may switch the mode
+ * Reply: { verdict, virtual_shards, hash, recorded mode, created 0|1, live
+ *          leases of another mode }, verdict one of 'ok', 'switched',
+ *          'layout' (shards or hash differ), 'mode' (mode differs, no switch).
+ *
+ * TIME is the server's clock, so lease expiries do not depend on the clocks
+ * of the machines the daemons run on. replicate_commands lets a script that
+ * read TIME write on Redis 5 and 6 (effects replication is the default and
+ * the call a no-op from Redis 7).
+ */
+const ENSURE_LAYOUT_LUA = `
+if redis.replicate_commands then redis.replicate_commands() end
+local key = KEYS[1]
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local created = 0
+if redis.call('EXISTS', key) == 0 then
+  redis.call('HSET', key, 'virtual_shards', ARGV[1], 'hash', ARGV[2], 'created_at', ARGV[4], 'mode', ARGV[3])
+  created = 1
+else
+  redis.call('HSETNX', key, 'virtual_shards', ARGV[1])
+  redis.call('HSETNX', key, 'hash', ARGV[2])
+  redis.call('HSETNX', key, 'created_at', ARGV[4])
+  redis.call('HSETNX', key, 'mode', ARGV[5])
+end
+local shards = redis.call('HGET', key, 'virtual_shards')
+local hash = redis.call('HGET', key, 'hash')
+local mode = redis.call('HGET', key, 'mode')
+if shards ~= ARGV[1] or hash ~= ARGV[2] then
+  return { 'layout', shards, hash, mode, created, 0 }
+end
+local others = 0
+local fields = redis.call('HGETALL', key)
+for i = 1, #fields, 2 do
+  local field = fields[i]
+  if string.sub(field, 1, ${LEASE_FIELD.length}) == '${LEASE_FIELD}' then
+    local held, expires = string.match(fields[i + 1], '^(%S+) (%d+)$')
+    if expires == nil or tonumber(expires) <= now then
+      redis.call('HDEL', key, field)
+    elseif held ~= ARGV[3] then
+      others = others + 1
+    end
+  end
+end
+local verdict = 'ok'
+if mode ~= ARGV[3] then
+  if ARGV[8] ~= '1' or others > 0 then
+    return { 'mode', shards, hash, mode, created, others }
+  end
+  redis.call('HSET', key, 'mode', ARGV[3], 'mode_switched_at', ARGV[4])
+  verdict = 'switched'
+end
+if ARGV[6] ~= '' then
+  redis.call('HSET', key, '${LEASE_FIELD}' .. ARGV[6], ARGV[3] .. ' ' .. (now + tonumber(ARGV[7])))
+end
+return { verdict, shards, hash, mode, created, others }
+`;
+
+/**
+ * KEYS[1] layout hash; ARGV: 1 holder, 2 mode, 3 lease ms. Renews a lease
+ * only while the layout exists (a prefix wiped by an operator is not
+ * re-created by a heartbeat). Reply 1 renewed, 0 no layout.
+ */
+const RENEW_LEASE_LUA = `
+if redis.replicate_commands then redis.replicate_commands() end
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('HSET', KEYS[1], '${LEASE_FIELD}' .. ARGV[1], ARGV[2] .. ' ' .. (now + tonumber(ARGV[3])))
+return 1
+`;
+
+type Verdict = 'ok' | 'switched' | 'layout' | 'mode';
+
+interface ScriptReply {
+  readonly verdict: Verdict;
+  readonly virtualShards: string;
+  readonly hash: string;
+  readonly mode: TallyMode;
+  readonly created: boolean;
+  /** Live leases held by daemons of another mode. */
+  readonly otherModeLeases: number;
+}
+
+async function runLayoutScript(
+  redis: Redis,
+  config: Pick<TallyConfig, 'prefix' | 'virtualShards' | 'mode'>,
+  lease: ModeLease | null,
+  maySwitch: boolean,
+): Promise<ScriptReply> {
+  const reply = (await redis.eval(
+    ENSURE_LAYOUT_LUA,
+    1,
+    layoutKey(config.prefix),
+    String(config.virtualShards),
+    SHARD_HASH,
+    config.mode,
+    new Date().toISOString(),
+    MODE_OF_UNRECORDED_LAYOUT,
+    lease?.holder ?? '',
+    String(lease?.ttlMs ?? 0),
+    maySwitch ? '1' : '0',
+  )) as [Verdict, string, string, string, number, number];
+  return {
+    verdict: reply[0],
+    virtualShards: reply[1],
+    hash: reply[2],
+    mode: reply[3] as TallyMode,
+    created: reply[4] === 1,
+    otherModeLeases: reply[5],
+  };
+}
 
 /** Any live idempotency marker under the prefix, with its remaining TTL; null when there is none. */
 export async function findLiveMarker(redis: Redis, prefix: string): Promise<{ key: string; ttlS: number } | null> {
@@ -38,6 +176,16 @@ export async function findLiveMarker(redis: Redis, prefix: string): Promise<{ ke
   return null;
 }
 
+function liveDaemonRefusal(config: Pick<TallyConfig, 'prefix' | 'mode'>, recorded: TallyMode, count: number): ModeSwitchRefusedError {
+  return new ModeSwitchRefusedError(
+    `TALLY_MODE is ${config.mode} but prefix "${config.prefix}" runs in ${recorded} mode (Redis key ${layoutKey(config.prefix)}) and ${count} ` +
+      `${recorded} daemon${count === 1 ? ' holds' : 's hold'} a live lease on it (see \`tally status\`). ` +
+      `Daemons of both modes on one prefix can count a message twice in the two-step crash window, the double count atomic mode exists to rule out. ` +
+      `Start this daemon with TALLY_MODE=${recorded}, or stop every ${recorded} daemon on this prefix and start again once its markers have expired, ` +
+      `or use a new TALLY_PREFIX.`,
+  );
+}
+
 /**
  * Records the layout of a prefix the first time a daemon starts on it, and
  * refuses to start when a later daemon disagrees:
@@ -47,35 +195,50 @@ export async function findLiveMarker(redis: Redis, prefix: string): Promise<{ ke
  * - mode: both modes use the same marker keys, so markers of one are honoured
  *   by the other, but a message handled by daemons of both modes at once can
  *   still fall into the two-step crash window that atomic mode closes. A
- *   switch is refused while any marker of the prefix is live (a daemon of the
- *   old mode may still run) and allowed once they have all expired, which
- *   takes at most the old mode's TALLY_MARKER_TTL_S after its last write.
+ *   switch is refused while a daemon of the recorded mode holds a live lease
+ *   or any marker of the prefix is live (a daemon of the old mode may have
+ *   run until recently), and allowed once they have all expired, which takes
+ *   at most the old mode's TALLY_MARKER_TTL_S after its last write.
  *
- * HSETNX makes the first writer win when several daemons start at once.
+ * Creation, verification, the switch and taking the lease are each one
+ * script, so daemons starting at the same instant cannot disagree: one
+ * layout wins and every daemon with other settings refuses. The marker scan
+ * cannot run inside a script (it spans the keyspace, and every slot on a
+ * cluster), so a switch is two steps: scan, then a script that switches only
+ * if the mode is still the old one and no daemon of it holds a lease. A
+ * daemon of the old mode takes its lease before it writes any marker, so one
+ * that starts between the two steps stops the switch.
  */
-export async function ensureLayout(redis: Redis, config: Pick<TallyConfig, 'prefix' | 'virtualShards' | 'mode'>): Promise<Layout> {
+export async function ensureLayout(
+  redis: Redis,
+  config: Pick<TallyConfig, 'prefix' | 'virtualShards' | 'mode'>,
+  lease: ModeLease | null = null,
+): Promise<Layout> {
   const key = layoutKey(config.prefix);
-  const created = (await redis.hsetnx(key, 'virtual_shards', String(config.virtualShards))) === 1;
-  await redis.hsetnx(key, 'hash', SHARD_HASH);
-  await redis.hsetnx(key, 'created_at', new Date().toISOString());
-  await redis.hsetnx(key, 'mode', created ? config.mode : MODE_OF_UNRECORDED_LAYOUT);
-  const stored = await redis.hgetall(key);
-  const storedShards = Number(stored.virtual_shards);
-  if (storedShards !== config.virtualShards) {
+  const first = await runLayoutScript(redis, config, lease, false);
+  if (first.verdict === 'layout') {
+    if (first.virtualShards !== String(config.virtualShards)) {
+      throw new ShardLayoutMismatchError(
+        `TALLY_VIRTUAL_SHARDS is ${config.virtualShards} but prefix "${config.prefix}" was laid out with ${first.virtualShards} virtual shards ` +
+          `(Redis key ${key}). Changing it would move SKUs between shards and let redeliveries skip or repeat parts. ` +
+          `Set TALLY_VIRTUAL_SHARDS=${first.virtualShards}, or use a new TALLY_PREFIX.`,
+      );
+    }
     throw new ShardLayoutMismatchError(
-      `TALLY_VIRTUAL_SHARDS is ${config.virtualShards} but prefix "${config.prefix}" was laid out with ${stored.virtual_shards} virtual shards ` +
-        `(Redis key ${key}). Changing it would move SKUs between shards and let redeliveries skip or repeat parts. ` +
-        `Set TALLY_VIRTUAL_SHARDS=${stored.virtual_shards}, or use a new TALLY_PREFIX.`,
+      `prefix "${config.prefix}" was laid out with shard hash "${first.hash}", this build uses "${SHARD_HASH}"; use a new TALLY_PREFIX.`,
     );
   }
-  if (stored.hash !== SHARD_HASH) {
-    throw new ShardLayoutMismatchError(
-      `prefix "${config.prefix}" was laid out with shard hash "${stored.hash}", this build uses "${SHARD_HASH}"; use a new TALLY_PREFIX.`,
-    );
-  }
-  const recorded = (stored.mode ?? MODE_OF_UNRECORDED_LAYOUT) as TallyMode;
-  if (recorded === config.mode) return { virtualShards: storedShards, hash: SHARD_HASH, created, mode: recorded, switchedFrom: null };
+  const layout = (reply: ScriptReply, switchedFrom: TallyMode | null): Layout => ({
+    virtualShards: Number(reply.virtualShards),
+    hash: SHARD_HASH,
+    created: first.created,
+    mode: config.mode,
+    switchedFrom,
+  });
+  if (first.verdict === 'ok') return layout(first, null);
 
+  const recorded = first.mode;
+  if (first.otherModeLeases > 0) throw liveDaemonRefusal(config, recorded, first.otherModeLeases);
   const live = await findLiveMarker(redis, config.prefix);
   if (live !== null) {
     const expiry = live.ttlS >= 0 ? `the one found, ${live.key}, expires in ${live.ttlS} s` : `the one found, ${live.key}, has no TTL and must be deleted by hand`;
@@ -87,6 +250,19 @@ export async function ensureLayout(redis: Redis, config: Pick<TallyConfig, 'pref
         `or use a new TALLY_PREFIX.`,
     );
   }
-  await redis.hset(key, 'mode', config.mode, 'mode_switched_at', new Date().toISOString());
-  return { virtualShards: storedShards, hash: SHARD_HASH, created, mode: config.mode, switchedFrom: recorded };
+  const second = await runLayoutScript(redis, config, lease, true);
+  if (second.verdict === 'switched') return layout(second, recorded);
+  if (second.verdict === 'ok') return layout(second, null); // another daemon of this mode switched it first
+  if (second.verdict === 'mode') throw liveDaemonRefusal(config, second.mode, Math.max(1, second.otherModeLeases));
+  throw new ShardLayoutMismatchError(`the layout of prefix "${config.prefix}" changed while this daemon started (Redis key ${key}); start it again.`);
+}
+
+/** Renews a daemon's mode lease; false when the layout is gone (the prefix was wiped). */
+export async function renewModeLease(redis: Redis, prefix: string, mode: TallyMode, lease: ModeLease): Promise<boolean> {
+  return (await redis.eval(RENEW_LEASE_LUA, 1, layoutKey(prefix), lease.holder, mode, String(lease.ttlMs))) === 1;
+}
+
+/** Releases a daemon's mode lease on a clean stop, so a mode switch need not wait for it to run out. */
+export async function releaseModeLease(redis: Redis, prefix: string, lease: ModeLease): Promise<void> {
+  await redis.hdel(layoutKey(prefix), `${LEASE_FIELD}${lease.holder}`);
 }

@@ -1,3 +1,4 @@
+import { isIP } from 'node:net';
 import { availableParallelism } from 'node:os';
 import { ConfigError } from './errors.js';
 
@@ -5,6 +6,10 @@ export type TallyMode = 'two-step' | 'atomic';
 
 /** Modes this build can run; see README "Atomic mode" for when to pick which. */
 export const SUPPORTED_MODES: readonly TallyMode[] = Object.freeze(['two-step', 'atomic']);
+
+/** The type of the queues Tally declares; an existing queue is used as it is. See docs/scale-out.md. */
+export type QueueType = 'classic' | 'quorum';
+export const QUEUE_TYPES: readonly QueueType[] = Object.freeze(['classic', 'quorum']);
 
 export type LogLevel = 'fatal' | 'error' | 'warn' | 'info' | 'debug' | 'trace' | 'silent';
 const LOG_LEVELS: readonly LogLevel[] = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'];
@@ -15,6 +20,12 @@ export interface TallyConfig {
   readonly queue: string;
   /** `<queue>.dead`: where bad messages go, with `x-tally-reason`. */
   readonly deadLetterQueue: string;
+  /** Applies to the queues Tally declares (x-queue-type). */
+  readonly queueType: QueueType;
+  /** Quorum queues only: deliveries of one message before the broker dead-letters it to `<queue>.dead` (x-delivery-limit). */
+  readonly deliveryLimit: number;
+  /** How often a daemon refreshes its heartbeat and mode lease; both expire after 3 intervals. */
+  readonly heartbeatMs: number;
   readonly prefix: string;
   readonly mode: TallyMode;
   readonly workers: number;
@@ -27,10 +38,22 @@ export interface TallyConfig {
   readonly acceptTypes: ReadonlySet<string> | null;
   /** null: no metrics endpoint. */
   readonly metricsPort: number | null;
+  /** The address the metrics/health endpoint binds to; loopback unless an operator opens it. */
+  readonly metricsHost: string;
   readonly virtualShards: number;
   readonly maxMessageBytes: number;
   readonly shutdownGraceMs: number;
   readonly logLevel: LogLevel;
+  /**
+   * TALLY_ALLOW_EVICTION: start even when Redis's maxmemory-policy may evict
+   * keys. Every Tally key has a TTL, so any volatile-* or allkeys-* policy can
+   * drop counts (lost) or markers (counted twice); off by default.
+   */
+  readonly allowEviction: boolean;
+  /** TALLY_REDIS_WAIT_REPLICAS: replicas that must acknowledge a batch's writes (Redis WAIT) before its deliveries are acked; 0 = no WAIT. */
+  readonly redisWaitReplicas: number;
+  /** TALLY_REDIS_WAIT_TIMEOUT_MS: how long one WAIT may block; a timeout is retried, never acked. */
+  readonly redisWaitTimeoutMs: number;
 }
 
 /** Frozen defaults, the single place where a default value is written down. */
@@ -40,6 +63,9 @@ export const DEFAULTS = Object.freeze({
   queue: 'inventory.changes',
   prefix: 'tally:',
   mode: 'two-step' as TallyMode,
+  queueType: 'classic' as QueueType,
+  deliveryLimit: 20,
+  heartbeatMs: 5_000,
   prefetch: 2000,
   batchSize: 500,
   batchWaitMs: 50,
@@ -49,6 +75,10 @@ export const DEFAULTS = Object.freeze({
   maxMessageBytes: 65_536,
   shutdownGraceMs: 30_000,
   logLevel: 'info' as LogLevel,
+  metricsHost: '127.0.0.1',
+  allowEviction: false,
+  redisWaitReplicas: 0,
+  redisWaitTimeoutMs: 5_000,
 });
 
 /** Ranges, named so the error message can quote them. */
@@ -63,6 +93,12 @@ export const LIMITS = Object.freeze({
   virtualShards: [1, 1024],
   maxMessageBytes: [64, 16_777_216],
   shutdownGraceMs: [0, 600_000],
+  redisWaitReplicas: [0, 16],
+  // WAIT 0 blocks forever: a stalled ack nobody sees. One minute is already
+  // longer than any replica that is keeping up needs.
+  redisWaitTimeoutMs: [1, 60_000],
+  deliveryLimit: [1, 1_000],
+  heartbeatMs: [100, 60_000],
 } as const);
 
 export type Env = Readonly<Record<string, string | undefined>>;
@@ -99,7 +135,30 @@ function url(env: Env, name: string, fallback: string, schemes: readonly string[
   if (!schemes.includes(parsed.protocol)) {
     throw new ConfigError(name, `unsupported scheme ${JSON.stringify(parsed.protocol)}; expected one of ${schemes.join(', ')}`);
   }
-  return raw;
+  return withLowerCaseScheme(raw);
+}
+
+/**
+ * URL schemes are case-insensitive (RFC 3986), and `new URL` accepts
+ * `REDISS://`, but ioredis tests `startsWith('rediss://')`: an upper-case
+ * scheme connected in plaintext and sent the password in the clear. Every
+ * consumer (daemon, worker threads, CLI) takes the URL from here, so the
+ * scheme is lowered once; the rest of the URL is left exactly as given.
+ */
+function withLowerCaseScheme(raw: string): string {
+  return raw.replace(/^[A-Za-z][A-Za-z0-9+.-]*:/, (scheme) => scheme.toLowerCase());
+}
+
+const TRUE_WORDS = ['1', 'true', 'yes'];
+const FALSE_WORDS = ['0', 'false', 'no'];
+
+function flag(env: Env, name: string, fallback: boolean): boolean {
+  const raw = read(env, name);
+  if (raw === undefined) return fallback;
+  const word = raw.toLowerCase();
+  if (TRUE_WORDS.includes(word)) return true;
+  if (FALSE_WORDS.includes(word)) return false;
+  throw new ConfigError(name, `expected one of ${[...TRUE_WORDS, ...FALSE_WORDS].join(', ')}, got ${JSON.stringify(raw)}`);
 }
 
 /** Queue names: AMQP allows up to 255 bytes; `.dead` is appended. */
@@ -135,6 +194,14 @@ function mode(env: Env, name: string): TallyMode {
   return raw as TallyMode;
 }
 
+function queueType(env: Env, name: string): QueueType {
+  const raw = read(env, name) ?? DEFAULTS.queueType;
+  if (!(QUEUE_TYPES as readonly string[]).includes(raw)) {
+    throw new ConfigError(name, `expected one of ${QUEUE_TYPES.join(', ')}, got ${JSON.stringify(raw)}`);
+  }
+  return raw as QueueType;
+}
+
 function acceptTypes(env: Env, name: string): ReadonlySet<string> | null {
   const raw = read(env, name);
   if (raw === undefined) return null;
@@ -144,6 +211,18 @@ function acceptTypes(env: Env, name: string): ReadonlySet<string> | null {
     if (t.length > 64) throw new ConfigError(name, `type names are at most 64 characters, got ${JSON.stringify(t)}`);
   }
   return new Set(types);
+}
+
+/**
+ * An IP literal (v4 or v6, `::` for every interface) or a host name. Bound by
+ * node:http as given; a name that does not resolve fails the start there.
+ */
+function host(env: Env, name: string, fallback: string): string {
+  const raw = read(env, name) ?? fallback;
+  if (isIP(raw) === 0 && !/^(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$/.test(raw)) {
+    throw new ConfigError(name, `expected an IP address (127.0.0.1, 0.0.0.0, ::) or a host name, got ${JSON.stringify(raw)}`);
+  }
+  return raw;
 }
 
 function logLevel(env: Env, name: string): LogLevel {
@@ -175,6 +254,9 @@ export function loadConfig(env: Env = process.env): TallyConfig {
     redisUrl: url(env, 'TALLY_REDIS_URL', DEFAULTS.redisUrl, ['redis:', 'rediss:']),
     queue,
     deadLetterQueue: `${queue}.dead`,
+    queueType: queueType(env, 'TALLY_QUEUE_TYPE'),
+    deliveryLimit: integer(env, 'TALLY_DELIVERY_LIMIT', DEFAULTS.deliveryLimit, LIMITS.deliveryLimit),
+    heartbeatMs: integer(env, 'TALLY_HEARTBEAT_MS', DEFAULTS.heartbeatMs, LIMITS.heartbeatMs),
     prefix: prefix(env, 'TALLY_PREFIX', DEFAULTS.prefix),
     mode: mode(env, 'TALLY_MODE'),
     workers,
@@ -185,9 +267,13 @@ export function loadConfig(env: Env = process.env): TallyConfig {
     countTtlS: integer(env, 'TALLY_COUNT_TTL_S', DEFAULTS.countTtlS, LIMITS.countTtlS),
     acceptTypes: acceptTypes(env, 'TALLY_ACCEPT_TYPES'),
     metricsPort: metricsPortRaw === undefined ? null : integer(env, 'TALLY_METRICS_PORT', 0, LIMITS.metricsPort),
+    metricsHost: host(env, 'TALLY_METRICS_HOST', DEFAULTS.metricsHost),
     virtualShards,
     maxMessageBytes: integer(env, 'TALLY_MAX_MESSAGE_BYTES', DEFAULTS.maxMessageBytes, LIMITS.maxMessageBytes),
     shutdownGraceMs: integer(env, 'TALLY_SHUTDOWN_GRACE_MS', DEFAULTS.shutdownGraceMs, LIMITS.shutdownGraceMs),
     logLevel: logLevel(env, 'TALLY_LOG_LEVEL'),
+    allowEviction: flag(env, 'TALLY_ALLOW_EVICTION', DEFAULTS.allowEviction),
+    redisWaitReplicas: integer(env, 'TALLY_REDIS_WAIT_REPLICAS', DEFAULTS.redisWaitReplicas, LIMITS.redisWaitReplicas),
+    redisWaitTimeoutMs: integer(env, 'TALLY_REDIS_WAIT_TIMEOUT_MS', DEFAULTS.redisWaitTimeoutMs, LIMITS.redisWaitTimeoutMs),
   });
 }

@@ -8,9 +8,28 @@ export type TallyErrorCode =
   | 'TALLY_MODE_MISMATCH'
   | 'TALLY_REDIS_UNAVAILABLE'
   | 'TALLY_AMQP_UNAVAILABLE'
+  /** RabbitMQ refused Tally at start (login, vhost, permission, queue arguments): the message names the fix. */
+  | 'TALLY_AMQP_REFUSED'
   | 'TALLY_QUEUE_INCOMPATIBLE'
   | 'TALLY_SHUTDOWN_TIMEOUT'
-  | 'TALLY_CLI_USAGE';
+  | 'TALLY_CLI_USAGE'
+  | 'TALLY_QUEUE_MISSING'
+  | 'TALLY_REPLAY_REFUSED'
+  | RedisRequirementCode;
+
+/**
+ * What a Redis can fail to give Tally at start (docs/redis-requirements.md).
+ * Each is a configuration problem no retry fixes, so the start stops with
+ * one line naming the fix instead of looping on "redis unavailable".
+ */
+export type RedisRequirementCode =
+  | 'TALLY_REDIS_EVICTION_POLICY'
+  | 'TALLY_REDIS_VERSION'
+  | 'TALLY_REDIS_SCRIPTING'
+  | 'TALLY_REDIS_NOPERM'
+  | 'TALLY_REDIS_AUTH'
+  | 'TALLY_REDIS_CLUSTER'
+  | 'TALLY_REDIS_TLS';
 
 export class TallyError extends Error {
   readonly code: TallyErrorCode;
@@ -54,9 +73,35 @@ export class ModeSwitchRefusedError extends TallyError {
   }
 }
 
+/** Redis does not meet a requirement (see RedisRequirementCode); the message names the fix. */
+export class RedisRequirementError extends TallyError {
+  declare readonly code: RedisRequirementCode;
+
+  constructor(code: RedisRequirementCode, message: string) {
+    super(code, message);
+  }
+}
+
 export class CliUsageError extends TallyError {
   constructor(message: string) {
     super('TALLY_CLI_USAGE', message);
+  }
+}
+
+/** A CLI command needs a queue the daemon has not declared yet (wrong TALLY_QUEUE, or never started). */
+export class QueueMissingError extends TallyError {
+  constructor(message: string, options?: { cause?: unknown }) {
+    super('TALLY_QUEUE_MISSING', message, options);
+  }
+}
+
+/**
+ * `tally dead replay` could not get a copy confirmed into the work queue
+ * (nacked, or unroutable): the dead letter stays where it was, nothing moved.
+ */
+export class ReplayRefusedError extends TallyError {
+  constructor(message: string) {
+    super('TALLY_REPLAY_REFUSED', message);
   }
 }
 

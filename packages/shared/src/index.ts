@@ -8,3 +8,5 @@ export * from './counters.js';
 export * from './backoff.js';
 export * from './batch-protocol.js';
 export * from './deviation.js';
+export * from './redis-requirements.js';
+export * from './dead-letter.js';

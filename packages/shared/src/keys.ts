@@ -8,7 +8,13 @@
  *   <prefix>m:{<vshard>}:<id>         marker: this message's part for this shard is counted (TTL TALLY_MARKER_TTL_S)
  *   <prefix>w:{<vshard>}:<batch id>   write receipt: this batch's counts landed (TTL TALLY_MARKER_TTL_S)
  *   <prefix>stats                     hash of accumulated counters
- *   <prefix>layout                    hash: virtual shard count, hash function, mode
+ *   <prefix>layout                    hash: virtual shard count, hash function, mode, and one
+ *                                     `lease:<daemon id>` field per live daemon (its mode and lease expiry)
+ *   <prefix>daemon:<host>:<pid>:<rnd>  heartbeat of one daemon: JSON (host, pid, mode, version, consuming,
+ *                                     oldest unacked age, ...), TTL a few heartbeat intervals, deleted on a clean stop
+ *
+ * The heartbeat keys carry no hash tag: each lands in its own slot, so on a
+ * cluster listing them means scanning every master (see heartbeat.ts).
  */
 
 export function countKey(prefix: string, vshard: number, sku: string): string {
@@ -31,6 +37,11 @@ export function layoutKey(prefix: string): string {
   return `${prefix}layout`;
 }
 
+/** `daemonId` is `<host>:<pid>:<random>`; see heartbeat.ts. */
+export function daemonKey(prefix: string, daemonId: string): string {
+  return `${prefix}daemon:${daemonId}`;
+}
+
 /** Escapes Redis glob metacharacters so a prefix matches only itself. */
 export function escapeGlob(text: string): string {
   return text.replace(/[*?[\]\\]/g, (c) => `\\${c}`);
@@ -38,6 +49,10 @@ export function escapeGlob(text: string): string {
 
 export function countScanPattern(prefix: string): string {
   return `${escapeGlob(prefix)}c:{*}:*`;
+}
+
+export function daemonScanPattern(prefix: string): string {
+  return `${escapeGlob(prefix)}daemon:*`;
 }
 
 export function markerScanPattern(prefix: string): string {

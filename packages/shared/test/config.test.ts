@@ -31,10 +31,18 @@ const BAD_VALUES: ReadonlyArray<readonly [variable: string, values: readonly str
   ['TALLY_COUNT_TTL_S', ['0', '315360001', 'forever']],
   ['TALLY_ACCEPT_TYPES', [`sale,${'t'.repeat(65)}`]],
   ['TALLY_METRICS_PORT', ['65536', '-1', 'http', '9464.5']],
+  ['TALLY_METRICS_HOST', ['http://0.0.0.0', '0.0.0.0:9464', 'a b', '-lead.example', '1.2.3.4/24']],
   ['TALLY_VIRTUAL_SHARDS', ['0', '1025', 'sixteen', '16.0', '-16']],
   ['TALLY_MAX_MESSAGE_BYTES', ['63', '16777217', '64k']],
   ['TALLY_SHUTDOWN_GRACE_MS', ['-1', '600001', '30s']],
   ['TALLY_LOG_LEVEL', ['loud', 'verbose', 'INFO', 'warning']],
+  ['TALLY_ALLOW_EVICTION', ['maybe', '2', 'on', 'y']],
+  ['TALLY_REDIS_WAIT_REPLICAS', ['-1', '17', 'all', '1.0']],
+  // 0 would make WAIT block forever.
+  ['TALLY_REDIS_WAIT_TIMEOUT_MS', ['0', '60001', '5s', '-5']],
+  ['TALLY_QUEUE_TYPE', ['stream', 'Quorum', 'CLASSIC', 'quorum,classic', 'lazy']],
+  ['TALLY_DELIVERY_LIMIT', ['0', '-1', '1001', 'twenty', '2.5']],
+  ['TALLY_HEARTBEAT_MS', ['99', '60001', '5s', '1.5']],
 ];
 
 describe('loadConfig', () => {
@@ -45,6 +53,9 @@ describe('loadConfig', () => {
       redisUrl: 'redis://127.0.0.1:6379',
       queue: 'inventory.changes',
       deadLetterQueue: 'inventory.changes.dead',
+      queueType: 'classic',
+      deliveryLimit: 20,
+      heartbeatMs: 5_000,
       prefix: 'tally:',
       mode: 'two-step',
       workers: Math.min(Math.max(1, availableParallelism() - 1), 16),
@@ -55,10 +66,14 @@ describe('loadConfig', () => {
       countTtlS: 2_592_000,
       acceptTypes: null,
       metricsPort: null,
+      metricsHost: '127.0.0.1',
       virtualShards: 16,
       maxMessageBytes: 65_536,
       shutdownGraceMs: 30_000,
       logLevel: 'info',
+      allowEviction: false,
+      redisWaitReplicas: 0,
+      redisWaitTimeoutMs: 5_000,
     };
     expect(config).to.deep.equal(expected);
     expect(Object.isFrozen(config)).to.equal(true);
@@ -107,7 +122,7 @@ describe('loadConfig', () => {
       const read = new Set([...source.matchAll(/'(TALLY_[A-Z_]+)'/g)].map((m) => m[1]!));
       const covered = new Set(BAD_VALUES.map(([name]) => name));
       expect([...covered].sort()).to.deep.equal([...read].sort());
-      expect(covered.size).to.equal(17);
+      expect(covered.size).to.equal(24);
     });
 
     it('names the accepted range for integers', () => {
@@ -161,6 +176,19 @@ describe('loadConfig', () => {
       expect(config.redisUrl).to.equal('rediss://:p@cache.example:6380/2');
     });
 
+    it('schemes in any letter case, lowered so every consumer sees rediss:// and amqps:// (TLS), the rest untouched', () => {
+      const config = loadConfig({ TALLY_AMQP_URL: 'AMQPS://U:P@Broker.example:5671/VHost', TALLY_REDIS_URL: 'ReDiSs://:PassWord@Cache.example:6380/2' });
+      expect(config.amqpUrl).to.equal('amqps://U:P@Broker.example:5671/VHost');
+      expect(config.redisUrl).to.equal('rediss://:PassWord@Cache.example:6380/2');
+      expect(loadConfig({ TALLY_REDIS_URL: 'REDIS://h:1' }).redisUrl).to.equal('redis://h:1');
+      expect(loadConfig({ TALLY_AMQP_URL: 'Amqp://h' }).amqpUrl).to.equal('amqp://h');
+    });
+
+    it('TALLY_ALLOW_EVICTION as 1/0, true/false, yes/no in any case', () => {
+      for (const word of ['1', 'true', 'TRUE', 'yes', ' Yes ']) expect(loadConfig({ TALLY_ALLOW_EVICTION: word }).allowEviction, word).to.equal(true);
+      for (const word of ['0', 'false', 'no', 'NO']) expect(loadConfig({ TALLY_ALLOW_EVICTION: word }).allowEviction, word).to.equal(false);
+    });
+
     it('amqp:// and redis:// URLs with surrounding blanks trimmed', () => {
       const config = loadConfig({ TALLY_AMQP_URL: ' amqp://h ', TALLY_REDIS_URL: '\tredis://h:1\n' });
       expect(config.amqpUrl).to.equal('amqp://h');
@@ -177,6 +205,8 @@ describe('loadConfig', () => {
         TALLY_METRICS_PORT: 'metricsPort',
         TALLY_MAX_MESSAGE_BYTES: 'maxMessageBytes',
         TALLY_SHUTDOWN_GRACE_MS: 'shutdownGraceMs',
+        TALLY_REDIS_WAIT_REPLICAS: 'redisWaitReplicas',
+        TALLY_REDIS_WAIT_TIMEOUT_MS: 'redisWaitTimeoutMs',
       };
       for (const [variable, key] of Object.entries(names)) {
         for (const value of LIMITS[key]) {
@@ -215,10 +245,26 @@ describe('loadConfig', () => {
       }
     });
 
+    it('TALLY_QUEUE_TYPE classic or quorum, and TALLY_DELIVERY_LIMIT from 1 to 1000', () => {
+      expect(loadConfig({ TALLY_QUEUE_TYPE: 'quorum' }).queueType).to.equal('quorum');
+      expect(loadConfig({ TALLY_QUEUE_TYPE: 'classic' }).queueType).to.equal('classic');
+      expect(configError({ TALLY_QUEUE_TYPE: 'stream' }).message).to.include('classic, quorum');
+      expect(loadConfig({ TALLY_DELIVERY_LIMIT: '1' }).deliveryLimit).to.equal(1);
+      expect(loadConfig({ TALLY_DELIVERY_LIMIT: '1000' }).deliveryLimit).to.equal(1000);
+      expect(configError({ TALLY_DELIVERY_LIMIT: '0' }).message).to.include('from 1 to 1000');
+    });
+
     it('TALLY_METRICS_PORT: null when unset, a number when set', () => {
       expect(loadConfig({}).metricsPort).to.equal(null);
       expect(loadConfig({ TALLY_METRICS_PORT: '9464' }).metricsPort).to.equal(9464);
       expect(loadConfig({ TALLY_METRICS_PORT: '0' }).metricsPort).to.equal(0);
+    });
+
+    it('TALLY_METRICS_HOST: loopback by default, any IP literal or host name', () => {
+      expect(loadConfig({}).metricsHost).to.equal('127.0.0.1');
+      for (const host of ['0.0.0.0', '::', '::1', '10.1.2.3', 'localhost', 'metrics.internal-1.example']) {
+        expect(loadConfig({ TALLY_METRICS_HOST: host }).metricsHost).to.equal(host);
+      }
     });
   });
 

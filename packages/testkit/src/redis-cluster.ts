@@ -117,15 +117,23 @@ async function startOnce(options: RedisClusterOptions): Promise<RedisCluster> {
   const slots: NodeSlot[] = [];
   const persistence = options.durable ? ['--appendonly', 'yes', '--appendfsync', 'always'] : ['--appendonly', 'no'];
   const argsOf = (slot: Omit<NodeSlot, 'process'>): string[] => [
-    '--cluster-enabled', 'yes',
-    '--cluster-config-file', join(slot.dir, 'nodes.conf'),
-    '--cluster-port', String(slot.busPort),
-    '--cluster-node-timeout', String(options.nodeTimeoutMs ?? 1_000),
-    '--cluster-replica-validity-factor', '0',
-    '--save', '',
+    '--cluster-enabled',
+    'yes',
+    '--cluster-config-file',
+    join(slot.dir, 'nodes.conf'),
+    '--cluster-port',
+    String(slot.busPort),
+    '--cluster-node-timeout',
+    String(options.nodeTimeoutMs ?? 1_000),
+    '--cluster-replica-validity-factor',
+    '0',
+    '--save',
+    '',
     ...persistence,
-    '--dir', slot.dir,
-    '--loglevel', 'warning',
+    '--dir',
+    slot.dir,
+    '--loglevel',
+    'warning',
     ...(options.args ?? []),
   ];
   const launch = (slot: Omit<NodeSlot, 'process'>): Promise<RedisProcess> => spawnRedis({ port: slot.port, args: argsOf(slot), readyTimeoutMs: timeoutMs });

@@ -53,7 +53,10 @@ describe('startRedisCluster', () => {
     await access(stopped.dir);
     await stopped.stop();
     expect(pids.filter(running)).to.deep.equal([]);
-    const gone = await access(stopped.dir).then(() => false, () => true);
+    const gone = await access(stopped.dir).then(
+      () => false,
+      () => true,
+    );
     expect(gone, `${stopped.dir} removed`).to.equal(true);
   });
 

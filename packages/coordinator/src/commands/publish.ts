@@ -1,6 +1,18 @@
 import { writeFile } from 'node:fs/promises';
-import { generateWorkload, publishAll, WORKLOAD_DEFAULTS, type WorkloadOptions } from '@tally/workload';
+import { context, propagation, SpanKind, trace, type Tracer } from '@opentelemetry/api';
+import amqp from 'amqplib';
+import { ensureQueue, generateWorkload, WORKLOAD_DEFAULTS, type Publish, type WorkloadOptions } from '@tally/workload';
 import { CliUsageError, redactUrl, type TallyConfig } from '@tally/shared';
+import {
+  ATTR_MESSAGING_DESTINATION_NAME,
+  ATTR_MESSAGING_MESSAGE_ID,
+  ATTR_MESSAGING_OPERATION_NAME,
+  ATTR_MESSAGING_OPERATION_TYPE,
+  ATTR_MESSAGING_SYSTEM,
+  MESSAGING_OPERATION_TYPE_VALUE_SEND,
+  MESSAGING_SYSTEM_VALUE_RABBITMQ,
+} from '../telemetry/semconv.js';
+import { PublishProgress } from './publish-progress.js';
 
 export interface PublishFlags {
   readonly messages?: string;
@@ -57,11 +69,82 @@ export function workloadFromFlags(flags: PublishFlags, config: Pick<TallyConfig,
   };
 }
 
-export async function publishCommand(flags: PublishFlags, config: TallyConfig, out: (line: string) => void): Promise<void> {
+/** Confirms are awaited every this many messages (and whenever the channel asks to slow down). */
+const CONFIRM_EVERY = 2_000;
+
+/**
+ * Publishes persistent messages with publisher confirms: when this resolves
+ * the broker holds every one. With tracing on, each message gets a producer
+ * span (`send <queue>`) whose context travels in its `traceparent` header, so
+ * the batch that counts it links back to it; with tracing off the API is a
+ * no-op and no header is added.
+ */
+export async function publishWorkload(
+  publishes: readonly Publish[],
+  options: { url: string; queue: string; tracer: Tracer; onProgress?: (published: number) => void },
+): Promise<number> {
+  const connection = await amqp.connect(options.url, { clientProperties: { connection_name: `tally-publish-${process.pid}` } });
+  try {
+    await ensureQueue(connection, options.queue);
+    const channel = await connection.createConfirmChannel();
+    let published = 0;
+    for (const publish of publishes) {
+      const span = options.tracer.startSpan(`send ${options.queue}`, {
+        kind: SpanKind.PRODUCER,
+        attributes: {
+          [ATTR_MESSAGING_SYSTEM]: MESSAGING_SYSTEM_VALUE_RABBITMQ,
+          [ATTR_MESSAGING_DESTINATION_NAME]: options.queue,
+          [ATTR_MESSAGING_OPERATION_TYPE]: MESSAGING_OPERATION_TYPE_VALUE_SEND,
+          [ATTR_MESSAGING_OPERATION_NAME]: 'publish',
+          ...(publish.id !== undefined ? { [ATTR_MESSAGING_MESSAGE_ID]: publish.id } : {}),
+        },
+      });
+      const headers: Record<string, string> = {};
+      if (span.isRecording()) propagation.inject(trace.setSpan(context.active(), span), headers);
+      const ok = channel.sendToQueue(options.queue, publish.body, {
+        persistent: true,
+        contentType: 'application/json',
+        timestamp: Date.now(),
+        ...(publish.messageId !== undefined ? { messageId: publish.messageId } : {}),
+        ...(headers.traceparent !== undefined ? { headers } : {}),
+      });
+      span.end();
+      published++;
+      if (!ok || published % CONFIRM_EVERY === 0) {
+        await channel.waitForConfirms();
+        options.onProgress?.(published);
+      }
+    }
+    await channel.waitForConfirms();
+    options.onProgress?.(published);
+    await channel.close();
+    return published;
+  } finally {
+    await connection.close().catch(() => {});
+  }
+}
+
+export async function publishCommand(
+  flags: PublishFlags,
+  config: TallyConfig,
+  out: (line: string) => void,
+  terminal: { isTTY: boolean; write: (text: string) => void } = { isTTY: process.stderr.isTTY === true, write: (text) => process.stderr.write(text) },
+): Promise<void> {
   const options = workloadFromFlags(flags, config);
   const workload = generateWorkload(options);
+  const progress = terminal.isTTY ? new PublishProgress(workload.publishes.length, terminal.write) : null;
   const started = performance.now();
-  const published = await publishAll(workload.publishes, { url: config.amqpUrl, queue: config.queue });
+  let published: number;
+  try {
+    published = await publishWorkload(workload.publishes, {
+      url: config.amqpUrl,
+      queue: config.queue,
+      tracer: trace.getTracer('tally.publish'),
+      onProgress: (done) => progress?.update(done),
+    });
+  } finally {
+    progress?.finish();
+  }
   const seconds = (performance.now() - started) / 1000;
   const summary = {
     queue: config.queue,

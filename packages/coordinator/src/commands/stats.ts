@@ -39,3 +39,18 @@ export function statsReport(mode: TallyMode, counters: Record<string, number>): 
 export async function readStatsReport(redis: Redis, config: Pick<TallyConfig, 'prefix'>): Promise<StatsReport> {
   return statsReport(await readMode(redis, config), await readStats(redis, config));
 }
+
+/**
+ * The table `tally stats` prints: one line per entry, values in one column
+ * whatever the longest counter name (counters are added over time).
+ */
+export function statsText(report: StatsReport): string {
+  const entries = Object.entries(report);
+  const width = Math.max(...entries.map(([name]) => name.length));
+  return entries
+    .map(([name, value]) => {
+      const shown = value === null && name === 'occupation_failures' ? 'n/a (atomic mode: counts and markers are written in one step)' : String(value);
+      return `${name.padEnd(width)}  ${shown}`;
+    })
+    .join('\n');
+}

@@ -3,16 +3,26 @@
  * links to the producer context of each message it holds (W3C traceparent
  * header), and its context travels to the worker thread in the task, where
  * the step spans (pre-check, write, crash window, occupy) become its children.
+ *
+ * Links: every distinct producer context that was sampled (an unsampled one
+ * leads to no trace), up to the SDK's span limit OTEL_SPAN_LINK_COUNT_LIMIT
+ * (128 by default). The SDK enforces that limit and exports what it dropped
+ * in the span's standard `droppedLinksCount`; `tally.producers.sampled` says
+ * how many there were. Links are added only to a recording span: an
+ * unsampled batch does not even parse the headers.
  */
-import { context, propagation, SpanKind, SpanStatusCode, trace, type Link, type Span, type Tracer } from '@opentelemetry/api';
+import { context, propagation, SpanKind, SpanStatusCode, trace, TraceFlags, type Link, type Span, type Tracer } from '@opentelemetry/api';
 import type { BatchResult, TallyMode } from '@tally/shared';
-
-/**
- * Links beyond this are counted in `tally.links.dropped`, not recorded. Each
- * link is serialised with every export; 64 per batch cost a measurable share
- * of throughput at 100% sampling, 16 still lead from a batch to its producers.
- */
-export const MAX_LINKS_PER_SPAN = 16;
+import {
+  ATTR_ERROR_TYPE,
+  ATTR_MESSAGING_BATCH_MESSAGE_COUNT,
+  ATTR_MESSAGING_DESTINATION_NAME,
+  ATTR_MESSAGING_OPERATION_NAME,
+  ATTR_MESSAGING_OPERATION_TYPE,
+  ATTR_MESSAGING_SYSTEM,
+  MESSAGING_OPERATION_TYPE_VALUE_PROCESS,
+  MESSAGING_SYSTEM_VALUE_RABBITMQ,
+} from './semconv.js';
 
 const TRACEPARENT = /^[0-9a-f]{2}-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$/;
 
@@ -39,18 +49,20 @@ export interface StartedBatchSpan {
   readonly traceparent: string | undefined;
 }
 
-export function startBatchSpan(tracer: Tracer, input: BatchSpanInput): StartedBatchSpan {
+/** The distinct, sampled producer contexts among a batch's traceparent headers, in arrival order. */
+export function sampledProducerLinks(traceparents: readonly (string | undefined)[]): Link[] {
   const links: Link[] = [];
   const seen = new Set<string>();
-  let dropped = 0;
-  for (const header of input.traceparents) {
+  for (const header of traceparents) {
     if (header === undefined || seen.has(header)) continue;
     seen.add(header);
     const link = producerLink(header);
-    if (link === undefined) continue;
-    if (links.length < MAX_LINKS_PER_SPAN) links.push(link);
-    else dropped++;
+    if (link !== undefined && (link.context.traceFlags & TraceFlags.SAMPLED) === TraceFlags.SAMPLED) links.push(link);
   }
+  return links;
+}
+
+export function startBatchSpan(tracer: Tracer, input: BatchSpanInput): StartedBatchSpan {
   // A new root per batch: a batch serves many producers, so it links to them
   // rather than pretending to be the child of one.
   const span = tracer.startSpan(
@@ -58,22 +70,22 @@ export function startBatchSpan(tracer: Tracer, input: BatchSpanInput): StartedBa
     {
       kind: SpanKind.CONSUMER,
       root: true,
-      links,
       attributes: {
-        'messaging.system': 'rabbitmq',
-        'messaging.destination.name': input.queue,
-        'messaging.operation.type': 'process',
-        'messaging.operation.name': 'process',
-        'messaging.batch.message_count': input.parts,
+        [ATTR_MESSAGING_SYSTEM]: MESSAGING_SYSTEM_VALUE_RABBITMQ,
+        [ATTR_MESSAGING_DESTINATION_NAME]: input.queue,
+        [ATTR_MESSAGING_OPERATION_TYPE]: MESSAGING_OPERATION_TYPE_VALUE_PROCESS,
+        [ATTR_MESSAGING_OPERATION_NAME]: 'process',
+        [ATTR_MESSAGING_BATCH_MESSAGE_COUNT]: input.parts,
         'tally.shard': input.vshard,
         'tally.mode': input.mode,
-        'tally.links.dropped': dropped,
       },
     },
     context.active(),
   );
   if (!span.isRecording()) return { span, traceparent: undefined };
-  span.setAttribute('tally.skus.distinct', input.distinctSkus());
+  const links = sampledProducerLinks(input.traceparents);
+  span.addLinks(links);
+  span.setAttributes({ 'tally.producers.sampled': links.length, 'tally.skus.distinct': input.distinctSkus() });
   const carrier: Record<string, string> = {};
   propagation.inject(trace.setSpan(context.active(), span), carrier);
   return { span, traceparent: carrier.traceparent };
@@ -115,11 +127,11 @@ export function recordDeadLetter(tracer: Tracer, queue: string, reasonCode: stri
     root: true,
     links: link ? [link] : [],
     attributes: {
-      'messaging.system': 'rabbitmq',
-      'messaging.destination.name': queue,
-      'messaging.operation.type': 'process',
+      [ATTR_MESSAGING_SYSTEM]: MESSAGING_SYSTEM_VALUE_RABBITMQ,
+      [ATTR_MESSAGING_DESTINATION_NAME]: queue,
+      [ATTR_MESSAGING_OPERATION_TYPE]: MESSAGING_OPERATION_TYPE_VALUE_PROCESS,
       'tally.messages.dead_lettered': 1,
-      'error.type': reasonCode,
+      [ATTR_ERROR_TYPE]: reasonCode,
     },
   });
   if (span.isRecording()) {

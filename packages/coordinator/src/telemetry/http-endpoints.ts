@@ -1,5 +1,7 @@
 /**
- * The daemon's HTTP endpoint on TALLY_METRICS_PORT:
+ * The daemon's HTTP endpoint on TALLY_METRICS_HOST:TALLY_METRICS_PORT
+ * (loopback by default: metrics and readiness say a lot about the system, so
+ * exposing them is an operator's choice, e.g. TALLY_METRICS_HOST=0.0.0.0):
  *   /metrics  Prometheus text format
  *   /healthz  200 while the process lives
  *   /readyz   200 only while connected to RabbitMQ and Redis and consuming, else 503
@@ -21,8 +23,8 @@ export class HttpEndpoints {
     private readonly readiness: () => Readiness,
   ) {}
 
-  /** Listens on `port` (0 picks a free one) and resolves with the port in use. */
-  listen(port: number, host = '0.0.0.0'): Promise<number> {
+  /** Listens on `host`:`port` (0 picks a free port) and resolves with the port in use. */
+  listen(port: number, host: string): Promise<number> {
     const server = createServer((request, response) => {
       const path = (request.url ?? '/').split('?')[0];
       if (request.method !== 'GET' && request.method !== 'HEAD') {

@@ -3,11 +3,25 @@
  * exporter mounted on the daemon's HTTP endpoint. Names follow the messaging
  * conventions where one exists; Tally's own figures live under `tally.*`.
  * Prometheus turns dots into underscores and adds `_total` to counters
- * (`tally.duplicates` -> `tally_duplicates_total`): operators alert on
- * those names, so they are part of the contract (README, "Metrics").
+ * (`tally.duplicates` -> `tally_duplicates_total`); instruments in seconds get
+ * a `_seconds` suffix through a view (`prometheusViews`), as the OpenTelemetry
+ * to Prometheus mapping asks and as `promtool check metrics` expects. Operators
+ * alert on those names (deploy/prometheus), so they are part of the contract
+ * (docs/operations.md, "Metrics").
  */
 import type { Attributes, Meter } from '@opentelemetry/api';
-import { COUNTER_NAMES, COUNTERS, type BatchResult, type CounterValues, type TallyMode } from '@tally/shared';
+import type { ViewOptions } from '@opentelemetry/sdk-metrics';
+import { COUNTER_NAMES, COUNTERS, type BatchResult, type CounterName, type CounterValues, type TallyMode } from '@tally/shared';
+import {
+  ATTR_MESSAGING_DESTINATION_NAME,
+  ATTR_MESSAGING_OPERATION_NAME,
+  ATTR_MESSAGING_OPERATION_TYPE,
+  ATTR_MESSAGING_SYSTEM,
+  MESSAGING_OPERATION_TYPE_VALUE_PROCESS,
+  MESSAGING_SYSTEM_VALUE_RABBITMQ,
+  METRIC_MESSAGING_CLIENT_CONSUMED_MESSAGES,
+  METRIC_MESSAGING_PROCESS_DURATION,
+} from './semconv.js';
 
 export interface MetricSources {
   /** Counters since this process started. */
@@ -15,10 +29,50 @@ export interface MetricSources {
   readonly inFlight: () => number;
   readonly shardDepths: () => number[];
   readonly connections: () => { amqp: boolean; redis: boolean };
+  /** Seconds since the oldest delivery still unacked arrived; 0 when none is (or the daemon cannot tell). */
+  readonly oldestUnackedAgeSeconds?: () => number;
 }
 
 const SIZE_BUCKETS = [1, 10, 50, 100, 200, 500, 1000, 2000, 5000, 10000];
 const SECONDS_BUCKETS = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10];
+
+/** Instruments recorded in seconds: their Prometheus names end in `_seconds`. */
+export const SECONDS_INSTRUMENTS = Object.freeze([
+  'tally.flush.duration',
+  'tally.crash_window.duration',
+  METRIC_MESSAGING_PROCESS_DURATION,
+  'tally.message.age',
+  'tally.oldest_unacked_age',
+]);
+
+/** Views that give each seconds instrument its unit suffix on the Prometheus side. */
+export function prometheusViews(): ViewOptions[] {
+  return SECONDS_INSTRUMENTS.map((name) => ({ instrumentName: name, name: `${name}_seconds` }));
+}
+
+/**
+ * The exposure counters are kept in Redis as integer milliseconds, which add
+ * exactly across daemons and restarts; the metrics carry them in seconds,
+ * Prometheus' base unit (`tally_loaded_seconds_total`, not `_ms_total`).
+ */
+const MILLISECOND_COUNTERS: Readonly<Partial<Record<CounterName, { name: string; description: string }>>> = Object.freeze({
+  loaded_ms: { name: 'loaded_seconds', description: 'seconds during which at least half of the prefetch window was unacked (the daemon under load)' },
+  window_message_ms: {
+    name: 'window_message_seconds',
+    description: 'message-seconds spent inside the crash window (counts written, markers not yet); / loaded_seconds = messages a crash re-counts',
+  },
+  occupied_unacked_message_ms: {
+    name: 'occupied_unacked_message_seconds',
+    description: 'message-seconds marked but not yet acked; / loaded_seconds = messages a crash re-counts when its recovery outlasts the marker TTL',
+  },
+});
+
+/** The instrument name (before Prometheus' `_total`), description and scale of one counter of the stats hash. */
+export function counterInstrument(name: CounterName): { name: string; description: string; scale: number } {
+  const inSeconds = MILLISECOND_COUNTERS[name];
+  if (inSeconds !== undefined) return { name: `tally.${inSeconds.name}`, description: inSeconds.description, scale: 1 / 1000 };
+  return { name: `tally.${name}`, description: COUNTERS[name], scale: 1 };
+}
 
 /** Counters that cannot happen in a mode are not exported at all, rather than as a misleading 0. */
 export function counterApplies(name: string, mode: TallyMode): boolean {
@@ -34,17 +88,18 @@ export class DaemonMetrics {
   private readonly messageAge;
 
   constructor(meter: Meter, options: { queue: string; mode: TallyMode; virtualShards: number }, sources: MetricSources) {
-    this.base = { 'messaging.system': 'rabbitmq', 'messaging.destination.name': options.queue };
+    this.base = { [ATTR_MESSAGING_SYSTEM]: MESSAGING_SYSTEM_VALUE_RABBITMQ, [ATTR_MESSAGING_DESTINATION_NAME]: options.queue };
     const base = this.base;
 
     meter
-      .createObservableCounter('messaging.client.consumed.messages', { description: 'Deliveries consumed, redeliveries included', unit: '{message}' })
-      .addCallback((result) => result.observe(sources.counters().received, { ...base, 'messaging.operation.name': 'consume' }));
+      .createObservableCounter(METRIC_MESSAGING_CLIENT_CONSUMED_MESSAGES, { description: 'Deliveries consumed, redeliveries included', unit: '{message}' })
+      .addCallback((result) => result.observe(sources.counters().received, { ...base, [ATTR_MESSAGING_OPERATION_NAME]: 'consume' }));
     for (const name of COUNTER_NAMES) {
       if (!counterApplies(name, options.mode)) continue;
+      const instrument = counterInstrument(name);
       meter
-        .createObservableCounter(`tally.${name}`, { description: COUNTERS[name] })
-        .addCallback((result) => result.observe(sources.counters()[name], base));
+        .createObservableCounter(instrument.name, { description: instrument.description, ...(instrument.scale === 1 ? {} : { unit: 's' }) })
+        .addCallback((result) => result.observe(sources.counters()[name] * instrument.scale, base));
     }
     meter
       .createObservableGauge('tally.info', { description: 'Constant 1, labelled with the mode and the layout; in atomic mode occupation failures cannot happen and are not exported' })
@@ -69,6 +124,10 @@ export class DaemonMetrics {
         result.observe(amqp ? 1 : 0, { ...base, 'server.type': 'rabbitmq' });
         result.observe(redis ? 1 : 0, { ...base, 'server.type': 'redis' });
       });
+    // Invariant 10: a delivery that cannot finish shows here long before anyone reads a log.
+    meter
+      .createObservableGauge('tally.oldest_unacked_age', { description: 'Seconds since the oldest delivery still unacked arrived; 0 when none is', unit: 's' })
+      .addCallback((result) => result.observe(Math.max(0, sources.oldestUnackedAgeSeconds?.() ?? 0), base));
 
     this.batchSize = meter.createHistogram('tally.batch.size', {
       description: 'Parts per shard batch',
@@ -85,7 +144,7 @@ export class DaemonMetrics {
       unit: 's',
       advice: { explicitBucketBoundaries: SECONDS_BUCKETS },
     });
-    this.processDuration = meter.createHistogram('messaging.process.duration', {
+    this.processDuration = meter.createHistogram(METRIC_MESSAGING_PROCESS_DURATION, {
       description: 'From delivery to ack',
       unit: 's',
       advice: { explicitBucketBoundaries: SECONDS_BUCKETS },
@@ -109,7 +168,7 @@ export class DaemonMetrics {
    * @param publishedAt epoch ms of the message timestamp, if any
    */
   recordAck(receivedAt: number, publishedAt: number | undefined, wallNow: number, monotonicNow: number): void {
-    this.processDuration.record((monotonicNow - receivedAt) / 1000, { ...this.base, 'messaging.operation.type': 'process' });
+    this.processDuration.record((monotonicNow - receivedAt) / 1000, { ...this.base, [ATTR_MESSAGING_OPERATION_TYPE]: MESSAGING_OPERATION_TYPE_VALUE_PROCESS });
     if (publishedAt !== undefined) this.messageAge.record(Math.max(0, wallNow - publishedAt) / 1000, this.base);
   }
 }

@@ -31,12 +31,7 @@ export function partsById(publishes: readonly Publish[], virtualShards: number):
  * from one kill to the next is exactly what that kill had in its window.
  * Meaningful for positive deltas only (a negative delta would hide a window).
  */
-export async function unmarkedUnitsPerShard(
-  redis: Redis,
-  prefix: string,
-  virtualShards: number,
-  parts: PartsById,
-): Promise<number[]> {
+export async function unmarkedUnitsPerShard(redis: Redis, prefix: string, virtualShards: number, parts: PartsById): Promise<number[]> {
   const counts = await readCounts(redis, { prefix, virtualShards }, []);
   const unmarked = new Map<string, number>();
   for (const [sku, value] of counts) unmarked.set(sku, Number(value));

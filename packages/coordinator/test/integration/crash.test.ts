@@ -57,7 +57,10 @@ describe('crash (integration: SIGKILL of the daemon process)', function () {
         unmarkedBefore = unmarked;
       }
       const exits = await drainWithDaemon(space.env, space.queue);
-      expect(exits.every((e) => e.code === 0), 'clean stops after the crashes').to.equal(true);
+      expect(
+        exits.every((e) => e.code === 0),
+        'clean stops after the crashes',
+      ).to.equal(true);
 
       const diff = compare(await countsOf(space.prefix, virtualShards), workload.truth);
       expect(diff.below, 'SKUs below the truth: data lost').to.deep.equal([]);

@@ -17,6 +17,7 @@ interface OtlpSpan {
   endTimeUnixNano: string;
   attributes?: Array<{ key: string; value: Record<string, unknown> }>;
   links?: Array<{ traceId: string; spanId: string }>;
+  droppedLinksCount?: number;
   events?: Array<{ name: string }>;
   status?: { code?: number };
   scope: string;
@@ -150,9 +151,9 @@ describe('observability (integration: OTLP receiver, /metrics, /readyz, logs)', 
       }
       expect(m.get('messaging_client_consumed_messages_total')).to.equal(2_000);
       expect(m.get('tally_batch_size_count'), 'batch size histogram').to.be.greaterThan(0);
-      expect(m.get('tally_crash_window_duration_count'), 'crash window histogram').to.be.greaterThan(0);
-      expect(m.get('tally_message_age_count'), 'end-to-end age histogram').to.equal(2_000);
-      expect(m.get('tally_flush_duration_count')).to.be.greaterThan(0);
+      expect(m.get('tally_crash_window_duration_seconds_count'), 'crash window histogram').to.be.greaterThan(0);
+      expect(m.get('tally_message_age_seconds_count'), 'end-to-end age histogram').to.equal(2_000);
+      expect(m.get('tally_flush_duration_seconds_count')).to.be.greaterThan(0);
       expect(metricsText).to.match(/tally_connection_up\{[^}]*server_type="redis"[^}]*\} 1/);
       expect(metricsText).to.include('tally_shard_queue_depth');
 
@@ -189,9 +190,10 @@ describe('observability (integration: OTLP receiver, /metrics, /readyz, logs)', 
       expect(linked.filter((id) => producers.has(id)).length, 'links point at the publishers\' traces').to.be.greaterThan(100);
       for (const batch of batches) {
         const links = batch.links?.length ?? 0;
-        expect(links, 'links capped').to.be.at.most(16);
-        // Every message carried its own producer trace: what is not linked is counted as dropped.
-        expect(links + Number(attr(batch, 'tally.links.dropped'))).to.equal(attr(batch, 'messaging.batch.message_count'));
+        expect(links, 'links capped by OTEL_SPAN_LINK_COUNT_LIMIT (128)').to.be.at.most(128);
+        // Every message carried its own sampled producer trace: each is linked, or dropped by the SDK's limit and counted.
+        expect(attr(batch, 'tally.producers.sampled')).to.equal(attr(batch, 'messaging.batch.message_count'));
+        expect(links + (batch.droppedLinksCount ?? 0)).to.equal(attr(batch, 'tally.producers.sampled'));
       }
       const withChildren = batches.find((b) => receiver.spans.some((s) => s.parentSpanId === b.spanId));
       expect(withChildren, 'a batch with worker-thread children').to.not.equal(undefined);

@@ -194,4 +194,26 @@ describe('AckTracker', () => {
     }
     expect(tracker.unacked).to.equal(0);
   });
+
+  it('reports the age of the oldest unacked delivery, finished or not, and null when all are acked', () => {
+    const tracker = new AckTracker();
+    expect(tracker.oldestUnackedAgeMs(1_000)).to.equal(null);
+    tracker.received(1, 100);
+    tracker.received(2, 200);
+    tracker.received(3, 300);
+    expect(tracker.oldestUnackedAgeMs(1_000)).to.equal(900);
+    // Tag 2 finishing does not ack anything: tag 1 is still the oldest.
+    tracker.finish(2);
+    expect(tracker.takeAckable()).to.equal(null);
+    expect(tracker.oldestUnackedAgeMs(1_000)).to.equal(900);
+    // Tag 1 finishes: 1 and 2 are acked, tag 3 is now the oldest.
+    tracker.finish(1);
+    expect(tracker.takeAckable()).to.equal(2);
+    expect(tracker.oldestUnackedAgeMs(1_000)).to.equal(700);
+    // Finished but not yet acked still counts: the broker holds its credit.
+    tracker.finish(3);
+    expect(tracker.oldestUnackedAgeMs(1_000)).to.equal(700);
+    expect(tracker.takeAckable()).to.equal(3);
+    expect(tracker.oldestUnackedAgeMs(1_000)).to.equal(null);
+  });
 });

@@ -1,0 +1,163 @@
+/**
+ * The broker side of `tally dead list` and `tally dead replay`.
+ *
+ * AMQP 0-9-1 has no way to look at a queue without taking its messages, so
+ * both commands take them with basic.get and manual acks, one pass front to
+ * back, bounded by the message count seen at the start (dead letters that
+ * arrive meanwhile are left for the next run), and give back what they keep
+ * with ONE `basic.nack(multiple, requeue)` at the end. RabbitMQ puts requeued
+ * messages back at their original positions, so what stays keeps its order;
+ * nack (not reject) leaves a quorum queue's delivery count alone. If the
+ * command dies instead, the broker requeues every unacked message the same
+ * way when the connection drops: nothing read is ever lost.
+ *
+ * Replay moves a message by publishing a copy to the work queue (persistent,
+ * mandatory, with publisher confirms) and only then acking the dead one, one
+ * message at a time. A crash between the confirm and the ack leaves at most
+ * that one message in both queues: the copy counts, the dead one is replayed
+ * again later and its marker recognises it (within TALLY_MARKER_TTL_S).
+ */
+import amqp, { type ConfirmChannel, type GetMessage, type Options } from 'amqplib';
+import { QueueMissingError, redactUrl, ReplayRefusedError, TallyError } from '@tally/shared';
+import { describeDeadLetter, DeadLetterSummary, REASON_HEADER, type DeadLetterEntry } from './dead-summary.js';
+
+export interface DeadQueueTarget {
+  readonly url: string;
+  /** `<queue>.dead` */
+  readonly deadQueue: string;
+}
+
+async function connect(url: string, name: string): Promise<amqp.ChannelModel> {
+  try {
+    return await amqp.connect(url, { clientProperties: { connection_name: `tally-cli-${name}-${process.pid}` } });
+  } catch (error) {
+    throw new TallyError('TALLY_AMQP_UNAVAILABLE', `RabbitMQ at ${redactUrl(url)}: ${error instanceof Error ? error.message : String(error)}`, { cause: error });
+  }
+}
+
+/** The message count of a queue; a missing queue is a clear error, not an empty list. */
+async function messageCount(connection: amqp.ChannelModel, queue: string): Promise<number> {
+  const probe = await connection.createChannel();
+  probe.on('error', () => {});
+  try {
+    const { messageCount: count } = await probe.checkQueue(queue);
+    await probe.close();
+    return count;
+  } catch (error) {
+    throw new QueueMissingError(`queue ${JSON.stringify(queue)} does not exist (the daemon declares it on start; check TALLY_QUEUE)`, { cause: error });
+  }
+}
+
+/** Counts every dead letter by reason and keeps the first `limit` matching ones; requeues all in order. */
+export async function listDeadLetters(target: DeadQueueTarget, summary: DeadLetterSummary): Promise<DeadLetterSummary> {
+  const connection = await connect(target.url, 'dead-list');
+  try {
+    const snapshot = await messageCount(connection, target.deadQueue);
+    const channel = await connection.createChannel();
+    let read = 0;
+    for (; read < snapshot; read++) {
+      const message = await channel.get(target.deadQueue, { noAck: false });
+      if (message === false) break;
+      summary.add(describeDeadLetter(message, read));
+    }
+    if (read > 0) channel.nackAll(true);
+    await channel.close();
+    return summary;
+  } finally {
+    await connection.close().catch(() => {});
+  }
+}
+
+export interface ReplayOptions extends DeadQueueTarget {
+  /** The work queue the daemon consumes. */
+  readonly queue: string;
+  readonly reason: string | null;
+  readonly limit: number;
+  /** Test seam: runs after a copy is confirmed and before the dead one is acked. */
+  readonly afterConfirm?: (entry: DeadLetterEntry) => void | Promise<void>;
+}
+
+export interface ReplayReport {
+  readonly queue: string;
+  readonly deadQueue: string;
+  readonly replayed: number;
+  readonly replayedByReason: Record<string, number>;
+  /** Dead letters read and left in place (other reasons, or beyond the limit). */
+  readonly kept: number;
+  readonly first: DeadLetterEntry[];
+}
+
+/** The copy sent back: body and properties as they were, the reason moved to `x-tally-replayed-reason`. */
+function replayProperties(message: GetMessage, reason: string): Options.Publish {
+  const { properties } = message;
+  const headers: Record<string, unknown> = { ...(properties.headers ?? {}) };
+  delete headers[REASON_HEADER];
+  delete headers['x-tally-source-queue'];
+  headers['x-tally-replayed-reason'] = reason;
+  return {
+    persistent: true,
+    mandatory: true,
+    headers,
+    contentType: properties.contentType,
+    contentEncoding: properties.contentEncoding,
+    messageId: properties.messageId,
+    correlationId: properties.correlationId,
+    timestamp: properties.timestamp,
+    type: properties.type,
+    appId: properties.appId,
+  };
+}
+
+/**
+ * Resolves once the broker confirmed the copy was routed to `queue`. With
+ * `mandatory`, an unroutable copy comes back as basic.return before its
+ * confirm: that is a failure here, never a silent drop.
+ */
+function publishConfirmed(channel: ConfirmChannel, queue: string, message: GetMessage, options: Options.Publish, returned: { flag: boolean }): Promise<void> {
+  returned.flag = false;
+  return new Promise((resolve, reject) => {
+    channel.sendToQueue(queue, message.content, options, (error) => {
+      if (error) reject(new ReplayRefusedError(`the broker refused the copy: ${String(error)}`));
+      else if (returned.flag) reject(new ReplayRefusedError(`queue ${JSON.stringify(queue)} did not take the copy (unroutable)`));
+      else resolve();
+    });
+  });
+}
+
+export async function replayDeadLetters(options: ReplayOptions): Promise<ReplayReport> {
+  const connection = await connect(options.url, 'dead-replay');
+  const summary = new DeadLetterSummary(options.reason, 20);
+  const replayedByReason: Record<string, number> = {};
+  let replayed = 0;
+  let kept = 0;
+  try {
+    const snapshot = await messageCount(connection, options.deadQueue);
+    await messageCount(connection, options.queue);
+    const channel = await connection.createConfirmChannel();
+    const returned = { flag: false };
+    channel.on('return', () => {
+      returned.flag = true;
+    });
+    for (let position = 0; position < snapshot && replayed < options.limit; position++) {
+      const message = await channel.get(options.deadQueue, { noAck: false });
+      if (message === false) break;
+      const entry = describeDeadLetter(message, position);
+      summary.add(entry);
+      if (!summary.matches(entry)) {
+        kept++;
+        continue;
+      }
+      await publishConfirmed(channel, options.queue, message, replayProperties(message, entry.reason), returned);
+      await options.afterConfirm?.(entry);
+      channel.ack(message);
+      replayed++;
+      replayedByReason[entry.reason] = (replayedByReason[entry.reason] ?? 0) + 1;
+    }
+    // The messages kept go back where they were, in one step.
+    if (kept > 0) channel.nackAll(true);
+    await channel.close();
+    return { queue: options.queue, deadQueue: options.deadQueue, replayed, replayedByReason, kept, first: summary.messages };
+  } finally {
+    await connection.close().catch(() => {});
+  }
+}

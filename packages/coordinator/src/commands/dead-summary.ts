@@ -1,0 +1,109 @@
+/**
+ * What `tally dead list` and `tally dead replay` say about the dead-letter
+ * queue, computed from the messages as they are read. Pure: no broker here.
+ * Every body and header is hostile: nothing is trusted to be a string, a
+ * size, or valid JSON, and nothing from a body is printed beyond its id.
+ */
+import { BAD_MESSAGE_REASONS, CliUsageError, MESSAGE_LIMITS } from '@tally/shared';
+
+/** The header the daemon writes: `<code>: <detail>`. */
+export const REASON_HEADER = 'x-tally-reason';
+/** A dead letter with no readable reason (not written by Tally, or tampered with). */
+export const UNKNOWN_REASON = 'unknown';
+/** Bodies larger than this are not parsed for an id (the messageId property still counts). */
+const MAX_BODY_PARSED_FOR_ID = 1_048_576;
+
+export interface DeadLetterView {
+  readonly content: Buffer;
+  readonly properties: { readonly messageId?: unknown; readonly headers?: Record<string, unknown> | undefined };
+}
+
+export interface DeadLetterEntry {
+  /** 0-based position in the dead-letter queue when it was read. */
+  readonly position: number;
+  /** The id the daemon would have used, or null when there is none to read. */
+  readonly id: string | null;
+  readonly reason: string;
+  readonly detail: string;
+  readonly bytes: number;
+}
+
+function text(value: unknown): string | undefined {
+  if (typeof value === 'string') return value;
+  if (Buffer.isBuffer(value)) return value.toString('utf8');
+  return undefined;
+}
+
+/** The reason code and detail of the `x-tally-reason` header; `unknown` when absent or not Tally's. */
+export function reasonOf(headers: Record<string, unknown> | undefined): { reason: string; detail: string } {
+  const header = text(headers?.[REASON_HEADER]);
+  if (header === undefined) return { reason: UNKNOWN_REASON, detail: '' };
+  const colon = header.indexOf(':');
+  const code = (colon < 0 ? header : header.slice(0, colon)).trim();
+  const detail = colon < 0 ? '' : header.slice(colon + 1).trim().slice(0, 200);
+  return (BAD_MESSAGE_REASONS as readonly string[]).includes(code) ? { reason: code, detail } : { reason: UNKNOWN_REASON, detail: header.slice(0, 200) };
+}
+
+/** The body's `id` when it is a JSON object with a string id, else the messageId property; at most the id length limit. */
+export function idOf(message: DeadLetterView): string | null {
+  let id: string | undefined;
+  if (message.content.byteLength > 0 && message.content.byteLength <= MAX_BODY_PARSED_FOR_ID) {
+    try {
+      const root: unknown = JSON.parse(message.content.toString('utf8'));
+      if (root !== null && typeof root === 'object' && !Array.isArray(root) && typeof (root as { id?: unknown }).id === 'string') {
+        id = (root as { id: string }).id;
+      }
+    } catch {
+      // Not JSON: the property may still name it.
+    }
+  }
+  id ??= text(message.properties.messageId);
+  if (id === undefined || id === '') return null;
+  return id.length > MESSAGE_LIMITS.maxIdLength ? `${id.slice(0, MESSAGE_LIMITS.maxIdLength)}…` : id;
+}
+
+export function describeDeadLetter(message: DeadLetterView, position: number): DeadLetterEntry {
+  const { reason, detail } = reasonOf(message.properties.headers);
+  return { position, id: idOf(message), reason, detail, bytes: message.content.byteLength };
+}
+
+/** `--reason CODE`: one of the stable reason codes, or `unknown`. */
+export function parseReasonFlag(raw: string | undefined): string | null {
+  if (raw === undefined) return null;
+  if (raw === UNKNOWN_REASON || (BAD_MESSAGE_REASONS as readonly string[]).includes(raw)) return raw;
+  throw new CliUsageError(`--reason: expected one of ${[...BAD_MESSAGE_REASONS, UNKNOWN_REASON].join(', ')}, got ${JSON.stringify(raw)}`);
+}
+
+/** `--limit N`: a positive integer, or the fallback. */
+export function parseLimitFlag(raw: string | undefined, fallback: number): number {
+  if (raw === undefined) return fallback;
+  if (!/^\d+$/.test(raw) || Number(raw) < 1 || !Number.isSafeInteger(Number(raw))) {
+    throw new CliUsageError(`--limit: expected a positive integer, got ${JSON.stringify(raw)}`);
+  }
+  return Number(raw);
+}
+
+/** Counts by reason over every message read, and the first `limit` messages that match the filter. */
+export class DeadLetterSummary {
+  total = 0;
+  matching = 0;
+  readonly byReason: Record<string, number> = {};
+  readonly messages: DeadLetterEntry[] = [];
+
+  constructor(
+    private readonly reason: string | null,
+    private readonly limit: number,
+  ) {}
+
+  matches(entry: DeadLetterEntry): boolean {
+    return this.reason === null || entry.reason === this.reason;
+  }
+
+  add(entry: DeadLetterEntry): void {
+    this.total++;
+    this.byReason[entry.reason] = (this.byReason[entry.reason] ?? 0) + 1;
+    if (!this.matches(entry)) return;
+    this.matching++;
+    if (this.messages.length < this.limit) this.messages.push(entry);
+  }
+}

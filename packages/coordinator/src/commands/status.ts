@@ -1,0 +1,138 @@
+/**
+ * `tally status [--json]`: the live daemons of the prefix (from their
+ * heartbeats), the prefix's layout, and the queue as the broker sees it.
+ * A prefix nobody has started on is an empty list, not an error; a broker
+ * that cannot be reached is shown as such, and the daemons are still listed.
+ */
+import amqp from 'amqplib';
+import type { Redis } from 'ioredis';
+import { layoutKey, redactUrl, type TallyConfig, type TallyMode } from '@tally/shared';
+import { createRedisClient } from '@tally/worker';
+import { listDaemons, type LiveDaemon } from '../heartbeat.js';
+
+export interface LayoutStatus {
+  readonly virtual_shards: number;
+  readonly mode: TallyMode;
+  readonly created_at: string | null;
+}
+
+export interface QueueStatus {
+  readonly name: string;
+  /** null when the broker could not be asked. */
+  readonly exists: boolean | null;
+  /** Ready messages (not those delivered and unacked). */
+  readonly depth: number | null;
+  readonly consumers: number | null;
+  readonly dead_letter_queue: string;
+  readonly dead_depth: number | null;
+  readonly error?: string;
+}
+
+export interface StatusReport {
+  readonly prefix: string;
+  readonly layout: LayoutStatus | null;
+  readonly queue: QueueStatus;
+  readonly daemons: LiveDaemon[];
+}
+
+export async function readLayout(redis: Redis, prefix: string): Promise<LayoutStatus | null> {
+  const stored = await redis.hgetall(layoutKey(prefix));
+  if (stored.virtual_shards === undefined) return null;
+  return {
+    virtual_shards: Number(stored.virtual_shards),
+    mode: stored.mode === 'atomic' ? 'atomic' : 'two-step',
+    created_at: stored.created_at ?? null,
+  };
+}
+
+/** Depth and consumers of a queue by a passive declare; null when it does not exist. */
+async function checkQueue(connection: amqp.ChannelModel, queue: string): Promise<{ messageCount: number; consumerCount: number } | null> {
+  // A passive declare of a missing queue closes its channel: one channel per check.
+  const channel = await connection.createChannel();
+  channel.on('error', () => {});
+  try {
+    return await channel.checkQueue(queue);
+  } catch (error) {
+    if (/NOT_FOUND/.test(error instanceof Error ? error.message : String(error))) return null;
+    throw error;
+  } finally {
+    await channel.close().catch(() => {});
+  }
+}
+
+export async function readQueueStatus(config: Pick<TallyConfig, 'amqpUrl' | 'queue' | 'deadLetterQueue'>): Promise<QueueStatus> {
+  const base = { name: config.queue, dead_letter_queue: config.deadLetterQueue };
+  let connection: amqp.ChannelModel;
+  try {
+    connection = await amqp.connect(config.amqpUrl, { clientProperties: { connection_name: 'tally-cli-status' } });
+  } catch (error) {
+    const reason = error instanceof Error ? error.message : String(error);
+    return { ...base, exists: null, depth: null, consumers: null, dead_depth: null, error: `RabbitMQ at ${redactUrl(config.amqpUrl)} unreachable: ${reason}` };
+  }
+  connection.on('error', () => {});
+  try {
+    const work = await checkQueue(connection, config.queue);
+    const dead = await checkQueue(connection, config.deadLetterQueue);
+    return { ...base, exists: work !== null, depth: work?.messageCount ?? null, consumers: work?.consumerCount ?? null, dead_depth: dead?.messageCount ?? null };
+  } finally {
+    await connection.close().catch(() => {});
+  }
+}
+
+/**
+ * The whole report. `nodes` are the Redis nodes whose keys are scanned for
+ * heartbeats (the one client on a standalone Redis, every master on a
+ * cluster); `redis` answers single-key reads such as the layout.
+ */
+export async function readStatus(nodes: readonly Redis[], redis: Redis, config: Pick<TallyConfig, 'prefix' | 'amqpUrl' | 'queue' | 'deadLetterQueue'>): Promise<StatusReport> {
+  const [daemons, layout, queue] = await Promise.all([listDaemons(nodes, config.prefix), readLayout(redis, config.prefix), readQueueStatus(config)]);
+  return { prefix: config.prefix, layout, queue, daemons };
+}
+
+function table(rows: string[][]): string[] {
+  const widths = rows[0]!.map((_, c) => Math.max(...rows.map((r) => r[c]!.length)));
+  return rows.map((r) => r.map((cell, c) => (c === r.length - 1 ? cell : cell.padEnd(widths[c]!))).join('  ').trimEnd());
+}
+
+export function statusText(report: StatusReport): string {
+  const lines: string[] = [];
+  const { layout, queue } = report;
+  lines.push(`prefix  ${report.prefix}  ${layout === null ? '(no layout: no daemon has started on it)' : `${layout.virtual_shards} virtual shards, ${layout.mode} mode`}`);
+  if (queue.error !== undefined) lines.push(`queue   ${queue.name}: ${queue.error}`);
+  else if (!queue.exists) lines.push(`queue   ${queue.name}: does not exist`);
+  else {
+    const dead = queue.dead_depth === null ? `${queue.dead_letter_queue} does not exist` : `${queue.dead_letter_queue}: ${queue.dead_depth} ready`;
+    lines.push(`queue   ${queue.name}: ${queue.depth} ready, ${queue.consumers} consumer${queue.consumers === 1 ? '' : 's'}; ${dead}`);
+  }
+  lines.push(`daemons ${report.daemons.length} live`);
+  if (report.daemons.length > 0) {
+    const rows = [['HOST', 'PID', 'MODE', 'VERSION', 'CONSUMING', 'OLDEST_UNACKED_S', 'IN_FLIGHT', 'LAST_BEAT_S_AGO', 'STARTED_AT']];
+    for (const d of report.daemons) {
+      rows.push([
+        d.host,
+        String(d.pid),
+        d.mode,
+        d.version,
+        d.consuming ? 'yes' : 'no',
+        d.oldest_unacked_s === null ? '-' : String(d.oldest_unacked_s),
+        String(d.in_flight),
+        String(d.last_beat_age_s),
+        d.started_at,
+      ]);
+    }
+    lines.push(...table(rows).map((line) => `  ${line}`));
+  }
+  return lines.join('\n');
+}
+
+/** The CLI command: one connection to each server, one attempt, then out. */
+export async function statusCommand(config: TallyConfig, json: boolean, out: (line: string) => void): Promise<void> {
+  const redis = createRedisClient(config.redisUrl, 'tally-cli', { maxRetriesPerRequest: 0, retryStrategy: () => null });
+  redis.on('error', () => {});
+  try {
+    const report = await readStatus([redis], redis, config);
+    out(json ? JSON.stringify(report) : statusText(report));
+  } finally {
+    redis.disconnect();
+  }
+}

@@ -1,0 +1,165 @@
+/**
+ * The queues Tally declares: the work queue and `<queue>.dead`, classic or
+ * quorum (TALLY_QUEUE_TYPE). A queue that already exists with other
+ * arguments (declared by an operator, or by an older Tally) is used as it is.
+ *
+ * A quorum work queue gets a delivery limit and at-least-once dead-lettering
+ * to `<queue>.dead`: a message redelivered past the limit (a daemon that
+ * crashes on it over and over, or a crash loop of the fleet) is moved by the
+ * broker to `<queue>.dead` with `x-first-death-reason: delivery_limit`, and
+ * at-least-once means the broker keeps it until `<queue>.dead` has confirmed
+ * it. Without a dead-letter target a quorum queue past its limit drops the
+ * message; at-most-once dead-lettering can drop it too. at-least-once needs
+ * RabbitMQ 3.10 or later and `x-overflow: reject-publish` (with no length
+ * limit set, that overflow never triggers).
+ */
+import type { ChannelModel } from 'amqplib';
+import type { QueueType } from '@tally/shared';
+import type { Logger } from './logger.js';
+
+export interface QueueDeclarationOptions {
+  readonly queue: string;
+  readonly deadLetterQueue: string;
+  readonly queueType: QueueType;
+  readonly deliveryLimit: number;
+}
+
+export interface DeclaredQueue {
+  readonly queue: string;
+  /** True when this declaration created the queue or matched it exactly; false when an existing queue differs and is used as it is. */
+  readonly asRequested: boolean;
+  readonly requestedType: QueueType;
+  /** The type found: the requested one when asRequested, else read from the broker's refusal when it names x-queue-type. */
+  readonly type: QueueType | 'unknown';
+  readonly arguments: Readonly<Record<string, unknown>>;
+  /** The broker's refusal of the requested arguments, when the queue differs. */
+  readonly brokerSays?: string;
+}
+
+/**
+ * Arguments of the work queue. Classic queues carry none, exactly as Tally
+ * always declared them, so existing classic deployments match.
+ */
+export function workQueueArguments(options: QueueDeclarationOptions): Record<string, unknown> {
+  if (options.queueType === 'classic') return {};
+  return {
+    'x-queue-type': 'quorum',
+    'x-delivery-limit': options.deliveryLimit,
+    'x-dead-letter-exchange': '',
+    'x-dead-letter-routing-key': options.deadLetterQueue,
+    'x-dead-letter-strategy': 'at-least-once',
+    'x-overflow': 'reject-publish',
+  };
+}
+
+/** `<queue>.dead` is of the same type, replicated like the work queue when quorum, and dead-letters nothing itself. */
+export function deadQueueArguments(options: QueueDeclarationOptions): Record<string, unknown> {
+  return options.queueType === 'classic' ? {} : { 'x-queue-type': 'quorum' };
+}
+
+export interface ArgumentRefusal {
+  readonly argument: string;
+  /** The existing queue's value: undefined when it has none; null when its type cannot be reproduced here. */
+  readonly current: string | number | undefined | null;
+  /** True when the broker wrote the value without a type because it has the type of the one sent ("received '9' but current is '5'"). */
+  readonly typeAsSent?: boolean;
+}
+
+/**
+ * Reads a PRECONDITION_FAILED refusal: which argument differs and what the
+ * existing queue has ("... inequivalent arg 'x-queue-type' ...: received the
+ * value 'quorum' of type 'longstr' but current is none"). Null when the
+ * refusal is about something else (durable, exclusive).
+ */
+export function parseArgumentRefusal(message: string): ArgumentRefusal | null {
+  const match = /inequivalent arg '(x-[^']+)'.*but current is (none|the value '([^']*)' of type '([a-z]+)'|'([^']*)')/.exec(message);
+  if (match === null) return null;
+  const [, argument, , value, type, untyped] = match;
+  if (untyped !== undefined) return { argument: argument!, current: untyped, typeAsSent: true };
+  if (value === undefined) return { argument: argument!, current: undefined };
+  if (type === 'longstr') return { argument: argument!, current: value };
+  if (/^(signedint|long|short|byte|unsignedbyte|unsignedshort|unsignedint)$/.test(type!)) return { argument: argument!, current: Number(value) };
+  return { argument: argument!, current: null };
+}
+
+function describe(error: unknown): string {
+  return error instanceof Error ? error.message : String(error);
+}
+
+/** Declares a queue on a channel of its own (a refusal closes the channel); the refusal's text, or null when it matched. */
+async function tryDeclare(model: ChannelModel, queue: string, args: Record<string, unknown>): Promise<string | null> {
+  const channel = await model.createChannel();
+  channel.on('error', () => {});
+  try {
+    await channel.assertQueue(queue, { durable: true, arguments: args });
+    await channel.close().catch(() => {});
+    return null;
+  } catch (error) {
+    if (!/PRECONDITION.FAILED/.test(describe(error))) throw error;
+    return describe(error).replace(/^.*with message "/, '').replace(/"$/, '');
+  }
+}
+
+/**
+ * The type of a queue that exists with other arguments. AMQP has no query
+ * for a queue's arguments, and a refusal names only the first argument that
+ * differs, so this declares again with what each refusal says the queue has
+ * (dropping what it lacks, taking what it holds), until the broker accepts
+ * or names x-queue-type. Each attempt is equivalent to the queue or refused:
+ * it never changes the queue. "unknown" when an argument cannot be copied.
+ */
+async function probeType(model: ChannelModel, queue: string, requested: Record<string, unknown>, firstRefusal: string): Promise<QueueType | 'unknown'> {
+  const args = { ...requested };
+  let refusal: string | null = firstRefusal;
+  for (let attempt = 0; attempt < 16; attempt++) {
+    if (refusal === null) break;
+    const parsed = parseArgumentRefusal(refusal);
+    if (parsed === null || parsed.current === null) return 'unknown';
+    if (parsed.argument === 'x-queue-type') {
+      const found = parsed.current ?? 'classic';
+      return found === 'classic' || found === 'quorum' ? found : 'unknown';
+    }
+    if (parsed.current === undefined) delete args[parsed.argument];
+    else if (parsed.typeAsSent && typeof args[parsed.argument] === 'number') args[parsed.argument] = Number(parsed.current);
+    else args[parsed.argument] = parsed.current;
+    refusal = await tryDeclare(model, queue, args);
+  }
+  if (refusal !== null) return 'unknown';
+  const type = args['x-queue-type'] ?? 'classic';
+  return type === 'classic' || type === 'quorum' ? type : 'unknown';
+}
+
+/** Declares one queue, or uses it as it is when it exists with other arguments. */
+export async function declareQueue(model: ChannelModel, queue: string, requestedType: QueueType, args: Record<string, unknown>): Promise<DeclaredQueue> {
+  const brokerSays = await tryDeclare(model, queue, args);
+  if (brokerSays === null) return { queue, asRequested: true, requestedType, type: requestedType, arguments: args };
+  // It exists: make sure it is there and usable (this throws if not), and use it as it is.
+  const check = await model.createChannel();
+  check.on('error', () => {});
+  await check.checkQueue(queue);
+  await check.close().catch(() => {});
+  const type = await probeType(model, queue, args, brokerSays);
+  return { queue, asRequested: false, requestedType, type, arguments: args, brokerSays };
+}
+
+/**
+ * `<queue>.dead` first: the work queue's dead-lettering targets it. Logs what
+ * was found; a quorum request met by a queue without a delivery limit is a
+ * warning, since a crash loop then redelivers forever instead of parking the
+ * message in `<queue>.dead`.
+ */
+export async function declareTallyQueues(model: ChannelModel, options: QueueDeclarationOptions, log: Logger): Promise<DeclaredQueue[]> {
+  const dead = await declareQueue(model, options.deadLetterQueue, options.queueType, deadQueueArguments(options));
+  const work = await declareQueue(model, options.queue, options.queueType, workQueueArguments(options));
+  for (const declared of [dead, work]) {
+    if (declared.asRequested) {
+      log.info({ queue: declared.queue, type: declared.type, arguments: declared.arguments }, 'queue declared');
+    } else {
+      log.warn(
+        { queue: declared.queue, requested: declared.requestedType, found: declared.type, brokerSays: declared.brokerSays },
+        'queue exists with other arguments; using it as it is (TALLY_QUEUE_TYPE and TALLY_DELIVERY_LIMIT do not apply to it)',
+      );
+    }
+  }
+  return [work, dead];
+}

@@ -1,0 +1,35 @@
+/**
+ * The metrics pipeline behind /metrics: a MeterProvider read by a Prometheus
+ * exporter (no server of its own: HttpEndpoints mounts its handler).
+ *
+ * `target_info` carries the resource. Without a service name the SDK says
+ * `unknown_service:node`; Tally names itself `tally`, and the standard
+ * OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES still override it (the SDK's
+ * environment detector reads them, as it does for traces).
+ */
+import type { PrometheusExporter } from '@opentelemetry/exporter-prometheus';
+import type { MeterProvider } from '@opentelemetry/sdk-metrics';
+import { prometheusViews } from './metrics.js';
+import { ATTR_SERVICE_NAME } from './semconv.js';
+
+export const DEFAULT_SERVICE_NAME = 'tally';
+
+export interface MetricsExport {
+  readonly exporter: PrometheusExporter;
+  readonly provider: MeterProvider;
+}
+
+/** Loaded only when asked for: a daemon without metrics does not pay their start-up. */
+export async function createMetricsExport(): Promise<MetricsExport> {
+  const [{ PrometheusExporter }, { MeterProvider }, { defaultResource, detectResources, envDetector, resourceFromAttributes }] = await Promise.all([
+    import('@opentelemetry/exporter-prometheus'),
+    import('@opentelemetry/sdk-metrics'),
+    import('@opentelemetry/resources'),
+  ]);
+  const resource = defaultResource()
+    .merge(resourceFromAttributes({ [ATTR_SERVICE_NAME]: DEFAULT_SERVICE_NAME }))
+    .merge(detectResources({ detectors: [envDetector] }));
+  const exporter = new PrometheusExporter({ preventServerStart: true });
+  const provider = new MeterProvider({ resource, readers: [exporter], views: prometheusViews() });
+  return { exporter, provider };
+}

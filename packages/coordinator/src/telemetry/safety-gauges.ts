@@ -1,0 +1,40 @@
+/**
+ * Gauges for the edges of Tally's promise that are not counters of the data
+ * path: a Redis allowed to evict (TALLY_ALLOW_EVICTION), a Redis without AOF
+ * or replicas, and the broker's side (issue 9, cases 1, 2 and 10). Kept apart
+ * from metrics.ts, which holds the data-path metrics.
+ *
+ *   tally.redis.eviction_allowed     1 while running on an evicting maxmemory-policy
+ *   tally.redis.unprotected          1 when neither AOF nor a replica protects acked counts
+ *   tally.amqp.blocked               1 while RabbitMQ blocks the connection (memory or disk alarm)
+ *   tally.dead_letter.unroutable     dead-letter copies the broker returned as unroutable
+ */
+import type { Attributes, Meter } from '@opentelemetry/api';
+import type { RedisProbeReport } from '../redis-probe.js';
+
+export interface SafetySources {
+  readonly redisProbe: () => RedisProbeReport | null;
+  readonly amqpBlocked: () => boolean;
+  readonly unroutableDeadLetters: () => number;
+}
+
+export function registerSafetyGauges(meter: Meter, base: Attributes, sources: SafetySources): void {
+  meter
+    .createObservableGauge('tally.redis.eviction_allowed', { description: 'Redis maxmemory-policy is not noeviction and TALLY_ALLOW_EVICTION allowed it: counts or markers may be evicted' })
+    .addCallback((result) => {
+      const probe = sources.redisProbe();
+      if (probe !== null) result.observe(probe.evictionAllowed ? 1 : 0, { ...base, 'tally.redis.maxmemory_policy': probe.maxmemoryPolicy ?? 'unknown' });
+    });
+  meter
+    .createObservableGauge('tally.redis.unprotected', { description: 'Neither AOF nor a connected replica protected acked counts at start' })
+    .addCallback((result) => {
+      const probe = sources.redisProbe();
+      if (probe !== null) result.observe(!probe.aofEnabled && probe.connectedReplicas === 0 ? 1 : 0, base);
+    });
+  meter
+    .createObservableGauge('tally.amqp.blocked', { description: 'RabbitMQ blocks the connection (memory or disk alarm): dead-letter publishes wait' })
+    .addCallback((result) => result.observe(sources.amqpBlocked() ? 1 : 0, base));
+  meter
+    .createObservableCounter('tally.dead_letter.unroutable', { description: 'Dead-letter copies returned unroutable (the .dead queue is missing); their originals stay unacked and are retried' })
+    .addCallback((result) => result.observe(sources.unroutableDeadLetters(), base));
+}

@@ -1,0 +1,53 @@
+import { expect } from 'chai';
+import { describeDeadLetter, DeadLetterSummary, idOf, parseLimitFlag, parseReasonFlag, reasonOf } from '../../src/commands/dead-summary.js';
+
+const view = (body: string | Buffer, headers?: Record<string, unknown>, messageId?: unknown) => ({
+  content: Buffer.isBuffer(body) ? body : Buffer.from(body),
+  properties: { headers, messageId },
+});
+
+describe('dead-letter summary (pure)', () => {
+  it('reads the reason code and detail of x-tally-reason, string or bytes', () => {
+    expect(reasonOf({ 'x-tally-reason': 'oversized-body: the body is 300 bytes' })).to.deep.equal({ reason: 'oversized-body', detail: 'the body is 300 bytes' });
+    expect(reasonOf({ 'x-tally-reason': Buffer.from('missing-id: no id') })).to.deep.equal({ reason: 'missing-id', detail: 'no id' });
+    expect(reasonOf({ 'x-tally-reason': 'malformed-json' }).reason).to.equal('malformed-json');
+  });
+
+  it('calls anything else unknown: absent, not a string, not one of the stable codes', () => {
+    for (const headers of [undefined, {}, { 'x-tally-reason': 42 }, { 'x-tally-reason': { a: 1 } }, { 'x-tally-reason': 'rm -rf: /' }, { 'x-tally-reason': '__proto__: x' }]) {
+      expect(reasonOf(headers as Record<string, unknown> | undefined).reason, JSON.stringify(headers)).to.equal('unknown');
+    }
+  });
+
+  it('finds the id in the body, else in messageId; hostile bodies give null, long ids are cut', () => {
+    expect(idOf(view('{"id":"a-1","changes":[]}'))).to.equal('a-1');
+    expect(idOf(view('{"changes":[]}', undefined, 'prop-7'))).to.equal('prop-7');
+    expect(idOf(view('{"id":5}', undefined, 'prop-8'))).to.equal('prop-8');
+    for (const body of ['', 'not json', '[1,2]', 'null', '{"id":""}', Buffer.from([0xff, 0xfe])]) expect(idOf(view(body))).to.equal(null);
+    expect(idOf(view(JSON.stringify({ id: 'x'.repeat(1000) })))!.length).to.equal(257);
+    expect(idOf(view('{"id":"big","pad":"' + 'p'.repeat(2_000_000) + '"}', undefined, 'prop'))).to.equal('prop');
+  });
+
+  it('counts every message by reason and keeps the first N that match the filter, in order', () => {
+    const summary = new DeadLetterSummary('missing-id', 2);
+    const reasons = ['missing-id', 'oversized-body', 'missing-id', 'missing-id', 'weird'];
+    reasons.forEach((r, i) => summary.add(describeDeadLetter(view(`{"id":"m${i}"}`, { 'x-tally-reason': `${r}: d` }), i)));
+    expect(summary.total).to.equal(5);
+    expect(summary.matching).to.equal(3);
+    expect(summary.byReason).to.deep.equal({ 'missing-id': 3, 'oversized-body': 1, unknown: 1 });
+    expect(summary.messages.map((m) => [m.position, m.id])).to.deep.equal([
+      [0, 'm0'],
+      [2, 'm2'],
+    ]);
+  });
+
+  it('validates --reason and --limit with usage errors', () => {
+    expect(parseReasonFlag(undefined)).to.equal(null);
+    expect(parseReasonFlag('unknown')).to.equal('unknown');
+    expect(parseReasonFlag('oversized-body')).to.equal('oversized-body');
+    for (const bad of ['bogus', 'OVERSIZED-BODY', '']) expect(() => parseReasonFlag(bad)).to.throw().with.property('code', 'TALLY_CLI_USAGE');
+    expect(parseLimitFlag(undefined, 20)).to.equal(20);
+    expect(parseLimitFlag('7', 20)).to.equal(7);
+    for (const bad of ['0', '-1', '1.5', 'ten', '']) expect(() => parseLimitFlag(bad, 20)).to.throw().with.property('code', 'TALLY_CLI_USAGE');
+  });
+});

@@ -1,0 +1,43 @@
+/**
+ * Why a message is in `<queue>.dead`. Two writers put messages there:
+ *
+ * - Tally, for a bad message: header `x-tally-reason: "<code>: <detail>"`
+ *   (codes: BAD_MESSAGE_REASONS);
+ * - the broker, for a quorum queue's message redelivered past
+ *   `x-delivery-limit` (a crash loop), or rejected, expired or over a length
+ *   limit: headers `x-death` and `x-first-death-reason`, which Tally maps to
+ *   the codes below.
+ */
+export const BROKER_DEAD_REASONS = Object.freeze({
+  delivery_limit: 'delivery-limit',
+  rejected: 'rejected',
+  expired: 'expired',
+  maxlen: 'maxlen',
+} as const);
+
+export type BrokerDeadReason = (typeof BROKER_DEAD_REASONS)[keyof typeof BROKER_DEAD_REASONS];
+
+export interface DeadLetterReason {
+  /** A BAD_MESSAGE_REASONS code, a BrokerDeadReason, or 'unknown'. */
+  readonly code: string;
+  readonly detail: string;
+  readonly source: 'tally' | 'broker' | 'unknown';
+}
+
+/** Classifies a dead-lettered message by its headers; never throws on hostile headers. */
+export function deadLetterReason(headers: Readonly<Record<string, unknown>> | undefined): DeadLetterReason {
+  const tally = headers?.['x-tally-reason'];
+  const text = Buffer.isBuffer(tally) ? tally.toString('utf8') : tally;
+  if (typeof text === 'string' && text !== '') {
+    const colon = text.indexOf(':');
+    return { code: (colon < 0 ? text : text.slice(0, colon)).trim(), detail: colon < 0 ? '' : text.slice(colon + 1).trim(), source: 'tally' };
+  }
+  const raw = headers?.['x-first-death-reason'];
+  const broker = Buffer.isBuffer(raw) ? raw.toString('utf8') : raw;
+  if (typeof broker === 'string' && Object.hasOwn(BROKER_DEAD_REASONS, broker)) {
+    const queue = headers?.['x-first-death-queue'];
+    const from = typeof queue === 'string' ? ` by queue ${queue}` : Buffer.isBuffer(queue) ? ` by queue ${queue.toString('utf8')}` : '';
+    return { code: BROKER_DEAD_REASONS[broker as keyof typeof BROKER_DEAD_REASONS], detail: `dead-lettered by the broker (${broker})${from}`, source: 'broker' };
+  }
+  return { code: 'unknown', detail: '', source: 'unknown' };
+}
