@@ -429,7 +429,7 @@ export class Daemon {
     stats.add('count_errors', result.countErrors);
     exposure.batchDone(
       parts.map((part) => part.delivery),
-      result.timings,
+      result,
     );
     for (let i = 0; i < parts.length; i++) {
       const delivery = parts[i]!.delivery;

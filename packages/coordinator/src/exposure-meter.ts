@@ -65,20 +65,23 @@ export class ExposureMeter {
   }
 
   /** A shard batch reported done: its parts are occupied (or found occupied). */
-  batchDone(parts: readonly ExposedPart[], timings: BatchResult['timings']): void {
-    let messages = 0;
-    for (const part of parts) {
+  batchDone(parts: readonly ExposedPart[], result: Pick<BatchResult, 'marked' | 'timings'>): void {
+    let written = 0;
+    for (let i = 0; i < parts.length; i++) {
+      const part = parts[i]!;
       const share = 1 / part.parts;
-      messages += share;
       this.occupied(part.link, part.tag, share);
+      // A part the pre-check found marked is neither written nor occupied again: it is never in the window.
+      if (result.marked[i] === 0) written += share;
     }
     if (!this.hasWindow || !this.loaded()) return;
-    // The window runs from when Redis executes the count transaction to when
-    // it executes the marker SETs. The worker sees each end one reply latency
-    // later, and the two latencies cancel out: the window lasts about the
-    // occupy round trip (t2 -> t3), not the write one. Retries while Redis is
-    // away keep the occupy step, and so the window, open: that is counted too.
-    this.carry.window += messages * timings.occupyMs;
+    // What a SIGKILL of this process re-counts is what it has sent and not
+    // yet followed up: a count write already on its way to Redis still runs
+    // after the kill, a marker SET not yet sent never does. So the window
+    // runs from sending the count write to sending the marker SETs, which
+    // follows the write's reply at once: the write round trip (t1 -> t2).
+    // Retries while Redis is away keep it open: that is counted too.
+    this.carry.window += written * result.timings.writeMs;
   }
 
   /** A whole delivery settled without a batch of its own (a copy that waited for its first). */
