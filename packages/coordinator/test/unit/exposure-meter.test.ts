@@ -17,21 +17,30 @@ describe('ExposureMeter', () => {
     const link = {};
     meter.channelChanged(link);
     meter.sample(0);
-    // Tag 2 done (one part of one), tag 3 half done (one part of two); tag 1 still in progress.
-    meter.batchDone([{ link, tag: 2, parts: 1 }, { link, tag: 3, parts: 2 }], TIMINGS);
+    // Tag 2 done (one part of one), tag 3 half done (one part of two), tag 4
+    // found already marked by the pre-check (a duplicate); tag 1 still in progress.
+    meter.batchDone(
+      [
+        { link, tag: 2, parts: 1 },
+        { link, tag: 3, parts: 2 },
+        { link, tag: 4, parts: 1 },
+      ],
+      { marked: Uint8Array.of(0, 0, 1), timings: TIMINGS },
+    );
     meter.sample(1000);
     expect(out.totals.get('loaded_ms')).to.equal(1000);
-    expect(out.totals.get('occupied_unacked_message_ms')).to.equal(1500);
-    // The window: 1.5 messages for the 2 ms occupy round trip.
-    expect(out.totals.get('window_message_ms')).to.equal(3);
+    expect(out.totals.get('occupied_unacked_message_ms')).to.equal(2500);
+    // The window: the 1.5 messages written, for the 4 ms of the count write's
+    // round trip; the duplicate was never written, so never in the window.
+    expect(out.totals.get('window_message_ms')).to.equal(6);
     meter.acked(2);
     meter.sample(2000);
-    expect(out.totals.get('occupied_unacked_message_ms')).to.equal(2000);
-    meter.acked(3);
+    expect(out.totals.get('occupied_unacked_message_ms')).to.equal(4000);
+    meter.acked(4);
     loaded = false;
     meter.sample(3000);
     expect(out.totals.get('loaded_ms'), 'time under light load is left out').to.equal(2000);
-    expect(out.totals.get('occupied_unacked_message_ms')).to.equal(2000);
+    expect(out.totals.get('occupied_unacked_message_ms')).to.equal(4000);
   });
 
   it('ignores tags of a dead channel and has no window in atomic mode', () => {
@@ -42,7 +51,7 @@ describe('ExposureMeter', () => {
     meter.channelChanged(old);
     meter.channelChanged(live);
     meter.sample(0);
-    meter.batchDone([{ link: old, tag: 1, parts: 1 }], TIMINGS);
+    meter.batchDone([{ link: old, tag: 1, parts: 1 }], { marked: Uint8Array.of(0), timings: TIMINGS });
     meter.occupied(live, 1, 1);
     meter.sample(100);
     expect(out.totals.get('occupied_unacked_message_ms')).to.equal(100);
