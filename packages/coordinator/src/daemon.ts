@@ -12,6 +12,7 @@ import type { Redis } from 'ioredis';
 import {
   describeError,
   encodeBatchTask,
+  WindowGauge,
   formatReason,
   isTallyError,
   parseMessage,
@@ -223,7 +224,13 @@ export class Daemon {
 
       const stats = new StatsRecorder(redis, config.prefix, log);
       stats.start();
-      const exposure = new ExposureMeter(stats, () => (this.acks?.tracker.unacked ?? 0) * 2 >= config.prefetch, config.mode === 'two-step');
+      // Two-step mode's worker threads mark which messages sit in a crash window; the meter reads it.
+      const windowGauge = config.mode === 'two-step' ? WindowGauge.create(config.virtualShards) : null;
+      const exposure = new ExposureMeter(
+        stats,
+        () => (this.acks?.tracker.unacked ?? 0) * 2 >= config.prefetch,
+        windowGauge === null ? null : () => windowGauge.messages(),
+      );
       exposure.start();
       opened.unshift({
         name: 'final stats flush',
@@ -244,6 +251,7 @@ export class Daemon {
           markerTtlS: config.markerTtlS,
           countTtlS: config.countTtlS,
           logLevel: config.logLevel,
+          ...(windowGauge === null ? {} : { windowGauge: windowGauge.buffer }),
         },
         config.workers,
         config.virtualShards,
@@ -404,7 +412,13 @@ export class Daemon {
       traceparents: parts.map((part) => part.delivery.traceparent as string | undefined),
       distinctSkus: () => new Set(parts.flatMap((part) => part.changes.map(([sku]) => sku))).size,
     });
-    const task = encodeBatchTask(vshard, parts.length, (i) => ({ id: parts[i]!.delivery.id, changes: parts[i]!.changes }), traceparent);
+    const task = encodeBatchTask(
+      vshard,
+      parts.length,
+      (i) => ({ id: parts[i]!.delivery.id, changes: parts[i]!.changes }),
+      traceparent,
+      this.config.mode === 'two-step' ? Float64Array.from(parts, (part) => 1 / part.delivery.parts) : undefined,
+    );
     const started = performance.now();
     const { pools, exposure, stats, telemetry } = this.runtime;
     const metrics = telemetry?.metrics;
@@ -427,10 +441,7 @@ export class Daemon {
     stats.add('occupation_failures', result.occupationFailures);
     stats.add('write_retries', result.writeRetries);
     stats.add('count_errors', result.countErrors);
-    exposure.batchDone(
-      parts.map((part) => part.delivery),
-      result,
-    );
+    exposure.batchDone(parts.map((part) => part.delivery));
     for (let i = 0; i < parts.length; i++) {
       const delivery = parts[i]!.delivery;
       if (result.marked[i] === 1) delivery.markedParts++;

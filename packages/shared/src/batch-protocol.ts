@@ -15,6 +15,8 @@ export interface WorkerSettings {
   readonly markerTtlS: number;
   readonly countTtlS: number;
   readonly logLevel: string;
+  /** Two-step mode: the WindowGauge's buffer, shared with the coordinator's exposure meter. */
+  readonly windowGauge?: SharedArrayBuffer;
 }
 
 export interface BatchTask {
@@ -22,6 +24,8 @@ export interface BatchTask {
   /** Message id of each part, parallel to `changes`. */
   readonly ids: readonly string[];
   readonly changes: readonly PartChanges[];
+  /** Per part, its share of its message (1/parts), parallel to `ids`: what the window gauge weighs it by. */
+  readonly shares?: Float64Array;
   /** W3C traceparent of the coordinator's `tally.batch` span, when tracing is on. */
   readonly traceparent?: string;
 }
@@ -36,6 +40,7 @@ export interface WireBatchTask {
   readonly vshard: number;
   readonly parts: number;
   readonly flat: ReadonlyArray<string | number>;
+  readonly shares?: Float64Array;
   readonly traceparent?: string;
 }
 
@@ -45,6 +50,7 @@ export function encodeBatchTask(
   parts: number,
   partOf: (index: number) => { readonly id: string; readonly changes: PartChanges },
   traceparent?: string,
+  shares?: Float64Array,
 ): WireBatchTask {
   const flat: Array<string | number> = [];
   for (let i = 0; i < parts; i++) {
@@ -52,7 +58,7 @@ export function encodeBatchTask(
     flat.push(id, changes.length);
     for (const [sku, delta] of changes) flat.push(sku, delta);
   }
-  return traceparent === undefined ? { vshard, parts, flat } : { vshard, parts, flat, traceparent };
+  return { vshard, parts, flat, ...(shares === undefined ? {} : { shares }), ...(traceparent === undefined ? {} : { traceparent }) };
 }
 
 /** The inverse of encodeBatchTask, run in the worker thread. Throws on a malformed task (a bug, not input). */
@@ -71,7 +77,14 @@ export function decodeBatchTask(wire: WireBatchTask): BatchTask {
     changes[i] = part;
   }
   if (at !== flat.length) throw new TypeError(`malformed batch task: ${flat.length - at} values left over`);
-  return wire.traceparent === undefined ? { vshard: wire.vshard, ids, changes } : { vshard: wire.vshard, ids, changes, traceparent: wire.traceparent };
+  if (wire.shares !== undefined && wire.shares.length !== wire.parts) throw new TypeError(`malformed batch task: ${wire.shares.length} shares for ${wire.parts} parts`);
+  return {
+    vshard: wire.vshard,
+    ids,
+    changes,
+    ...(wire.shares === undefined ? {} : { shares: wire.shares }),
+    ...(wire.traceparent === undefined ? {} : { traceparent: wire.traceparent }),
+  };
 }
 
 export interface BatchResult {
