@@ -77,7 +77,8 @@ export function decodeBatchTask(wire: WireBatchTask): BatchTask {
     changes[i] = part;
   }
   if (at !== flat.length) throw new TypeError(`malformed batch task: ${flat.length - at} values left over`);
-  if (wire.shares !== undefined && wire.shares.length !== wire.parts) throw new TypeError(`malformed batch task: ${wire.shares.length} shares for ${wire.parts} parts`);
+  if (wire.shares !== undefined && wire.shares.length !== wire.parts)
+    throw new TypeError(`malformed batch task: ${wire.shares.length} shares for ${wire.parts} parts`);
   return {
     vshard: wire.vshard,
     ids,
