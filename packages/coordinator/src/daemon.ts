@@ -16,6 +16,7 @@ import {
   isTallyError,
   parseMessage,
   redactUrl,
+  RedisRequirementError,
   retryUntilDone,
   RETRY_STOPPED,
   splitByShard,
@@ -316,12 +317,24 @@ export class Daemon {
   }
 
   /** Startup steps wait for Redis like everything else (invariant 8), but fatal errors still stop the start. */
-  private untilRedis<T>(what: string, step: () => Promise<T>): Promise<T> {
+  private async untilRedis<T>(what: string, step: () => Promise<T>): Promise<T> {
+    try {
+      return await this.retryRedis(what, step);
+    } catch (error) {
+      if (isTallyError(error)) throw error;
+      throw new RedisRequirementError(
+        'TALLY_REDIS_NOPERM',
+        `Redis refused the ${what}: ${describeError(error)}; grant the user what docs/redis-requirements.md lists (ACL SETUSER <user> ~<TALLY_PREFIX>* +@read +@write +@scripting +@connection +info +time)`,
+      );
+    }
+  }
+
+  private retryRedis<T>(what: string, step: () => Promise<T>): Promise<T> {
     return retryUntilDone(step, {
-      // Only Tally's own refusals (layout, mode) stop the start today; a
-      // `fatal` server refusal (failureClass) is where "Never silently wrong"
-      // stops it too.
-      giveUp: (_failureClass, error) => isTallyError(error),
+      // Outages wait (invariant 8); a refusal no retry can fix (an ACL that
+      // forbids a command, a wrong password) stops the start with one line
+      // naming it instead of looping on "redis unavailable".
+      giveUp: (failureClass, error) => isTallyError(error) || failureClass === 'fatal',
       onAttemptFailed: ({ error, attempt, delayMs, failureClass }) =>
         this.log.warn({ what, attempt, delayMs, failureClass, err: describeError(error) }, 'redis unavailable; retrying'),
     });
