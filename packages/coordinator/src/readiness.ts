@@ -1,9 +1,8 @@
 /**
- * What /readyz answers: ready, or not ready with one reason an operator can
- * act on and when it began. Pure: the daemon gathers the facts, this ranks
- * them. The first that holds wins, most fundamental first: a daemon that is
- * not running cannot be stalled, and a Redis that refuses every write
- * explains the stall it causes better than the stall does.
+ * What /readyz answers: ready, or not ready with the reasons an operator can
+ * act on (joined by "; ", the cause first: a Redis that refuses every write
+ * explains the stall it causes) and when the earliest began. Pure: the
+ * daemon gathers the facts, this words them.
  */
 import type { RedisRefusalState } from './redis-health.js';
 import { describeKind } from './redis-health.js';
@@ -31,21 +30,24 @@ const READY: ReadinessVerdict = Object.freeze({ ready: true, reason: null, since
 
 export function judgeReadiness(facts: ReadinessFacts): ReadinessVerdict {
   if (facts.state !== 'running') return { ready: false, reason: `daemon ${facts.state}`, since: null };
+  const reasons: Array<{ text: string; sinceMs: number | null }> = [];
   if (facts.refusal !== null) {
-    return {
-      ready: false,
-      reason: `${describeKind(facts.refusal.errorType)}: ${facts.refusal.message}`,
-      since: new Date(facts.refusal.sinceMs).toISOString(),
-    };
+    reasons.push({ text: `${describeKind(facts.refusal.errorType)}: ${facts.refusal.message}`, sinceMs: facts.refusal.sinceMs });
   }
-  if (!facts.redisConnected) return { ready: false, reason: 'redis connection down', since: null };
-  if (!facts.consuming) return { ready: false, reason: 'not consuming from RabbitMQ', since: null };
+  if (!facts.redisConnected) reasons.push({ text: 'redis connection down', sinceMs: null });
+  if (!facts.consuming) reasons.push({ text: 'not consuming from RabbitMQ', sinceMs: null });
   if (facts.oldestUnackedMs !== null && facts.oldestUnackedMs >= facts.stallMs) {
-    return {
-      ready: false,
-      reason: `stalled: oldest unacked delivery ${Math.floor(facts.oldestUnackedMs / 1000)} s old`,
-      since: new Date(facts.nowMs - facts.oldestUnackedMs + facts.stallMs).toISOString(),
-    };
+    // Also when a refusal explains it: the stall is what the broker's consumer_timeout and the markers' TTL run against.
+    reasons.push({
+      text: `stalled: oldest unacked delivery ${Math.floor(facts.oldestUnackedMs / 1000)} s old`,
+      sinceMs: facts.nowMs - facts.oldestUnackedMs + facts.stallMs,
+    });
   }
-  return READY;
+  if (reasons.length === 0) return READY;
+  const dated = reasons.filter((reason) => reason.sinceMs !== null).map((reason) => reason.sinceMs!);
+  return {
+    ready: false,
+    reason: reasons.map((reason) => reason.text).join('; '),
+    since: dated.length === 0 ? null : new Date(Math.min(...dated)).toISOString(),
+  };
 }

@@ -27,7 +27,7 @@ describe('judgeReadiness', () => {
         sinceMs: Date.parse('2026-01-01T00:00:30Z'),
         sources: ['shard 3'],
       },
-      oldestUnackedMs: 45_000,
+      oldestUnackedMs: 10_000,
     });
     expect(verdict).to.deep.equal({
       ready: false,
@@ -50,9 +50,18 @@ describe('judgeReadiness', () => {
     expect(verdict).to.deep.equal({ ready: false, reason: 'stalled: oldest unacked delivery 42 s old', since: '2026-01-01T00:00:47.500Z' });
   });
 
-  it('ranks: not running, then refusal, then connections, then stall', () => {
+  it('names every reason that holds, the cause first, dated by the earliest', () => {
     expect(judgeReadiness({ ...healthy, state: 'stopping', consuming: false }).reason).to.equal('daemon stopping');
-    expect(judgeReadiness({ ...healthy, redisConnected: false, oldestUnackedMs: 60_000 }).reason).to.equal('redis connection down');
-    expect(judgeReadiness({ ...healthy, consuming: false, oldestUnackedMs: 60_000 }).reason).to.equal('not consuming from RabbitMQ');
+    expect(judgeReadiness({ ...healthy, redisConnected: false, oldestUnackedMs: 60_000 }).reason).to.equal(
+      'redis connection down; stalled: oldest unacked delivery 60 s old',
+    );
+    expect(judgeReadiness({ ...healthy, consuming: false }).reason).to.equal('not consuming from RabbitMQ');
+    const both = judgeReadiness({
+      ...healthy,
+      refusal: { errorType: 'NOPERM', failureClass: 'fatal', message: 'NOPERM no permissions', sinceMs: healthy.nowMs - 50_000, sources: ['shard 5'] },
+      oldestUnackedMs: 45_000,
+    });
+    expect(both.reason).to.equal('redis refusing writes: NOPERM no permissions; stalled: oldest unacked delivery 45 s old');
+    expect(both.since).to.equal('2026-01-01T00:00:10.000Z');
   });
 });
