@@ -688,7 +688,14 @@ export class Daemon {
       await runSteps(
         [
           { name: 'flushing worker spans', timeoutMs: 500, run: () => pools.flushTelemetry() },
-          { name: 'stopping worker threads', timeoutMs: STEP_TIMEOUT_MS, run: () => pools.destroy() },
+          {
+            name: 'stopping worker threads',
+            timeoutMs: STEP_TIMEOUT_MS,
+            run: async () => {
+              await pools.destroy();
+              log.info('worker threads stopped');
+            },
+          },
           {
             name: 'final stats flush',
             timeoutMs: STEP_TIMEOUT_MS,
