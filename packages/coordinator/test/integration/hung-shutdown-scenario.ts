@@ -11,7 +11,7 @@
  */
 import { setTimeout as sleep } from 'node:timers/promises';
 import { expect } from 'chai';
-import { generateWorkload, publishAll } from '@tally/bench';
+import { generateWorkload, publishAll } from '@tally/workload';
 import { cleanup, startDaemon, stopDaemon, testSpace, waitForReadyBelow, AMQP_URL, type DaemonProcess } from './harness.js';
 import { startConfiguredRedis } from './configured-redis.js';
 import { brokerQueue, countsAt, waitFor } from './runtime-probes.js';

@@ -11,7 +11,7 @@
  */
 import { setTimeout as sleep } from 'node:timers/promises';
 import { expect } from 'chai';
-import { generateWorkload, publishAll } from '@tally/bench';
+import { generateWorkload, publishAll } from '@tally/workload';
 import { cleanup, compare, startDaemon, stopDaemon, testSpace, AMQP_URL, type DaemonProcess } from './harness.js';
 import { asAdmin, startConfiguredRedis } from './configured-redis.js';
 import { brokerQueue, countsAt, metricsText, readyz, sample, waitFor } from './runtime-probes.js';

@@ -10,7 +10,7 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import { expect } from 'chai';
 import amqp from 'amqplib';
-import { publishAll, type Publish } from '@tally/bench';
+import { publishAll, type Publish } from '@tally/workload';
 import { shardOf } from '@tally/shared';
 import { cleanup, compare, startDaemon, stopDaemon, testSpace, AMQP_URL, type DaemonProcess } from './harness.js';
 import { asAdmin, startConfiguredRedis } from './configured-redis.js';
