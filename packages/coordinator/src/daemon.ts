@@ -344,7 +344,8 @@ export class Daemon {
             if (this.acks?.link === link) this.acks = null;
             // Closing the channel is the last step of a stop: only what is still unacked goes back.
             if (this.built?.link.closing === true || (this.state === 'stopping' && unacked === 0)) {
-              if (unacked !== null && unacked > 0) log.warn({ unacked, generation: link.generation }, 'channel closed with unacked deliveries; the broker redelivers them');
+              if (unacked !== null && unacked > 0)
+                log.warn({ unacked, generation: link.generation }, 'channel closed with unacked deliveries; the broker redelivers them');
               else log.info({ generation: link.generation }, 'channel closed');
               return;
             }

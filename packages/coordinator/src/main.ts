@@ -67,7 +67,10 @@ function onSignal(signal: NodeJS.Signals): void {
   // Whatever Redis or RabbitMQ do, the process is gone by grace + margin.
   const limitMs = config.shutdownGraceMs + SHUTDOWN_MARGIN_MS;
   setTimeout(() => {
-    log.fatal({ limitMs, pendingStep: daemon.pendingStopStep, status: daemon.status }, 'stop did not finish within the grace period plus margin; exiting, unacked work is redelivered');
+    log.fatal(
+      { limitMs, pendingStep: daemon.pendingStopStep, status: daemon.status },
+      'stop did not finish within the grace period plus margin; exiting, unacked work is redelivered',
+    );
     process.exit(EXIT.forced);
   }, limitMs);
   stopAll().then(

@@ -73,7 +73,8 @@ async function runAtomicScript(redis: Redis, settings: WorkerSettings, task: Bat
   // the receipt the first attempt left and gets its answer back.
   const args = atomicBatchArgs(settings, task, randomUUID());
   let writeRetries = 0;
-  const reply = (await retryUntilDone(reportingHealth(task.vshard, () => runScript(redis, ATOMIC_BATCH, args, log)), {
+  const runOnce = reportingHealth(task.vshard, () => runScript(redis, ATOMIC_BATCH, args, log));
+  const reply = (await retryUntilDone(runOnce, {
     // A `fatal` or `data` reply (a bad argument, NOPERM, a bug) would fail
     // the same way here: it goes to the coordinator, which logs it, retries
     // the batch and acks nothing of it meanwhile. Nothing was written: the

@@ -61,10 +61,15 @@ export async function runHungShutdownScenario(options: { messages: number; seed:
     await waitFor('the first consumer gone', async () => (await brokerQueue(space.queue)).unacked === 0, 30_000);
     const second = await startDaemon(space.env);
     daemons.push(second);
-    await waitFor('the queue drained', async () => {
-      const state = await brokerQueue(space.queue);
-      return state.ready === 0 && state.unacked === 0;
-    }, 180_000, 250);
+    await waitFor(
+      'the queue drained',
+      async () => {
+        const state = await brokerQueue(space.queue);
+        return state.ready === 0 && state.unacked === 0;
+      },
+      180_000,
+      250,
+    );
     await sleep(300);
     expect((await stopDaemon(second)).code, 'the second daemon stops cleanly').to.equal(0);
 

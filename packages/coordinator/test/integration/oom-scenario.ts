@@ -55,7 +55,11 @@ export async function runOomScenario(options: { before: number; during: number; 
     await publishAll(first.publishes, { url: AMQP_URL, queue: space.queue });
     daemon = await startDaemon(space.env);
     const port = Number(JSON.parse(await daemon.waitForLog('http endpoint listening')).port);
-    await waitFor('the first part counted', async () => (await brokerQueue(space.queue)).ready === 0 && (await brokerQueue(space.queue)).unacked === 0, 120_000);
+    await waitFor(
+      'the first part counted',
+      async () => (await brokerQueue(space.queue)).ready === 0 && (await brokerQueue(space.queue)).unacked === 0,
+      120_000,
+    );
     expect((await readyz(port)).code, 'ready before the filler').to.equal(200);
 
     // Fill Redis past maxmemory with one big key: from now on every write is refused with OOM.
@@ -78,10 +82,15 @@ export async function runOomScenario(options: { before: number; during: number; 
     await publishAll(second.publishes, { url: AMQP_URL, queue: space.queue });
 
     // /readyz turns 503 with the OOM reason; the gauge and the counter say it too.
-    const notReady = await waitFor('/readyz 503 with an OOM reason', async () => {
-      const answer = await readyz(port);
-      return answer.code === 503 && /^redis refusing writes: OOM/.test(answer.body.reason ?? '') ? answer : null;
-    }, 30_000, 100);
+    const notReady = await waitFor(
+      '/readyz 503 with an OOM reason',
+      async () => {
+        const answer = await readyz(port);
+        return answer.code === 503 && /^redis refusing writes: OOM/.test(answer.body.reason ?? '') ? answer : null;
+      },
+      30_000,
+      100,
+    );
     expect(notReady.body.since, 'since is an ISO time').to.match(/^\d{4}-\d\d-\d\dT/);
     const metrics = await metricsText(port);
     expect(sample(metrics, 'tally_redis_refusing', { error_type: 'OOM' }), 'tally_redis_refusing{error_type="OOM"}').to.equal(1);
@@ -93,7 +102,9 @@ export async function runOomScenario(options: { before: number; during: number; 
     const held = await brokerQueue(space.queue);
     await sleep(2_000);
     const later = await brokerQueue(space.queue);
-    expect(later.ready + later.unacked, `nothing acked while refused (${JSON.stringify(held)} -> ${JSON.stringify(later)})`).to.equal(held.ready + held.unacked);
+    expect(later.ready + later.unacked, `nothing acked while refused (${JSON.stringify(held)} -> ${JSON.stringify(later)})`).to.equal(
+      held.ready + held.unacked,
+    );
     expect(later.unacked, 'deliveries wait unacked').to.be.greaterThan(0);
     const during = units(await countsAt(url, space.prefix), truth);
     expect(during.aboveSkus, 'no count above the truth while refused').to.deep.equal([]);
@@ -104,10 +115,14 @@ export async function runOomScenario(options: { before: number; during: number; 
     const refusedForMs = Date.now() - filledAt;
     await waitFor('/readyz 200 after the filler is gone', async () => (await readyz(port)).code === 200, 60_000, 100);
     await daemon.waitForLog('redis accepts writes again', 10_000);
-    await waitFor('the queue drained', async () => {
-      const state = await brokerQueue(space.queue);
-      return state.ready === 0 && state.unacked === 0;
-    }, 120_000);
+    await waitFor(
+      'the queue drained',
+      async () => {
+        const state = await brokerQueue(space.queue);
+        return state.ready === 0 && state.unacked === 0;
+      },
+      120_000,
+    );
     expect(sample(await metricsText(port), 'tally_redis_refusing', { error_type: 'OOM' }), 'the gauge is back to 0').to.equal(0);
     const exit = await stopDaemon(daemon);
     expect(exit.code, 'clean stop').to.equal(0);

@@ -38,7 +38,9 @@ export function sample(text: string, name: string, labels: Record<string, string
 
 /** The broker's view of a queue: ready and unacknowledged messages. */
 export async function brokerQueue(queue: string): Promise<{ ready: number; unacked: number }> {
-  const { stdout } = await run('rabbitmqctl', ['list_queues', '-q', '--no-table-headers', 'name', 'messages_ready', 'messages_unacknowledged'], { timeout: 30_000 });
+  const { stdout } = await run('rabbitmqctl', ['list_queues', '-q', '--no-table-headers', 'name', 'messages_ready', 'messages_unacknowledged'], {
+    timeout: 30_000,
+  });
   for (const line of stdout.split('\n')) {
     const [name, ready, unacked] = line.trim().split(/\s+/);
     if (name === queue) return { ready: Number(ready), unacked: Number(unacked) };

@@ -42,9 +42,29 @@ describe('a stalled head (integration: private redis-server with a narrow ACL, r
         if (closedWith === null) await channel.close();
         return closedWith;
       };
-      expect(await trial([[2, false], [4, false], [3, true], [5, true]]), 'single 2 and 4, then multiple 3 and 5').to.equal(null);
-      expect(await trial([[2, false], [2, true]]), 'multiple naming the acked 2').to.match(/PRECONDITION_FAILED - unknown delivery tag 2/);
-      expect(await trial([[2, false], [2, false]]), 'single 2 twice').to.match(/PRECONDITION_FAILED - unknown delivery tag 2/);
+      expect(
+        await trial([
+          [2, false],
+          [4, false],
+          [3, true],
+          [5, true],
+        ]),
+        'single 2 and 4, then multiple 3 and 5',
+      ).to.equal(null);
+      expect(
+        await trial([
+          [2, false],
+          [2, true],
+        ]),
+        'multiple naming the acked 2',
+      ).to.match(/PRECONDITION_FAILED - unknown delivery tag 2/);
+      expect(
+        await trial([
+          [2, false],
+          [2, false],
+        ]),
+        'single 2 twice',
+      ).to.match(/PRECONDITION_FAILED - unknown delivery tag 2/);
     } finally {
       const channel = await connection.createChannel();
       await channel.deleteQueue(queue).catch(() => {});
@@ -76,7 +96,10 @@ describe('a stalled head (integration: private redis-server with a narrow ACL, r
       const stuckIds: string[] = [];
       for (let n = 0; n < 400; n++) {
         const id = `${space.queue}-${n}`;
-        const changes = [{ sku: freeSkus[(n * 7) % freeSkus.length]!, delta: 1 + (n % 5) }, { sku: freeSkus[(n * 13 + 1) % freeSkus.length]!, delta: 2 }];
+        const changes = [
+          { sku: freeSkus[(n * 7) % freeSkus.length]!, delta: 1 + (n % 5) },
+          { sku: freeSkus[(n * 13 + 1) % freeSkus.length]!, delta: 2 },
+        ];
         if (n % 100 === 0) {
           changes.push({ sku: stuckSkus[n / 100]!, delta: 3 });
           stuckIds.push(id);
@@ -113,17 +136,28 @@ describe('a stalled head (integration: private redis-server with a narrow ACL, r
       // The finished ones are counted; nothing is above the truth; the stuck shard holds nothing yet.
       const midway = compare(await countsAt(`redis://127.0.0.1:${server.port}`, p), truth);
       expect([...midway.excess.keys()], 'nothing above the truth').to.deep.equal([]);
-      expect(midway.below.filter((sku) => shardOf(sku, 16) !== STUCK_SHARD), 'every other shard complete').to.deep.equal([]);
+      expect(
+        midway.below.filter((sku) => shardOf(sku, 16) !== STUCK_SHARD),
+        'every other shard complete',
+      ).to.deep.equal([]);
 
       // Fix the ACL: the stuck parts finish at their next retry, and every ack goes out without a channel error.
       await asAdmin(server, (admin) => admin.call('ACL', 'SETUSER', 'tally', `~${p}*`));
-      await waitFor('the queue drained', async () => {
-        const state = await brokerQueue(space.queue);
-        return state.ready === 0 && state.unacked === 0;
-      }, 60_000, 250);
+      await waitFor(
+        'the queue drained',
+        async () => {
+          const state = await brokerQueue(space.queue);
+          return state.ready === 0 && state.unacked === 0;
+        },
+        60_000,
+        250,
+      );
       await daemon.waitForLog('stall over', 10_000);
       await waitFor('/readyz 200 again', async () => (await readyz(port)).code === 200, 10_000, 100);
-      expect(daemon.logs.filter((l) => /PRECONDITION|amqp channel error|left to redelivery/.test(l)), 'no channel error, no lost channel').to.deep.equal([]);
+      expect(
+        daemon.logs.filter((l) => /PRECONDITION|amqp channel error|left to redelivery/.test(l)),
+        'no channel error, no lost channel',
+      ).to.deep.equal([]);
       expect((await stopDaemon(daemon)).code).to.equal(0);
       const end = compare(await countsAt(`redis://127.0.0.1:${server.port}`, p), truth);
       expect(end.exact, `below ${end.below.length}, above ${end.excess.size}`).to.equal(true);

@@ -46,13 +46,19 @@ describe('RedisHealth', () => {
     expect(lines.some((l) => l.message === 'redis accepts writes again')).to.equal(true);
   });
 
-  it('receives the worker threads\' events over the BroadcastChannel', async () => {
+  it("receives the worker threads' events over the BroadcastChannel", async () => {
     const { log } = recordingLog();
     const health = new RedisHealth(log);
     health.listen();
     const sender = new BroadcastChannel(REDIS_HEALTH_CHANNEL);
     try {
-      sender.postMessage({ kind: 'refused', source: 'shard 0', errorType: 'MASTERDOWN', failureClass: 'transient', message: 'MASTERDOWN Link with MASTER is down' });
+      sender.postMessage({
+        kind: 'refused',
+        source: 'shard 0',
+        errorType: 'MASTERDOWN',
+        failureClass: 'transient',
+        message: 'MASTERDOWN Link with MASTER is down',
+      });
       for (let i = 0; i < 100 && health.current() === null; i++) await sleep(5);
       expect(health.current()?.errorType).to.equal('MASTERDOWN');
       sender.postMessage({ kind: 'recovered', source: 'shard 0' });
@@ -69,7 +75,7 @@ describe('RedisHealth', () => {
     expect(describeRefusal(reply)).to.deep.equal({ errorType: 'OOM', failureClass: 'transient', message: reply.message });
     const loading = Object.assign(new Error('LOADING Redis is loading the dataset in memory'), { name: 'ReplyError' });
     expect(describeRefusal(loading).errorType).to.equal('LOADING');
-    const noperm = Object.assign(new Error("NOPERM No permissions to access a key"), { name: 'ReplyError' });
+    const noperm = Object.assign(new Error('NOPERM No permissions to access a key'), { name: 'ReplyError' });
     expect(describeRefusal(noperm)).to.include({ errorType: 'NOPERM', failureClass: 'fatal' });
     expect(describeRefusal(new Error('Connection is closed.'))).to.include({ errorType: 'unavailable', failureClass: 'transient' });
   });
