@@ -28,7 +28,7 @@ describe('faults: repeated SIGKILL', function () {
     const shape = { maxChanges: 4, maxDelta: 9 };
     const random = seededRandom(7);
     try {
-      const workload = generateWorkload({ messages: 150_000, skus: 2_000, seed: 71, duplicateRate: 0.02, badRate: 0.004, idPrefix: space.queue, ...shape });
+      const workload = generateWorkload({ messages: 200_000, skus: 2_000, seed: 71, duplicateRate: 0.02, badRate: 0.004, idPrefix: space.queue, ...shape });
       const parts = partsById(workload.publishes, config.virtualShards);
       // What each kill had in its crash window, per virtual shard, in units:
       // measured while no daemon runs, as the growth of the units written but
