@@ -5,6 +5,7 @@
  *            -> hold if the same id is in flight -> shard lanes -> worker thread
  *            -> every part reported done -> ack (contiguous multiple-ack)
  */
+import { randomUUID } from 'node:crypto';
 import { metrics, trace, type Tracer } from '@opentelemetry/api';
 import type { MeterProvider } from '@opentelemetry/sdk-metrics';
 import type { ConsumeMessage } from 'amqplib';
@@ -404,13 +405,17 @@ export class Daemon {
       traceparents: parts.map((part) => part.delivery.traceparent as string | undefined),
       distinctSkus: () => new Set(parts.flatMap((part) => part.changes.map(([sku]) => sku))).size,
     });
-    const task = encodeBatchTask(vshard, parts.length, (i) => ({ id: parts[i]!.delivery.id, changes: parts[i]!.changes }), traceparent);
+    // Made here, once, not in the thread: every rerun below (a dead thread, a
+    // lost reply) carries the same id and finds the write receipt of an earlier
+    // run, so the counts are never written twice (invariant 12).
+    const batchId = randomUUID();
+    const task = encodeBatchTask(vshard, batchId, parts.length, (i) => ({ id: parts[i]!.delivery.id, changes: parts[i]!.changes }), traceparent);
     const started = performance.now();
     const { pools, exposure, stats, telemetry } = this.runtime;
     const metrics = telemetry?.metrics;
     // A thread that died mid-batch is replaced by piscina. Re-running the
-    // batch is safe: at worst it repeats a count write whose markers were
-    // never occupied, exactly the crash window the counters report. A `data`
+    // batch is safe: its receipt (same batch id) answers a count write that
+    // already landed, so only the markers are occupied again. A `data`
     // failure is retried too for now: "Never silently wrong" isolates and
     // dead-letters it here (giveUp on 'data', then split the batch).
     const result = await retryUntilDone(() => pools.run(task), {

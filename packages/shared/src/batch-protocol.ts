@@ -19,6 +19,15 @@ export interface WorkerSettings {
 
 export interface BatchTask {
   readonly vshard: number;
+  /**
+   * Made by the coordinator, once per batch, and the same on every run of it
+   * (invariant 12): the write receipt is keyed by it, so a rerun after a lost
+   * reply, a dead thread or an outage finds the receipt its first run left and
+   * writes nothing twice. An id made inside the worker would be new on every
+   * rerun, and a thread that died between the count write and the markers
+   * would have its counts written twice.
+   */
+  readonly batchId: string;
   /** Message id of each part, parallel to `changes`. */
   readonly ids: readonly string[];
   readonly changes: readonly PartChanges[];
@@ -34,6 +43,7 @@ export interface BatchTask {
  */
 export interface WireBatchTask {
   readonly vshard: number;
+  readonly batchId: string;
   readonly parts: number;
   readonly flat: ReadonlyArray<string | number>;
   readonly traceparent?: string;
@@ -42,6 +52,7 @@ export interface WireBatchTask {
 /** Flattens parts into a wire task; `partOf(i)` gives part i's id and changes. */
 export function encodeBatchTask(
   vshard: number,
+  batchId: string,
   parts: number,
   partOf: (index: number) => { readonly id: string; readonly changes: PartChanges },
   traceparent?: string,
@@ -52,7 +63,7 @@ export function encodeBatchTask(
     flat.push(id, changes.length);
     for (const [sku, delta] of changes) flat.push(sku, delta);
   }
-  return traceparent === undefined ? { vshard, parts, flat } : { vshard, parts, flat, traceparent };
+  return traceparent === undefined ? { vshard, batchId, parts, flat } : { vshard, batchId, parts, flat, traceparent };
 }
 
 /** The inverse of encodeBatchTask, run in the worker thread. Throws on a malformed task (a bug, not input). */
@@ -71,7 +82,8 @@ export function decodeBatchTask(wire: WireBatchTask): BatchTask {
     changes[i] = part;
   }
   if (at !== flat.length) throw new TypeError(`malformed batch task: ${flat.length - at} values left over`);
-  return wire.traceparent === undefined ? { vshard: wire.vshard, ids, changes } : { vshard: wire.vshard, ids, changes, traceparent: wire.traceparent };
+  const { vshard, batchId } = wire;
+  return wire.traceparent === undefined ? { vshard, batchId, ids, changes } : { vshard, batchId, ids, changes, traceparent: wire.traceparent };
 }
 
 export interface BatchResult {

@@ -280,3 +280,27 @@ export function loadConfig(env: Env = process.env): TallyConfig {
     redisWaitTimeoutMs: integer(env, 'TALLY_REDIS_WAIT_TIMEOUT_MS', DEFAULTS.redisWaitTimeoutMs, LIMITS.redisWaitTimeoutMs),
   });
 }
+
+/**
+ * Fault injection for the fault suite (docs/faults-and-deviation.md), never
+ * for production. Read by the worker thread only, through this function, so
+ * the variable is still read and validated in this file.
+ */
+export interface FaultInjection {
+  /**
+   * TALLY_FAULT_THREAD_EXIT_AFTER_WRITE=<n>: a worker thread ends itself
+   * (process.exit inside the thread: a real thread death, which piscina
+   * reports as "worker exited" and replaces) right after its n-th count write
+   * that wrote something, before the markers are occupied (two-step) or
+   * before the reply is sent (atomic). A rerun answered by its receipt does
+   * not count, so a rerun always gets through. null: off.
+   */
+  readonly threadExitAfterWrite: number | null;
+}
+
+export function loadFaultInjection(env: Env = process.env): FaultInjection {
+  const raw = read(env, 'TALLY_FAULT_THREAD_EXIT_AFTER_WRITE');
+  return Object.freeze({
+    threadExitAfterWrite: raw === undefined ? null : integer(env, 'TALLY_FAULT_THREAD_EXIT_AFTER_WRITE', 0, [1, 1_000_000_000]),
+  });
+}

@@ -15,11 +15,10 @@
  * How the script reaches Redis: lua-scripts.ts, as for the two-step
  * scripts (EVALSHA; SCRIPT LOAD on NOSCRIPT; a reload after the first logged).
  */
-import { randomUUID } from 'node:crypto';
 import type { Redis } from 'ioredis';
 import { countKey, describeError, retryUntilDone, markerKey, receiptKey, type BatchResult, type BatchTask, type WorkerSettings } from '@tally/shared';
 import { loadScript, runScript } from './lua-scripts.js';
-import type { BatchLog } from './batch-log.js';
+import type { BatchHooks, BatchLog } from './batch-log.js';
 import { batchTracer, inSpan } from './batch-tracing.js';
 
 /** The batch script, its KEYS and ARGV documented in lua/atomic_batch.lua. */
@@ -58,19 +57,20 @@ export function atomicBatchArgs(
 }
 
 /** The atomic batch is one script call: one span, `tally.atomic_batch`, in place of the two-step's four. */
-export function runAtomicBatch(redis: Redis, settings: WorkerSettings, task: BatchTask, log: BatchLog): Promise<BatchResult> {
+export function runAtomicBatch(redis: Redis, settings: WorkerSettings, task: BatchTask, log: BatchLog, hooks: BatchHooks = {}): Promise<BatchResult> {
   return inSpan(batchTracer(), 'tally.atomic_batch', { 'tally.shard': task.vshard }, async (span) => {
-    const result = await runAtomicScript(redis, settings, task, log);
+    const result = await runAtomicScript(redis, settings, task, log, hooks);
     span.setAttribute('tally.write_retries', result.writeRetries);
     return result;
   });
 }
 
-async function runAtomicScript(redis: Redis, settings: WorkerSettings, task: BatchTask, log: BatchLog): Promise<BatchResult> {
+async function runAtomicScript(redis: Redis, settings: WorkerSettings, task: BatchTask, log: BatchLog, hooks: BatchHooks): Promise<BatchResult> {
   const t0 = performance.now();
-  // One id for every attempt of this batch: a retry after a lost reply finds
-  // the receipt the first attempt left and gets its answer back.
-  const args = atomicBatchArgs(settings, task, randomUUID());
+  // The coordinator's batch id, the same for every attempt and every rerun of
+  // this batch: a retry after a lost reply, or a rerun after this thread
+  // died, finds the receipt the first run left and gets its answer back.
+  const args = atomicBatchArgs(settings, task, task.batchId);
   let writeRetries = 0;
   const reply = (await retryUntilDone(() => runScript(redis, ATOMIC_BATCH, args, log), {
     // A `fatal` or `data` reply (a bad argument, NOPERM, a bug) would fail
@@ -85,7 +85,8 @@ async function runAtomicScript(redis: Redis, settings: WorkerSettings, task: Bat
       log.warn({ step: 'atomic_batch', vshard: task.vshard, attempt, delayMs, failureClass, err: describeError(error) }, 'redis step failed; retrying');
     },
   })) as [string, number, number];
-  const [flags, countErrors] = reply;
+  const [flags, countErrors, replayed] = reply;
+  if (replayed === 0) await hooks.afterCountWrite?.(task);
   if (flags.length !== task.ids.length) throw new Error(`atomic batch: the script returned ${flags.length} flags for ${task.ids.length} parts`);
   const marked = new Uint8Array(task.ids.length);
   for (let i = 0; i < flags.length; i++) marked[i] = flags.charCodeAt(i) === 49 /* '1' */ ? 1 : 0;

@@ -5,10 +5,11 @@
 import { context, propagation, ROOT_CONTEXT } from '@opentelemetry/api';
 import { workerData } from 'piscina';
 import { pino } from 'pino';
-import { decodeBatchTask, type BatchResult, type WireBatchTask, type WorkerSettings } from '@tally/shared';
+import { decodeBatchTask, loadFaultInjection, type BatchResult, type BatchTask, type WireBatchTask, type WorkerSettings } from '@tally/shared';
 import { createRedisClient, startTracing, traceIdsOfActiveSpan } from '@tally/runtime';
 import { runAtomicBatch } from './atomic-batch.js';
 import { runTwoStepBatch } from './two-step-batch.js';
+import type { BatchHooks } from './batch-log.js';
 
 const settings = workerData as WorkerSettings;
 // Each thread is its own isolate: it registers its own tracer provider.
@@ -20,14 +21,35 @@ const redis = createRedisClient(settings.redisUrl, 'tally-worker');
 redis.on('error', () => {});
 
 // Chosen once per thread: the mode is fixed for the life of the daemon.
-const runBatch = settings.mode === 'atomic' ? runAtomicBatch : runTwoStepBatch;
+const runInMode = settings.mode === 'atomic' ? runAtomicBatch : runTwoStepBatch;
+const hooks = faultHooks();
+const runBatch = (task: BatchTask): Promise<BatchResult> => runInMode(redis, settings, task, log, hooks);
+
+/**
+ * The fault suite's thread death (TALLY_FAULT_THREAD_EXIT_AFTER_WRITE, see
+ * config.ts): process.exit() inside a worker thread ends this thread only;
+ * piscina fails its tasks in flight with "worker exited" and starts a new
+ * thread, and the coordinator reruns those batches under their own ids.
+ */
+function faultHooks(): BatchHooks {
+  const exitAfter = loadFaultInjection(process.env).threadExitAfterWrite;
+  if (exitAfter === null) return {};
+  let writes = 0;
+  return {
+    afterCountWrite(task) {
+      if (++writes < exitAfter) return;
+      log.warn({ vshard: task.vshard, batchId: task.batchId, writes }, 'fault injection: worker thread exits after a count write');
+      process.exit(70);
+    },
+  };
+}
 
 export default function processBatch(wire: WireBatchTask): Promise<BatchResult> {
   const task = decodeBatchTask(wire);
-  if (task.traceparent === undefined) return runBatch(redis, settings, task, log);
+  if (task.traceparent === undefined) return runBatch(task);
   // The coordinator's tally.batch span becomes the parent of this thread's spans.
   const parent = propagation.extract(ROOT_CONTEXT, { traceparent: task.traceparent });
-  return context.with(parent, () => runBatch(redis, settings, task, log));
+  return context.with(parent, () => runBatch(task));
 }
 
 /** Exports this thread's buffered spans; the coordinator calls it before stopping the threads. */

@@ -11,7 +11,6 @@
  * invisibly. The window between them is one per shard batch, not one per
  * message.
  */
-import { randomUUID } from 'node:crypto';
 import { SpanStatusCode, trace } from '@opentelemetry/api';
 import type { Redis } from 'ioredis';
 import { countKey, describeError, retryUntilDone, markerKey, receiptKey, type BatchResult, type BatchTask, type WorkerSettings } from '@tally/shared';
@@ -60,8 +59,9 @@ export async function runTwoStepBatch(redis: Redis, settings: WorkerSettings, ta
   const crashWindow = tracer.startSpan('tally.crash_window', { attributes: { 'tally.shard': vshard } });
   let writeRetries = 0;
   let countErrors = 0;
+  let wroteCounts = false;
   if (sums.size > 0) {
-    const keys = [receiptKey(prefix, vshard, randomUUID())];
+    const keys = [receiptKey(prefix, vshard, task.batchId)];
     const argv: string[] = [String(countTtlS), String(markerTtlS)];
     for (const [sku, sum] of sums) {
       keys.push(countKey(prefix, vshard, sku));
@@ -76,7 +76,8 @@ export async function runTwoStepBatch(redis: Redis, settings: WorkerSettings, ta
         task,
         log,
         async () => {
-          const [refused] = (await runScript(redis, WRITE_COUNTS, args, log)) as [number, number];
+          const [refused, alreadyWritten] = (await runScript(redis, WRITE_COUNTS, args, log)) as [number, number];
+          wroteCounts = alreadyWritten === 0;
           return refused;
         },
         () => {
@@ -90,7 +91,7 @@ export async function runTwoStepBatch(redis: Redis, settings: WorkerSettings, ta
   }
   const t2 = performance.now();
 
-  await hooks.afterCountWrite?.(task);
+  if (wroteCounts) await hooks.afterCountWrite?.(task);
 
   let occupationFailures = 0;
   const newMarkers: string[] = [];
