@@ -20,6 +20,9 @@ import {
   retryUntilDone,
   RETRY_STOPPED,
   splitByShard,
+  COUNT_REFUSED,
+  type BatchResult,
+  type CountRefusal,
   type TallyConfig,
 } from '@tally/shared';
 import { createRedisClient } from '@tally/runtime';
@@ -34,6 +37,7 @@ import { ShardLanes, type PendingPart } from './shard-lanes.js';
 import { StatsRecorder } from './stats-recorder.js';
 import { WorkerPools } from './worker-pools.js';
 import { BadMessageLog } from './bad-message-log.js';
+import { runIsolating } from './batch-isolation.js';
 import { ExposureMeter } from './exposure-meter.js';
 import { endBatchSpan, failBatchSpan, recordDeadLetter, startBatchSpan } from './telemetry/batch-span.js';
 import { HttpEndpoints } from './telemetry/http-endpoints.js';
@@ -360,6 +364,8 @@ export class Daemon {
       receivedAt: performance.now(),
       publishedAt: timestampToMs(message.properties.timestamp),
       traceparent: message.properties.headers?.traceparent,
+      message,
+      refusal: null,
     };
     const first = this.inFlight.get(delivery.id);
     if (first !== undefined) {
@@ -409,33 +415,47 @@ export class Daemon {
     // lost reply) carries the same id and finds the write receipt of an earlier
     // run, so the counts are never written twice (invariant 12).
     const batchId = randomUUID();
-    const task = encodeBatchTask(vshard, batchId, parts.length, (i) => ({ id: parts[i]!.delivery.id, changes: parts[i]!.changes }), traceparent);
     const started = performance.now();
     const { pools, exposure, stats, telemetry } = this.runtime;
     const metrics = telemetry?.metrics;
     // A thread that died mid-batch is replaced by piscina. Re-running the
     // batch is safe: its receipt (same batch id) answers a count write that
-    // already landed, so only the markers are occupied again. A `data`
-    // failure is retried too for now: "Never silently wrong" isolates and
-    // dead-letters it here (giveUp on 'data', then split the batch).
-    const result = await retryUntilDone(() => pools.run(task), {
-      onAttemptFailed: ({ error, attempt, delayMs, failureClass }) => {
-        failBatchSpan(span, error);
-        this.log.error(
-          { vshard, attempt, delayMs, failureClass, err: describeError(error), trace_id: traceparent?.slice(3, 35) },
-          'batch failed in its worker thread; retrying',
-        );
-      },
+    // already landed, so only the markers are occupied again. A `transient`
+    // or `fatal` failure is retried, visibly; a `data` failure would fail the
+    // same way forever, so it is isolated instead (batch-isolation.ts).
+    const runRange = (id: string, from: number, to: number): Promise<BatchResult> => {
+      const task = encodeBatchTask(vshard, id, to - from, (i) => ({ id: parts[from + i]!.delivery.id, changes: parts[from + i]!.changes }), traceparent);
+      return retryUntilDone(() => pools.run(task), {
+        giveUp: (failureClass) => failureClass === 'data',
+        onAttemptFailed: ({ error, attempt, delayMs, failureClass }) => {
+          failBatchSpan(span, error);
+          this.log.error(
+            { vshard, batchId: id, attempt, delayMs, failureClass, err: describeError(error), trace_id: traceparent?.slice(3, 35) },
+            'batch failed in its worker thread; retrying',
+          );
+        },
+      });
+    };
+    const result = await runIsolating(vshard, parts.length, batchId, runRange, (error, id, from, to) => {
+      failBatchSpan(span, error);
+      this.log.error(
+        { vshard, batchId: id, parts: to - from, failureClass: 'data', err: describeError(error), trace_id: traceparent?.slice(3, 35) },
+        to - from === 1 ? 'redis refused a part for its data: its message goes to the dead-letter queue (count-refused)' : 'batch refused for its data; isolating its parts',
+      );
     });
     endBatchSpan(span, result);
     metrics?.recordBatch(parts.length, performance.now() - started, result);
     stats.add('occupation_failures', result.occupationFailures);
     stats.add('write_retries', result.writeRetries);
-    stats.add('count_errors', result.countErrors);
+    stats.add('count_errors', result.refusals.length);
     exposure.batchDone(
       parts.map((part) => part.delivery),
       result.timings,
     );
+    for (const refusal of result.refusals) {
+      const delivery = parts[refusal.part]!.delivery;
+      delivery.refusal ??= describeRefusal(vshard, refusal);
+    }
     for (let i = 0; i < parts.length; i++) {
       const delivery = parts[i]!.delivery;
       if (result.marked[i] === 1) delivery.markedParts++;
@@ -451,12 +471,19 @@ export class Daemon {
     const now = metrics ? performance.now() : 0;
     const wallNow = metrics ? Date.now() : 0;
     metrics?.recordAck(delivery.receivedAt, delivery.publishedAt, wallNow, now);
-    if (delivery.markedParts === delivery.parts) stats.add('duplicates');
+    if (delivery.refusal !== null) {
+      // A part Redis refused counted nothing and has no marker; the others are
+      // counted and marked. Dead-lettered, not acked: the replay (after the
+      // key is repaired) counts the refused part once and skips the others by
+      // their markers (within the marker TTL).
+      recordDeadLetter(this.tracer, this.config.queue, COUNT_REFUSED, delivery.traceparent);
+      this.deadLetter(delivery.link, delivery.message, `${COUNT_REFUSED}: ${delivery.refusal}`, COUNT_REFUSED);
+    } else if (delivery.markedParts === delivery.parts) stats.add('duplicates');
     else if (delivery.markedParts === 0) {
       stats.add('counted');
       if (delivery.redelivered) stats.add('redelivered_unmarked');
     } else stats.add('partial_duplicates');
-    this.finish(delivery.link, delivery.tag);
+    if (delivery.refusal === null) this.finish(delivery.link, delivery.tag);
     for (const waiter of delivery.waiters) {
       metrics?.recordAck(waiter.receivedAt, waiter.publishedAt, wallNow, now);
       stats.add('duplicates');
@@ -582,6 +609,12 @@ export class Daemon {
     this.state = 'stopped';
     log.info({ counters: runtime?.stats.sinceStart }, 'stopped');
   }
+}
+
+/** The x-tally-reason detail of a refused part: the Redis error, then where it happened. */
+function describeRefusal(vshard: number, refusal: CountRefusal): string {
+  const where = refusal.key === '' ? `shard ${vshard}` : `sku ${JSON.stringify(refusal.sku)}, key ${refusal.key}, delta ${refusal.delta}`;
+  return `${refusal.error} (${where})`;
 }
 
 async function closeTelemetry(telemetry: Telemetry): Promise<void> {

@@ -1,5 +1,5 @@
 import { Piscina } from 'piscina';
-import { ownerOf, type BatchResult, type WireBatchTask, type WorkerSettings } from '@tally/shared';
+import { ClassifiedFailure, ownerOf, type BatchReply, type BatchResult, type WireBatchTask, type WorkerSettings } from '@tally/shared';
 import { WORKER_THREAD_FILE } from '@tally/worker';
 
 /**
@@ -33,9 +33,16 @@ export class WorkerPools {
     );
   }
 
-  run(task: WireBatchTask): Promise<BatchResult> {
+  /**
+   * Runs a batch on its owner thread. A failure the thread reported comes
+   * back as a ClassifiedFailure with the class the thread gave it; a thread
+   * that died rejects with piscina's "worker exited" error (transient).
+   */
+  async run(task: WireBatchTask): Promise<BatchResult> {
     const pool = this.pools[ownerOf(task.vshard, this.pools.length)]!;
-    return pool.run(task) as Promise<BatchResult>;
+    const reply = (await pool.run(task)) as BatchReply;
+    if (!reply.ok) throw new ClassifiedFailure(reply.failureClass, reply.message);
+    return reply.result;
   }
 
   /** Asks every thread to export its buffered spans (a no-op when tracing is off). */

@@ -5,6 +5,7 @@
  * nothing here is ever sent per message.
  */
 import type { TallyMode } from './config.js';
+import type { FailureClass } from './failure-class.js';
 import type { PartChanges } from './shards.js';
 
 /** Fixed for the life of a thread: passed as piscina's workerData. */
@@ -86,6 +87,24 @@ export function decodeBatchTask(wire: WireBatchTask): BatchTask {
   return wire.traceparent === undefined ? { vshard, batchId, ids, changes } : { vshard, batchId, ids, changes, traceparent: wire.traceparent };
 }
 
+/**
+ * A part Redis refused to count (a foreign value in a count key, a 64-bit
+ * overflow): it counted nothing and occupies no marker, so its message is
+ * dead-lettered (`count-refused`) and a replay after the key is repaired
+ * counts it once. Issue 9 case 6.
+ */
+export interface CountRefusal {
+  /** The part's index in the batch. */
+  readonly part: number;
+  /** The count key Redis refused (the first one in the part); '' when the whole part was refused before any key. */
+  readonly key: string;
+  readonly sku: string;
+  /** The refused increment, as a decimal string. */
+  readonly delta: string;
+  /** Redis's error reply. */
+  readonly error: string;
+}
+
 export interface BatchResult {
   readonly vshard: number;
   /** Per part: 1 if its marker was already occupied (a duplicate), else 0. */
@@ -94,7 +113,19 @@ export interface BatchResult {
   readonly writeRetries: number;
   /** 1 if occupying the markers failed at least once after the counts were written. */
   readonly occupationFailures: number;
-  /** Count increments Redis refused. */
-  readonly countErrors: number;
+  /** Parts Redis refused to count; each counted nothing and has no marker. */
+  readonly refusals: readonly CountRefusal[];
   readonly timings: { readonly precheckMs: number; readonly writeMs: number; readonly occupyMs: number };
 }
+
+/**
+ * What a worker thread answers for a task. A failure travels as data, with
+ * its class decided in the thread: an error thrown across the thread
+ * boundary arrives as a plain Error (a Redis ReplyError loses its name), and
+ * the coordinator must still tell a `data` failure (isolate the parts and
+ * dead-letter them) from a `transient` one (retry) and a `fatal` one (retry
+ * visibly).
+ */
+export type BatchReply =
+  | { readonly ok: true; readonly result: BatchResult }
+  | { readonly ok: false; readonly failureClass: FailureClass; readonly message: string };

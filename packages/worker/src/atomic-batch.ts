@@ -20,6 +20,7 @@ import { countKey, describeError, retryUntilDone, markerKey, receiptKey, type Ba
 import { loadScript, runScript } from './lua-scripts.js';
 import type { BatchHooks, BatchLog } from './batch-log.js';
 import { batchTracer, inSpan } from './batch-tracing.js';
+import { decodeRefusals, logRefusals } from './count-refusals.js';
 
 /** The batch script, its KEYS and ARGV documented in lua/atomic_batch.lua. */
 export const ATOMIC_BATCH = loadScript('atomic_batch', 'redis lost the atomic batch script (restart or SCRIPT FLUSH); loading it again');
@@ -74,9 +75,10 @@ async function runAtomicScript(redis: Redis, settings: WorkerSettings, task: Bat
   let writeRetries = 0;
   const reply = (await retryUntilDone(() => runScript(redis, ATOMIC_BATCH, args, log), {
     // A `fatal` or `data` reply (a bad argument, NOPERM, a bug) would fail
-    // the same way here: it goes to the coordinator, which logs it, retries
-    // the batch and acks nothing of it meanwhile. Nothing was written: the
-    // script checks before its first write.
+    // the same way here: it goes to the coordinator, which retries a `fatal`
+    // one visibly and isolates a `data` one, acking nothing of it meanwhile.
+    // Nothing was written: the script checks before its first write. (A
+    // refused increment is not an error: the script isolates it itself.)
     giveUp: (failureClass) => failureClass !== 'transient',
     // A lost connection or a transient reply: the script may or may not
     // have run; the receipt answers that on the next attempt.
@@ -84,15 +86,15 @@ async function runAtomicScript(redis: Redis, settings: WorkerSettings, task: Bat
       writeRetries++;
       log.warn({ step: 'atomic_batch', vshard: task.vshard, attempt, delayMs, failureClass, err: describeError(error) }, 'redis step failed; retrying');
     },
-  })) as [string, number, number];
-  const [flags, countErrors, replayed] = reply;
+  })) as [string, unknown, number];
+  const [flags, rawRefusals, replayed] = reply;
   if (replayed === 0) await hooks.afterCountWrite?.(task);
   if (flags.length !== task.ids.length) throw new Error(`atomic batch: the script returned ${flags.length} flags for ${task.ids.length} parts`);
   const marked = new Uint8Array(task.ids.length);
+  // '1' a duplicate; '2' a part Redis refused to count (listed in the refusals), not a duplicate.
   for (let i = 0; i < flags.length; i++) marked[i] = flags.charCodeAt(i) === 49 /* '1' */ ? 1 : 0;
-  if (countErrors > 0) {
-    log.error({ vshard: task.vshard, countErrors }, 'redis refused count increments (overflow or a non-integer value in a count key)');
-  }
+  const refusals = decodeRefusals(rawRefusals, settings.prefix);
+  logRefusals(log, task, refusals);
   const t1 = performance.now();
   return {
     vshard: task.vshard,
@@ -102,7 +104,7 @@ async function runAtomicScript(redis: Redis, settings: WorkerSettings, task: Bat
     // a crash to fall into: always 0 here, reported as not applicable (null)
     // by `tally stats` for an atomic prefix.
     occupationFailures: 0,
-    countErrors,
+    refusals,
     // One step: it is the count write and the marker occupation at once.
     timings: { precheckMs: 0, writeMs: t1 - t0, occupyMs: 0 },
   };

@@ -5,7 +5,17 @@
 import { context, propagation, ROOT_CONTEXT } from '@opentelemetry/api';
 import { workerData } from 'piscina';
 import { pino } from 'pino';
-import { decodeBatchTask, loadFaultInjection, type BatchResult, type BatchTask, type WireBatchTask, type WorkerSettings } from '@tally/shared';
+import {
+  classifyError,
+  decodeBatchTask,
+  describeError,
+  loadFaultInjection,
+  type BatchReply,
+  type BatchResult,
+  type BatchTask,
+  type WireBatchTask,
+  type WorkerSettings,
+} from '@tally/shared';
 import { createRedisClient, startTracing, traceIdsOfActiveSpan } from '@tally/runtime';
 import { runAtomicBatch } from './atomic-batch.js';
 import { runTwoStepBatch } from './two-step-batch.js';
@@ -44,12 +54,17 @@ function faultHooks(): BatchHooks {
   };
 }
 
-export default function processBatch(wire: WireBatchTask): Promise<BatchResult> {
+export default async function processBatch(wire: WireBatchTask): Promise<BatchReply> {
   const task = decodeBatchTask(wire);
-  if (task.traceparent === undefined) return runBatch(task);
-  // The coordinator's tally.batch span becomes the parent of this thread's spans.
-  const parent = propagation.extract(ROOT_CONTEXT, { traceparent: task.traceparent });
-  return context.with(parent, () => runBatch(task));
+  try {
+    if (task.traceparent === undefined) return { ok: true, result: await runBatch(task) };
+    // The coordinator's tally.batch span becomes the parent of this thread's spans.
+    const parent = propagation.extract(ROOT_CONTEXT, { traceparent: task.traceparent });
+    return { ok: true, result: await context.with(parent, () => runBatch(task)) };
+  } catch (error) {
+    // Classified here, where the error still has its type (batch-protocol.ts BatchReply).
+    return { ok: false, failureClass: classifyError(error), message: describeError(error) };
+  }
 }
 
 /** Exports this thread's buffered spans; the coordinator calls it before stopping the threads. */

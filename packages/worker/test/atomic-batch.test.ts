@@ -145,22 +145,11 @@ describe('atomic batch against a real Redis', function () {
       ],
     };
     const result = await runAtomicBatch(client, settingsFor(prefix), task, quiet);
-    expect(result.countErrors).to.equal(0);
+    expect(result.refusals).to.deep.equal([]);
     const counts = await countsIn(redis, prefix, task);
     expect(counts.get('BIG')).to.equal(3n * BigInt(max) + 1n - 3n);
     expect(counts.get('NEG')).to.equal(-2n * BigInt(max) - 1n);
     expect(counts.get('ZERO'), 'a sum that cancels out is still written (and its TTL refreshed)').to.equal(0n);
-  });
-
-  it('counts a refused increment (a foreign value in a count key) and still writes the rest and the markers', async () => {
-    const task = taskFor(runId, 4, 10);
-    await redis.hset(countKey(prefix, 4, 'S0'), 'not', 'a count');
-    const result = await runAtomicBatch(client, settingsFor(prefix), task, quiet);
-    expect(result.countErrors).to.equal(1);
-    expect(await redis.type(countKey(prefix, 4, 'S0')), 'the foreign value is left alone').to.equal('hash');
-    const withoutS0: BatchTask = { ...task, changes: task.changes.map((part) => part.filter(([sku]) => sku !== 'S0')) };
-    expect(await countsIn(redis, prefix, withoutS0)).to.deep.equal(expectedCounts(withoutS0));
-    expect(await markersIn(redis, prefix, task)).to.equal(task.ids.length);
   });
 
   it('fails the whole batch on a script refusal and writes nothing: no count, no marker', async () => {

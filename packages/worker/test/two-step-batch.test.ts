@@ -248,21 +248,6 @@ describe('two-step batch against a real Redis', function () {
     }
   });
 
-  it('counts a refused increment (a foreign value in a count key) without failing the rest of the batch', async () => {
-    const client = createRedisClient(REDIS_URL, 'test');
-    try {
-      const task = taskFor(runId);
-      await redis.set(countKey(prefix, task.vshard, 'S0'), 'not a number');
-      const result = await runTwoStepBatch(client, settingsFor(prefix), task, quiet);
-      expect(result.countErrors).to.equal(1);
-      const counts = await countsIn(redis, prefix, task);
-      for (const [sku, n] of expectedCounts(task)) if (sku !== 'S0') expect(counts.get(sku), sku).to.equal(n);
-      expect(await markersIn(redis, prefix, task)).to.equal(task.ids.length);
-    } finally {
-      client.disconnect();
-    }
-  });
-
   it('reloads its scripts after a Redis restart (NOSCRIPT) and loses nothing', async () => {
     const { spawn } = await import('node:child_process');
     const port = 20_000 + Math.floor(Math.random() * 20_000);
