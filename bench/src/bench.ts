@@ -1,7 +1,7 @@
 #!/usr/bin/env node
 /**
  * `pnpm bench`: parses the flags and dispatches. Exit codes: 0 every
- * available contender ran and counted correctly, 1 one did not (or the run
+ * contender started, ran and counted correctly, 1 one did not (or the run
  * failed), 2 a usage error. Speeds never decide the exit code.
  */
 import { fileURLToPath } from 'node:url';
@@ -55,7 +55,7 @@ try {
       process.stdout.write(`\n${renderSummaryTable(results.summary)}\n\n`);
       for (const p of results.problems) log(`problem: ${p}`);
       log(`wrote ${written.join(', ')}`);
-      log(exitCode === 0 ? 'bench: every available contender ran and counted correctly' : 'bench: FAILED: a contender did not run or miscounted');
+      log(exitCode === 0 ? 'bench: every contender started, ran and counted correctly' : 'bench: FAILED: a contender did not start, did not run or miscounted');
       process.exitCode = exitCode;
       break;
     }

@@ -9,7 +9,8 @@ import { fileURLToPath } from 'node:url';
 import type { ContenderName } from './results.js';
 import { SETTINGS_ENV, type ConsumerReport, type ConsumerSettings } from './consumers/protocol.js';
 
-export const DAEMON_MAIN = fileURLToPath(new URL('../../../packages/coordinator/dist/src/main.js', import.meta.url));
+/** The daemon's built entry, found through the declared @tally/coordinator dependency (resolved, not imported: importing would start it). */
+export const DAEMON_MAIN = fileURLToPath(import.meta.resolve('@tally/coordinator/main'));
 const CONSUMERS: Partial<Record<ContenderName, string>> = {
   ceiling: fileURLToPath(new URL('./consumers/ceiling.js', import.meta.url)),
   naive: fileURLToPath(new URL('./consumers/naive.js', import.meta.url)),
@@ -34,10 +35,6 @@ export interface ContenderRun {
   readonly nodeArgs?: readonly string[];
 }
 
-/** The daemon refused the configuration: for `tally-atomic`, the mode is not built yet. */
-export class ContenderUnavailable extends Error {
-  readonly code = 'BENCH_CONTENDER_UNAVAILABLE';
-}
 
 export interface RunningContender {
   readonly pid: number;
@@ -149,7 +146,6 @@ export async function startContender(run: ContenderRun, startTimeoutMs = 30_000)
     if (first === 'timeout') child.kill('SIGKILL');
     const exit = first === 'timeout' ? await exited : first;
     const text = stderr.join('').trim();
-    if (exit.code === 2 && /TALLY_MODE/.test(text)) throw new ContenderUnavailable(text.split('\n')[0] ?? 'TALLY_MODE refused');
     throw new Error(`${run.contender} did not start consuming (exit ${exit.code ?? exit.signal ?? 'timeout'}): ${text.slice(-500)} ${tail.join(' ')}`);
   }
 

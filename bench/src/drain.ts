@@ -9,17 +9,16 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import amqp from 'amqplib';
 import { escapeGlob } from '@tally/shared';
-import { publishAll } from './publisher.js';
-import { resetNamespace } from './namespace.js';
-import type { Workload } from './workload.js';
+import { readCounts } from '@tally/coordinator/counts';
+import { parseInfo, resetNamespace } from '@tally/testkit';
+import { compareWithTruth, describeTruthCheck, publishAll, type Workload } from '@tally/workload';
 import type { BenchContext } from './context.js';
 import { contextRunFields, prefixName, queueName } from './context.js';
-import { ContenderUnavailable, isTally, startContender } from './contenders.js';
+import { isTally, startContender, type RunningContender } from './contenders.js';
 import { cpuSeconds, peakRssBytes } from './proc.js';
-import { callsDelta, commandCalls, parseInfo, sumValues } from './redis-info.js';
+import { callsDelta, commandCalls, sumValues } from './redis-info.js';
 import type { ContenderName, DrainRecord, MarkerMemoryRecord } from './results.js';
 import { watchCounts } from './tally-progress.js';
-import { compareCounts, describeCheck, readAllCounts, scanKeys } from './verify.js';
 import { queueState } from './broker.js';
 
 export interface DrainPlan {
@@ -53,6 +52,18 @@ export async function resetSpace(ctx: BenchContext, queue: string, prefix: strin
   if (ctx.redisPrivate) await ctx.redis.flushall();
 }
 
+/** Keys matching a pattern (SCAN, never KEYS). */
+async function scanKeys(redis: BenchContext['redis'], pattern: string): Promise<string[]> {
+  const found: string[] = [];
+  let cursor = '0';
+  do {
+    const [next, keys] = await redis.scan(cursor, 'MATCH', pattern, 'COUNT', 2000);
+    cursor = next;
+    found.push(...keys);
+  } while (cursor !== '0');
+  return found;
+}
+
 /**
  * Bytes one marker costs: delete every marker of the run and see how much
  * used_memory drops. Measured on the private Redis only, where nothing else
@@ -78,16 +89,24 @@ export async function runDrain(ctx: BenchContext, plan: DrainPlan): Promise<Drai
   // Let the broker finish writing the preload before the clock runs.
   await sleep(500);
 
-  const running = await startContender({
-    contender,
-    queue,
-    prefix,
-    ...contextRunFields(ctx),
-    expected,
-    recordLatency: false,
-    tallyEnv: { ...ctx.tallyEnv, ...plan.tallyEnv },
-    ...(plan.nodeArgs ? { nodeArgs: plan.nodeArgs } : {}),
-  });
+  let running: RunningContender;
+  try {
+    running = await startContender({
+      contender,
+      queue,
+      prefix,
+      ...contextRunFields(ctx),
+      expected,
+      recordLatency: false,
+      tallyEnv: { ...ctx.tallyEnv, ...plan.tallyEnv },
+      ...(plan.nodeArgs ? { nodeArgs: plan.nodeArgs } : {}),
+    });
+  } catch (error) {
+    // A contender that cannot start is a failed run, recorded (the bench exits 1), not a skipped one.
+    await resetSpace(ctx, queue, prefix);
+    const problem = `did not start: ${error instanceof Error ? error.message : String(error)}`;
+    return { record: { contender, round: plan.round, messages: expected, seconds: Number.NaN, msgPerSec: Number.NaN, cpuSeconds: Number.NaN, peakRssBytes: Number.NaN, redisCommands: null, correct: false, problem } };
+  }
   const cpuStart = await cpuSeconds(running.pid);
   const commandsBefore = await commandSnapshot(ctx);
   let ownCommands = 1; // the INFO above, counted once it has run
@@ -124,8 +143,9 @@ export async function runDrain(ctx: BenchContext, plan: DrainPlan): Promise<Drai
   const after = await queueState(ctx.amqpUrl, queue);
   if (after.messageCount !== 0 && problem === undefined) problem = `${after.messageCount} message(s) left unacked in the queue after the stop`;
   if (contender !== 'ceiling') {
-    const check = compareCounts(await readAllCounts(ctx.redis, prefix), workload.truth);
-    if (!check.exact) problem = `${problem ? `${problem}; ` : ''}counts: ${describeCheck(check)}`;
+    const counts = await readCounts(ctx.redis, { prefix, virtualShards: ctx.virtualShards }, []);
+    const check = compareWithTruth(counts, workload.truth);
+    if (!check.exact) problem = `${problem ? `${problem}; ` : ''}counts: ${describeTruthCheck(check, counts, workload.truth)}`;
   }
 
   let memory: MarkerMemoryRecord | undefined;
@@ -161,4 +181,3 @@ export async function runDrain(ctx: BenchContext, plan: DrainPlan): Promise<Drai
   return memory ? { record, memory } : { record };
 }
 
-export { ContenderUnavailable };

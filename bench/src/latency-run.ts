@@ -22,13 +22,12 @@ import type { BenchContext } from './context.js';
 import { contextRunFields, prefixName, queueName } from './context.js';
 import { isTally, startContender } from './contenders.js';
 import { resetSpace } from './drain.js';
-import { ensureQueue } from './publisher.js';
 import type { ContenderName, LatencyRecord } from './results.js';
 import { summarizeLatencies } from './stats.js';
 import { watchCounts } from './tally-progress.js';
-import { compareCounts, describeCheck, readAllCounts } from './verify.js';
 import { queueState } from './broker.js';
-import type { Workload } from './workload.js';
+import { readCounts } from '@tally/coordinator/counts';
+import { compareWithTruth, describeTruthCheck, ensureQueue, type Workload } from '@tally/workload';
 
 export interface LatencyPlan {
   readonly contender: ContenderName;
@@ -61,6 +60,12 @@ function probeKeys(ctx: BenchContext, prefix: string, body: Buffer, id: string):
   return [...shards].map((vshard) => markerKey(prefix, vshard, id));
 }
 
+function failedLatencyRecord(plan: LatencyPlan, problem: string): LatencyRecord {
+  const nan = Number.NaN;
+  const method = isTally(plan.contender) ? 'marker-probe' : 'ack';
+  return { contender: plan.contender, round: plan.round, loadFraction: plan.loadFraction, targetRate: plan.rate, achievedRate: nan, published: plan.workload.publishes.length, samples: 0, p50Ms: nan, p99Ms: nan, maxMs: nan, method, correct: false, problem };
+}
+
 export async function runLatency(ctx: BenchContext, plan: LatencyPlan): Promise<LatencyRecord> {
   const { contender, workload } = plan;
   const queue = queueName(ctx, contender, plan.label);
@@ -74,7 +79,7 @@ export async function runLatency(ctx: BenchContext, plan: LatencyPlan): Promise<
   const tally = isTally(contender);
   try {
     await ensureQueue(connection, queue);
-    const running = await startContender({
+    const started = await startContender({
       contender,
       queue,
       prefix,
@@ -82,7 +87,10 @@ export async function runLatency(ctx: BenchContext, plan: LatencyPlan): Promise<
       expected: publishes.length,
       recordLatency: !tally,
       tallyEnv: { ...ctx.tallyEnv, ...plan.tallyEnv },
-    });
+    }).catch((error: unknown) => (error instanceof Error ? error : new Error(String(error))));
+    // A contender that cannot start is a failed run, recorded (the bench exits 1), not a skipped one.
+    if (started instanceof Error) return failedLatencyRecord(plan, `did not start: ${started.message}`);
+    const running = started;
     try {
       const channel = await connection.createConfirmChannel();
       const measured = publishes.length * (1 - plan.warmupMs / 1000 / (publishes.length / plan.rate));
@@ -161,8 +169,9 @@ export async function runLatency(ctx: BenchContext, plan: LatencyPlan): Promise<
     const after = await queueState(ctx.amqpUrl, queue);
     if (after.messageCount !== 0 && problem === undefined) problem = `${after.messageCount} message(s) left in the queue`;
     if (contender !== 'ceiling') {
-      const check = compareCounts(await readAllCounts(ctx.redis, prefix), workload.truth);
-      if (!check.exact) problem = `${problem ? `${problem}; ` : ''}counts: ${describeCheck(check)}`;
+      const counts = await readCounts(ctx.redis, { prefix, virtualShards: ctx.virtualShards }, []);
+      const check = compareWithTruth(counts, workload.truth);
+      if (!check.exact) problem = `${problem ? `${problem}; ` : ''}counts: ${describeTruthCheck(check, counts, workload.truth)}`;
     }
   } finally {
     await connection.close().catch(() => {});

@@ -9,9 +9,9 @@ import { Redis } from 'ioredis';
 import type { BenchContext } from './context.js';
 import { runDrain } from './drain.js';
 import type { BenchOptions } from './options.js';
-import { startPrivateRedis } from './private-redis.js';
+import { startPrivateRedis } from '@tally/testkit';
 import { renderProfileSummary, summarizeProfile, type CpuProfile } from './profile-summary.js';
-import { generateWorkload } from './workload.js';
+import { generateWorkload } from '@tally/workload';
 
 /** `CPU.<date>.<time>.<pid>.<thread id>.<seq>.cpuprofile`: thread 0 is the main thread. */
 export function threadOfProfile(file: string): string {

@@ -1,15 +1,4 @@
-/** Pure parsers for the text of Redis INFO. */
-
-/** `key:value` lines into a map; section headers and blank lines skipped. */
-export function parseInfo(text: string): Map<string, string> {
-  const fields = new Map<string, string>();
-  for (const line of text.split(/\r?\n/)) {
-    if (line === '' || line.startsWith('#')) continue;
-    const colon = line.indexOf(':');
-    if (colon > 0) fields.set(line.slice(0, colon), line.slice(colon + 1));
-  }
-  return fields;
-}
+/** Pure readers of Redis INFO fields the bench measures (the INFO text itself is parsed by @tally/testkit's parseInfo). */
 
 /** Calls per command from INFO commandstats (`cmdstat_get:calls=3,usec=…`). */
 export function commandCalls(info: Map<string, string>): Map<string, number> {

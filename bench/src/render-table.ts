@@ -21,23 +21,19 @@ export function markdownTable(header: readonly string[], rows: ReadonlyArray<rea
 
 export function renderSummaryTable(summary: readonly ContenderSummary[]): string {
   const header = ['contender', 'msg/s', '× ceiling', '× naive', 'p50 ms', 'p99 ms', 'CPU s / M msg', 'peak RSS MB', 'Redis cmds / msg', 'marker B / msg', 'counted correctly'];
-  const rows = summary.map((s) =>
-    s.available
-      ? [
-          s.label,
-          cell(s.msgPerSec),
-          cell(s.ratioToCeiling, 2),
-          cell(s.ratioToNaive, 2),
-          cell(s.p50Ms, 1),
-          cell(s.p99Ms, 1),
-          cell(s.cpuSecondsPerMillion, 1),
-          cell(s.peakRssMb, 0),
-          cell(s.redisCommandsPerMessage, 2),
-          cell(s.markerBytesPerMessage, 0),
-          s.correct ? 'yes' : 'NO',
-        ]
-      : [s.label, 'not available', '', '', '', '', '', '', '', '', s.note ?? ''],
-  );
+  const rows = summary.map((s) => [
+    s.label,
+    cell(s.msgPerSec),
+    cell(s.ratioToCeiling, 2),
+    cell(s.ratioToNaive, 2),
+    cell(s.p50Ms, 1),
+    cell(s.p99Ms, 1),
+    cell(s.cpuSecondsPerMillion, 1),
+    cell(s.peakRssMb, 0),
+    cell(s.redisCommandsPerMessage, 2),
+    cell(s.markerBytesPerMessage, 0),
+    s.correct ? 'yes' : 'NO',
+  ]);
   return markdownTable(header, rows);
 }
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env node
 // Demo and bench helper: empties TALLY_QUEUE, its dead-letter queue and TALLY_PREFIX.
 import { DEFAULTS } from '@tally/shared';
-import { resetNamespace } from './namespace.js';
+import { resetNamespace } from '@tally/testkit';
 
 const prefix = process.env.TALLY_PREFIX;
 const queue = process.env.TALLY_QUEUE;

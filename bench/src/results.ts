@@ -80,8 +80,6 @@ export interface SweepRecord {
 export interface ContenderSummary {
   readonly contender: ContenderName;
   readonly label: string;
-  readonly available: boolean;
-  readonly note?: string;
   readonly rounds: number;
   readonly msgPerSec: number;
   readonly ratioToCeiling: number;
@@ -97,12 +95,6 @@ export interface ContenderSummary {
   readonly correct: boolean;
 }
 
-export interface Availability {
-  readonly contender: ContenderName;
-  readonly available: boolean;
-  readonly note?: string;
-}
-
 /** Per-round values of one contender's field, indexed by round (null where it did not run or failed). */
 function byRound(drains: readonly DrainRecord[], contender: ContenderName, rounds: number, field: (d: DrainRecord) => number | null): Array<number | null> {
   const values: Array<number | null> = new Array(rounds).fill(null);
@@ -115,7 +107,7 @@ function byRound(drains: readonly DrainRecord[], contender: ContenderName, round
 const finite = (values: ReadonlyArray<number | null>): number[] => values.filter((v): v is number => typeof v === 'number' && Number.isFinite(v));
 
 export function summarize(
-  availability: readonly Availability[],
+  contenders: readonly ContenderName[],
   drains: readonly DrainRecord[],
   latencies: readonly LatencyRecord[],
   memory: readonly MarkerMemoryRecord[],
@@ -124,16 +116,14 @@ export function summarize(
   const rate = (c: ContenderName) => byRound(drains, c, rounds, (d) => d.msgPerSec);
   const ceiling = rate('ceiling');
   const naive = rate('naive');
-  return availability.map(({ contender, available, note }) => {
+  return contenders.map((contender) => {
     const mine = drains.filter((d) => d.contender === contender);
     const half = latencies.filter((l) => l.contender === contender && l.round !== null && l.correct);
     const marks = memory.filter((m) => m.contender === contender);
-    const correct = available && mine.length > 0 && mine.every((d) => d.correct) && latencies.filter((l) => l.contender === contender).every((l) => l.correct);
+    const correct = mine.length > 0 && mine.every((d) => d.correct) && latencies.filter((l) => l.contender === contender).every((l) => l.correct);
     return {
       contender,
       label: CONTENDER_LABELS[contender],
-      available,
-      ...(note !== undefined ? { note } : {}),
       rounds: mine.length,
       msgPerSec: median(finite(rate(contender))),
       ratioToCeiling: medianRatio(rate(contender), ceiling),
@@ -159,7 +149,6 @@ export interface BenchResults {
   readonly machine: { readonly cpus: number; readonly node: string; readonly redis: string };
   readonly options: unknown;
   readonly rounds: number;
-  readonly availability: readonly Availability[];
   readonly summary: readonly ContenderSummary[];
   readonly drains: readonly DrainRecord[];
   readonly latencies: readonly LatencyRecord[];

@@ -8,26 +8,22 @@
 import { cpus } from 'node:os';
 import { Redis } from 'ioredis';
 import type { BenchContext } from './context.js';
-import { ContenderUnavailable, isTally, startContender } from './contenders.js';
+import { isTally } from './contenders.js';
 import { startTraceSink } from './trace-sink.js';
-import { runDrain, resetSpace } from './drain.js';
+import { runDrain } from './drain.js';
 import { runLatency } from './latency-run.js';
 import type { BenchOptions } from './options.js';
-import { startPrivateRedis, type PrivateRedis } from './private-redis.js';
-import { parseInfo } from './redis-info.js';
+import { parseInfo, startPrivateRedis, type PrivateRedis } from '@tally/testkit';
 import {
   summarize,
-  type Availability,
   type BenchResults,
-  type ContenderName,
   type DrainRecord,
   type LatencyRecord,
   type MarkerMemoryRecord,
   type SweepRecord,
 } from './results.js';
 import { median } from './stats.js';
-import { generateWorkload, type Workload, type WorkloadOptions } from './workload.js';
-import { contextRunFields, prefixName, queueName } from './context.js';
+import { generateWorkload, type Workload, type WorkloadOptions } from '@tally/workload';
 
 /** Rotates the contender order by the round, so no contender always runs first (or right after the broker's preload). */
 export function roundOrder<T>(items: readonly T[], round: number): T[] {
@@ -36,26 +32,9 @@ export function roundOrder<T>(items: readonly T[], round: number): T[] {
   return [...items.slice(shift), ...items.slice(0, shift)];
 }
 
-/** Starts the daemon with TALLY_MODE=atomic once: exit 2 naming TALLY_MODE means this build does not have it. */
-async function probeAvailability(ctx: BenchContext, contender: ContenderName): Promise<Availability> {
-  if (!isTally(contender) || contender === 'tally-two-step' || contender === 'tally-traced') return { contender, available: true };
-  const queue = queueName(ctx, contender, 'probe');
-  const prefix = prefixName(ctx, contender, 'probe');
-  try {
-    const running = await startContender({ contender, queue, prefix, ...contextRunFields(ctx), expected: 0, recordLatency: false, tallyEnv: ctx.tallyEnv });
-    await running.stop();
-    return { contender, available: true };
-  } catch (error) {
-    const note = error instanceof ContenderUnavailable ? `not available: ${error.message}` : `failed to start: ${error instanceof Error ? error.message : String(error)}`;
-    return { contender, available: false, note };
-  } finally {
-    await resetSpace(ctx, queue, prefix).catch(() => {});
-  }
-}
-
 export interface BenchRun {
   readonly results: BenchResults;
-  /** Non-zero when an available contender failed to run or miscounted. */
+  /** Non-zero when a contender failed to start, failed to run or miscounted. */
   readonly exitCode: number;
 }
 
@@ -102,10 +81,8 @@ export async function runBench(options: BenchOptions, log: (line: string) => voi
       badRate: 0,
       idPrefix: 'bench',
     };
-    const availability: Availability[] = [];
-    for (const contender of options.contenders) availability.push(await probeAvailability(ctx, contender));
-    for (const a of availability) if (!a.available) log(`${a.contender}: ${a.note}`);
-    const available = availability.filter((a) => a.available).map((a) => a.contender);
+    // Every contender asked for runs: one that cannot start is a failed run (exit 1), never skipped.
+    const contenders = options.contenders;
     const workload = generateWorkload(workloadOptions);
     log(`workload: ${workload.publishes.length} deliveries (${workload.good} messages + ${workload.duplicates} duplicates), ${workload.truth.size} SKUs counted`);
 
@@ -128,7 +105,7 @@ export async function runBench(options: BenchOptions, log: (line: string) => voi
 
     for (let round = 0; round < options.rounds; round++) {
       log(`round ${round + 1}/${options.rounds}: drains`);
-      for (const contender of roundOrder(available, round)) {
+      for (const contender of roundOrder(contenders, round)) {
         const outcome = await runDrain(ctx, { contender, round, label: `r${round}`, workload, measureMarkers: true });
         record(outcome.record);
         if (outcome.memory) memory.push(outcome.memory);
@@ -137,7 +114,7 @@ export async function runBench(options: BenchOptions, log: (line: string) => voi
       const thisCeiling = drains.find((d) => d.round === round && d.contender === 'ceiling' && d.correct)?.msgPerSec ?? fallbackRate();
       const rate = Math.round(thisCeiling / 2);
       log(`round ${round + 1}/${options.rounds}: latency at half the ceiling's rate (${rate} msg/s)`);
-      for (const contender of roundOrder(available, round)) {
+      for (const contender of roundOrder(contenders, round)) {
         recordLatency(await runLatency(ctx, { contender, round, label: `l${round}`, loadFraction: 0.5, rate, warmupMs, workload: latencyWorkload(rate, 100 + round) }));
       }
     }
@@ -147,13 +124,13 @@ export async function runBench(options: BenchOptions, log: (line: string) => voi
     if (sweepLoads.length > 0) log(`load sweep at ${sweepLoads.join(', ')} × ${Math.round(ceiling)} msg/s`);
     for (const fraction of sweepLoads) {
       const rate = Math.round(ceiling * fraction);
-      for (const contender of available) {
+      for (const contender of contenders) {
         recordLatency(await runLatency(ctx, { contender, round: null, label: `load${fraction}`, loadFraction: fraction, rate, warmupMs, workload: latencyWorkload(rate, 200) }));
       }
     }
 
     // Parameter sweeps: each point pairs a ceiling drain with the Tally drains of the same workload.
-    const tallies = available.filter(isTally);
+    const tallies = contenders.filter(isTally);
     const sweepWorkload = (range?: readonly [number, number]) =>
       generateWorkload({ ...workloadOptions, messages: options.sweepMessages, ...(range ? { minChanges: range[0], maxChanges: range[1] } : {}) });
     const points: Array<{ sweep: SweepRecord['sweep']; label: string; x: number; workload: Workload; env: Record<string, string> }> = [];
@@ -184,8 +161,8 @@ export async function runBench(options: BenchOptions, log: (line: string) => voi
     }
 
     // Rounds are 0-based; sweep drains use round -1 and stay out of the medians.
-    const summary = summarize(availability, drains.filter((d) => d.round >= 0), latencies, memory, options.rounds);
-    for (const s of summary) if (s.available && s.rounds === 0) problems.push(`${s.contender} did not run`);
+    const summary = summarize(contenders, drains.filter((d) => d.round >= 0), latencies, memory, options.rounds);
+    for (const s of summary) if (s.rounds === 0 && options.rounds > 0) problems.push(`${s.contender} did not run`);
     const results: BenchResults = {
       version: 1,
       startedAt,
@@ -204,7 +181,6 @@ export async function runBench(options: BenchOptions, log: (line: string) => voi
         sweepMessages: options.sweepMessages,
       },
       rounds: options.rounds,
-      availability,
       summary,
       drains,
       latencies,
@@ -212,7 +188,7 @@ export async function runBench(options: BenchOptions, log: (line: string) => voi
       sweeps,
       problems,
     };
-    const failed = summary.some((s) => s.available && !s.correct) || problems.length > 0;
+    const failed = summary.some((s) => !s.correct) || problems.length > 0;
     return { results, exitCode: failed ? 1 : 0 };
   } finally {
     if (traceSink.requests() > 0) log(`trace sink: ${traceSink.requests()} OTLP exports, ${(traceSink.bytes() / 1e6).toFixed(1)} MB of spans`);

@@ -6,7 +6,6 @@ import type { ContenderSummary } from '../src/results.js';
 const row = (over: Partial<ContenderSummary>): ContenderSummary => ({
   contender: 'tally-two-step',
   label: 'Tally two-step',
-  available: true,
   rounds: 3,
   msgPerSec: 15_234.4,
   ratioToCeiling: 0.7612,
@@ -35,16 +34,16 @@ describe('markdown table', () => {
     expect(table.split('\n')).to.deep.equal(['| a | b |', '|---|---:|', '| x\\|y | 1 |']);
   });
 
-  it('renders one row per contender, unavailable ones with their note', () => {
+  it('renders one row per contender, a failed one marked NO', () => {
     const table = renderSummaryTable([
       row({}),
-      row({ contender: 'tally-atomic', label: 'Tally atomic', available: false, note: 'not available: TALLY_MODE' }),
+      row({ contender: 'tally-atomic', label: 'Tally atomic', rounds: 0, msgPerSec: Number.NaN, correct: false }),
       row({ contender: 'naive', label: 'naive (per message)', correct: false, ratioToNaive: 1 }),
     ]);
     const lines = table.split('\n');
     expect(lines).to.have.length(5);
     expect(lines[2]).to.equal('| Tally two-step | 15,234 | 0.76 | 5.12 | 61.3 | 120.5 | 98.4 | 180 | 3.46 | 480 | yes |');
-    expect(lines[3]).to.contain('not available').and.contain('TALLY_MODE');
+    expect(lines[3]).to.match(/^\| Tally atomic \| n\/a \|.*\| NO \|$/);
     expect(lines[4]).to.match(/\| NO \|$/);
     for (const line of lines) expect(line.split(/(?<!\\)\|/).length).to.equal(lines[0]!.split('|').length);
   });

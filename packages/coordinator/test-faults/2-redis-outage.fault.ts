@@ -1,6 +1,7 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import { expect } from 'chai';
-import { generateWorkload, publishAll, seededRandom, startProxy } from '@tally/bench';
+import { generateWorkload, publishAll, seededRandom } from '@tally/workload';
+import { startProxy } from '@tally/testkit';
 import { cleanup, countsOf, statsOf, testSpace, waitForReadyEmpty, AMQP_URL } from '../test/integration/harness.js';
 import { checkCounts, checkDeadLetters, estimateRun, overcountBound, unitsPerMessage } from './checks.js';
 import { DaemonFleet } from './fleet.js';

@@ -1,5 +1,5 @@
 import { expect } from 'chai';
-import { generateWorkload, publishAll, seededRandom, type Publish } from '@tally/bench';
+import { generateWorkload, publishAll, seededRandom, type Publish } from '@tally/workload';
 import { cleanup, countsOf, statsOf, testSpace, waitForReadyEmpty, AMQP_URL } from '../test/integration/harness.js';
 import { checkCounts, checkDeadLetters } from './checks.js';
 import { DaemonFleet } from './fleet.js';

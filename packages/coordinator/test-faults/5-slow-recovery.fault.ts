@@ -2,7 +2,7 @@ import { execFile } from 'node:child_process';
 import { promisify } from 'node:util';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { expect } from 'chai';
-import { generateWorkload, publishAll, seededRandom } from '@tally/bench';
+import { generateWorkload, publishAll, seededRandom } from '@tally/workload';
 import type { DeviationEstimate } from '@tally/shared';
 import { cleanup, countsOf, queueState, statsOf, testSpace, waitForReadyBelow, AMQP_URL, CLI } from '../test/integration/harness.js';
 import { checkCounts, checkDeadLetters, overcountBound, unitsPerMessage } from './checks.js';

@@ -1,5 +1,5 @@
 import { expect } from 'chai';
-import { generateWorkload, publishAll } from '@tally/bench';
+import { generateWorkload, publishAll } from '@tally/workload';
 import { cleanup, countsOf, statsOf, testSpace, AMQP_URL } from '../test/integration/harness.js';
 import { checkCounts, checkDeadLetters, unitsPerMessage } from './checks.js';
 import { DaemonFleet } from './fleet.js';

@@ -3,35 +3,32 @@
  * the ground truth (loss, overcount, per-shard excess), the dead-letter queue
  * against the bad messages published, and the estimator's figure in units.
  */
+import { execFile } from 'node:child_process';
 import { createHash } from 'node:crypto';
+import { promisify } from 'node:util';
 import { estimateDeviation, parseRecovery, shardOf, type DeviationEstimate, type TallyConfig } from '@tally/shared';
-import { drainQueue } from '../test/integration/harness.js';
+import { compareWithTruth } from '@tally/workload';
+import { drainQueue, CLI } from '../test/integration/harness.js';
 
 export interface CountCheck {
   /** SKUs below their truth: data lost. */
-  readonly lostSkus: string[];
+  readonly lostSkus: readonly string[];
   readonly lostUnits: number;
   /** Units above the truth, over all SKUs. */
   readonly overcountUnits: number;
   readonly excessPerShard: number[];
 }
 
+/** The one comparison with the truth (`tally verify`'s), grouped per virtual shard. */
 export function checkCounts(counts: ReadonlyMap<string, number>, truth: ReadonlyMap<string, number>, virtualShards: number): CountCheck {
-  const lostSkus: string[] = [];
-  let lostUnits = 0;
-  let overcountUnits = 0;
-  const excessPerShard = new Array<number>(virtualShards).fill(0);
-  for (const sku of new Set([...counts.keys(), ...truth.keys()])) {
-    const diff = (counts.get(sku) ?? 0) - (truth.get(sku) ?? 0);
-    if (diff < 0) {
-      lostSkus.push(sku);
-      lostUnits -= diff;
-    } else if (diff > 0) {
-      overcountUnits += diff;
-      excessPerShard[shardOf(sku, virtualShards)]! += diff;
-    }
-  }
-  return { lostSkus, lostUnits, overcountUnits, excessPerShard };
+  const check = compareWithTruth(counts, truth);
+  return { lostSkus: check.below, lostUnits: check.missingUnits, overcountUnits: check.excessUnits, excessPerShard: perShard(check.excess, virtualShards) };
+}
+
+function perShard(unitsBySku: ReadonlyMap<string, number>, virtualShards: number): number[] {
+  const totals = new Array<number>(virtualShards).fill(0);
+  for (const [sku, units] of unitsBySku) totals[shardOf(sku, virtualShards)]! += units;
+  return totals;
 }
 
 /** A bad message as the suite knows it: identity (body and messageId) and the reason codes it may carry. */
@@ -121,4 +118,12 @@ export function estimateRun(
     crashesPerMonth: kills,
     recovery: parseRecovery(recovery),
   });
+}
+
+/** The estimator as an operator runs it: `tally deviation --json` against the scenario's prefix, its kills as the month's crashes. */
+export async function deviationFromCli(env: Record<string, string>, kills: number, recovery: string): Promise<DeviationEstimate> {
+  const { stdout } = await promisify(execFile)(process.execPath, [CLI, 'deviation', '--crashes-per-month', String(kills), '--recovery', recovery, '--json'], {
+    env: { ...process.env, ...env },
+  });
+  return JSON.parse(stdout) as DeviationEstimate;
 }

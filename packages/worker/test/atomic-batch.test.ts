@@ -2,7 +2,7 @@ import { randomBytes, randomUUID } from 'node:crypto';
 import { expect } from 'chai';
 import { Redis } from 'ioredis';
 import { countKey, markerKey, type BatchTask, type WorkerSettings } from '@tally/shared';
-import { startProxy } from '@tally/bench';
+import { startProxy } from '@tally/testkit';
 import { atomicBatchArgs, runAtomicBatch } from '../src/atomic-batch.js';
 import { createRedisClient } from '@tally/runtime';
 import type { BatchLog } from '../src/batch-log.js';

@@ -7,7 +7,7 @@ import { countKey, markerKey, type BatchTask, type WorkerSettings } from '@tally
 import { createRedisClient } from '@tally/runtime';
 import type { BatchLog } from '../src/batch-log.js';
 import { runTwoStepBatch, WRITE_COUNTS } from '../src/two-step-batch.js';
-import { startProxy } from '@tally/bench';
+import { startPrivateRedis, startProxy } from '@tally/testkit';
 
 const REDIS_URL = process.env.TALLY_REDIS_URL ?? 'redis://127.0.0.1:6379';
 const quiet: BatchLog = process.env.TEST_VERBOSE
@@ -249,34 +249,18 @@ describe('two-step batch against a real Redis', function () {
   });
 
   it('reloads its scripts after a Redis restart (NOSCRIPT) and loses nothing', async () => {
-    const { spawn } = await import('node:child_process');
-    const port = 20_000 + Math.floor(Math.random() * 20_000);
-    const start = async () => {
-      const server = spawn('redis-server', ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no'], { stdio: 'ignore' });
-      const probe = new Redis({ port, lazyConnect: true, maxRetriesPerRequest: 0, retryStrategy: () => 50 });
-      probe.on('error', () => {});
-      for (let i = 0; i < 100; i++) {
-        try {
-          await probe.connect().catch(() => {});
-          if ((await probe.ping()) === 'PONG') break;
-        } catch {
-          await new Promise((resolve) => setTimeout(resolve, 50));
-        }
-      }
-      return { server, probe };
-    };
-    let { server, probe } = await start();
+    // A server of the test's own: killing the shared Redis is not allowed.
+    const server = await startPrivateRedis();
+    const probe = new Redis(server.url, { maxRetriesPerRequest: 1 });
+    probe.on('error', () => {});
     const warnings: string[] = [];
     const log: BatchLog = { warn: (_f, m) => warnings.push(m), error() {} };
-    const client = createRedisClient(`redis://127.0.0.1:${port}`, 'test');
+    const client = createRedisClient(server.url, 'test');
     client.on('error', () => {});
     try {
       const first = taskFor(runId, 5, 10);
       await runTwoStepBatch(client, settingsFor(prefix), first, log);
-      server.kill('SIGKILL');
-      await new Promise((resolve) => server.on('exit', resolve));
-      probe.disconnect();
-      ({ server, probe } = await start());
+      await server.crashAndRestart(0);
       const second = taskFor(`${runId}b`, 5, 10);
       await runTwoStepBatch(client, settingsFor(prefix), second, log);
       expect(
@@ -288,7 +272,7 @@ describe('two-step batch against a real Redis', function () {
     } finally {
       client.disconnect();
       probe.disconnect();
-      server.kill('SIGKILL');
+      await server.stop();
     }
   });
 });

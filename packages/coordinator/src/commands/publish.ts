@@ -1,7 +1,7 @@
 import { writeFile } from 'node:fs/promises';
 import { context, propagation, SpanKind, trace, type Tracer } from '@opentelemetry/api';
 import amqp from 'amqplib';
-import { ensureQueue, generateWorkload, WORKLOAD_DEFAULTS, type Publish, type WorkloadOptions } from '@tally/bench';
+import { ensureQueue, generateWorkload, WORKLOAD_DEFAULTS, type Publish, type WorkloadOptions } from '@tally/workload';
 import { CliUsageError, redactUrl, type TallyConfig } from '@tally/shared';
 import {
   ATTR_MESSAGING_DESTINATION_NAME,

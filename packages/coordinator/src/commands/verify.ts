@@ -1,4 +1,5 @@
 import { readFile } from 'node:fs/promises';
+import { compareWithTruth } from '@tally/workload';
 
 export interface Verdict {
   readonly skus: number;
@@ -18,24 +19,15 @@ export async function readTruth(path: string): Promise<Map<string, number>> {
   return new Map(Object.entries(parsed.counts));
 }
 
-/** Compares counts with a ground truth; SKUs absent on either side count as 0. */
+/** Compares counts with a ground truth (SKUs absent on either side count as 0), in the CLI's per-SKU tallies. */
 export function verify(counts: Map<string, string>, truth: Map<string, number>): Verdict {
-  let exact = 0;
-  let below = 0;
-  let above = 0;
-  let excessUnits = 0;
-  let missingUnits = 0;
-  const skus = new Set([...counts.keys(), ...truth.keys()]);
-  for (const sku of skus) {
-    const diff = Number(counts.get(sku) ?? 0) - (truth.get(sku) ?? 0);
-    if (diff === 0) exact++;
-    else if (diff < 0) {
-      below++;
-      missingUnits -= diff;
-    } else {
-      above++;
-      excessUnits += diff;
-    }
-  }
-  return { skus: skus.size, exact, below, above, excessUnits, missingUnits };
+  const check = compareWithTruth(counts, truth);
+  return {
+    skus: check.skus,
+    exact: check.skus - check.below.length - check.excess.size,
+    below: check.below.length,
+    above: check.excess.size,
+    excessUnits: check.excessUnits,
+    missingUnits: check.missingUnits,
+  };
 }

@@ -7,10 +7,9 @@
  */
 import { setTimeout as sleep } from 'node:timers/promises';
 import { expect } from 'chai';
-import amqp from 'amqplib';
 import { Redis } from 'ioredis';
-import { ensureQueue, generateWorkload, publishAll, type Publish } from '@tally/bench';
-import { escapeGlob, layoutKey, markerScanPattern } from '@tally/shared';
+import { generateWorkload, publishAll } from '@tally/workload';
+import { layoutKey, markerScanPattern } from '@tally/shared';
 import { readCounts } from '../../src/commands/counts.js';
 import { readStats, readStatsReport } from '../../src/commands/stats.js';
 import {
@@ -18,8 +17,11 @@ import {
   compare,
   countsOf,
   drainWithDaemon,
+  keyCount,
   killDaemon,
+  publishPaced,
   queueState,
+  receiptCount,
   spawnDaemon,
   startDaemon,
   statsOf,
@@ -31,47 +33,12 @@ import {
   type DaemonProcess,
   type TestSpace,
 } from './harness.js';
-import { startPrivateRedis } from './private-redis.js';
+import { startPrivateRedis } from '@tally/testkit';
 import { redeliveryUnderLoad } from './scenarios.js';
 
 const ATOMIC = { TALLY_MODE: 'atomic' } as const;
 
-/** Publishes `chunk` messages every `everyMs` on one confirm channel: a stream, not a preload. */
-async function publishPaced(publishes: readonly Publish[], queue: string, chunk: number, everyMs: number): Promise<void> {
-  const connection = await amqp.connect(AMQP_URL);
-  try {
-    await ensureQueue(connection, queue);
-    const channel = await connection.createConfirmChannel();
-    for (let i = 0; i < publishes.length; i += chunk) {
-      const started = Date.now();
-      for (const publish of publishes.slice(i, i + chunk)) {
-        channel.sendToQueue(queue, publish.body, { persistent: true, ...(publish.messageId !== undefined ? { messageId: publish.messageId } : {}) });
-      }
-      await channel.waitForConfirms();
-      await sleep(Math.max(0, everyMs - (Date.now() - started)));
-    }
-    await channel.close();
-  } finally {
-    await connection.close().catch(() => {});
-  }
-}
-
-async function keyCount(pattern: string): Promise<number> {
-  return withRedis(async (redis) => {
-    let cursor = '0';
-    let total = 0;
-    do {
-      const [next, keys] = await redis.scan(cursor, 'MATCH', pattern, 'COUNT', 10_000);
-      cursor = next;
-      total += keys.length;
-    } while (cursor !== '0');
-    return total;
-  });
-}
-
 const markerCount = (prefix: string): Promise<number> => keyCount(markerScanPattern(prefix));
-/** Batch receipts: one per shard batch written, in either mode. */
-const receiptCount = (prefix: string): Promise<number> => keyCount(`${escapeGlob(prefix)}w:{*}:*`);
 
 /** A daemon expected to refuse its start; one that runs anyway is killed, and the test fails on its exit. */
 async function exitedWithin(daemon: DaemonProcess, ms: number): Promise<{ code: number | null; signal: NodeJS.Signals | null }> {

@@ -10,7 +10,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { Redis, type RedisOptions } from 'ioredis';
-import { freePort } from '@tally/bench';
+import { freePort } from '@tally/testkit';
 
 export interface ConfiguredRedis {
   readonly port: number;

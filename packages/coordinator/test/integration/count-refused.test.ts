@@ -9,7 +9,7 @@
  */
 import { expect } from 'chai';
 import { Redis } from 'ioredis';
-import { generateWorkload, publishAll } from '@tally/bench';
+import { generateWorkload, publishAll } from '@tally/workload';
 import { countKey, shardOf } from '@tally/shared';
 import type { ReplayReport } from '../../src/commands/dead-queue.js';
 import { cleanup, compare, countsOf, drainQueue, drainWithDaemon, queueState, statsOf, testSpace, AMQP_URL, CLI, REDIS_URL } from './harness.js';

@@ -1,5 +1,5 @@
 import { expect } from 'chai';
-import { generateWorkload, publishAll } from '@tally/bench';
+import { generateWorkload, publishAll } from '@tally/workload';
 import { BAD_MESSAGE_REASONS } from '@tally/shared';
 import { cleanup, compare, countsOf, drainQueue, drainWithDaemon, statsOf, testSpace, AMQP_URL } from './harness.js';
 

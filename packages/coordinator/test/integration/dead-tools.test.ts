@@ -1,6 +1,6 @@
 import { expect } from 'chai';
 import amqp from 'amqplib';
-import { generateWorkload, publishAll, type Publish } from '@tally/bench';
+import { generateWorkload, publishAll, type Publish } from '@tally/workload';
 import { replayDeadLetters } from '../../src/commands/dead-queue.js';
 import type { DeadListReport } from '../../src/commands/dead.js';
 import type { ReplayReport } from '../../src/commands/dead-queue.js';

@@ -5,7 +5,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { expect } from 'chai';
-import { generateWorkload, publishAll } from '@tally/bench';
+import { generateWorkload, publishAll } from '@tally/workload';
 import { loadConfig } from '@tally/shared';
 import { cleanup, compare, countsOf, testSpace, waitForReadyEmpty, AMQP_URL } from './harness.js';
 import { DEPLOY, REPO_ROOT, requireTool, runTool } from './ops-tools.js';

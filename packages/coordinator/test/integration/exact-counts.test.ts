@@ -1,5 +1,5 @@
 import { expect } from 'chai';
-import { generateWorkload, publishAll } from '@tally/bench';
+import { generateWorkload, publishAll } from '@tally/workload';
 import { cleanup, compare, countsOf, drainWithDaemon, startDaemon, statsOf, stopDaemon, testSpace, waitForReadyEmpty, AMQP_URL } from './harness.js';
 
 describe('exact counts (integration: real RabbitMQ and Redis)', function () {

@@ -1,6 +1,6 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import { expect } from 'chai';
-import { generateWorkload, publishAll, seededRandom, type Workload } from '@tally/bench';
+import { generateWorkload, publishAll, seededRandom, type Workload } from '@tally/workload';
 import { COUNTER_NAMES, daemonKey, deadLetterReason, shardOf, type TallyMode } from '@tally/shared';
 import type { StatusReport } from '../../src/commands/status.js';
 import {

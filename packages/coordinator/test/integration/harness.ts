@@ -9,7 +9,9 @@ import { promisify } from 'node:util';
 import { setTimeout as sleep } from 'node:timers/promises';
 import amqp from 'amqplib';
 import { Redis } from 'ioredis';
-import { resetNamespace } from '@tally/bench';
+import { escapeGlob } from '@tally/shared';
+import { resetNamespace } from '@tally/testkit';
+import { ensureQueue, type Publish } from '@tally/workload';
 import { readCounts } from '../../src/commands/counts.js';
 import { readStats } from '../../src/commands/stats.js';
 
@@ -48,8 +50,26 @@ export interface DaemonProcess {
   waitForLog(text: string, timeoutMs?: number): Promise<string>;
 }
 
+/** Every daemon spawned and not yet exited: a root hook kills them after each test, so a failing test leaves none running. */
+const liveDaemons = new Set<ChildProcess>();
+
+// A root-level hook (registered when a test file first imports the harness):
+// no test starts a daemon in a `before` to share it, so none outlives its test.
+afterEach(async function killLeftoverDaemons() {
+  const leftovers = [...liveDaemons];
+  await Promise.all(
+    leftovers.map((child) => {
+      const exited = new Promise((resolve) => child.once('exit', resolve));
+      child.kill('SIGKILL');
+      return exited;
+    }),
+  );
+});
+
 export function spawnDaemon(env: Record<string, string>): DaemonProcess {
   const child = spawn(process.execPath, [MAIN], { env: { ...process.env, ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
+  liveDaemons.add(child);
+  child.once('exit', () => liveDaemons.delete(child));
   const logs: string[] = [];
   const stderr: string[] = [];
   let buffer = '';
@@ -174,6 +194,53 @@ export async function statsOf(prefix: string): Promise<Awaited<ReturnType<typeof
   return withRedis((redis) => readStats(redis, { prefix }));
 }
 
+/** Keys matching a pattern (SCAN, never KEYS). */
+export async function keyCount(pattern: string): Promise<number> {
+  return withRedis(async (redis) => {
+    let cursor = '0';
+    let total = 0;
+    do {
+      const [next, keys] = await redis.scan(cursor, 'MATCH', pattern, 'COUNT', 10_000);
+      cursor = next;
+      total += keys.length;
+    } while (cursor !== '0');
+    return total;
+  });
+}
+
+/** Batch receipts: one per shard batch written, in either mode. */
+export const receiptCount = (prefix: string): Promise<number> => keyCount(`${escapeGlob(prefix)}w:{*}:*`);
+
+/** Waits until a batch is written after `before` receipts existed: the daemon just started is at work. False on timeout. */
+export async function waitForNewBatch(prefix: string, before: number, timeoutMs = 5_000): Promise<boolean> {
+  const deadline = Date.now() + timeoutMs;
+  while (Date.now() < deadline) {
+    if ((await receiptCount(prefix)) > before) return true;
+    await sleep(10);
+  }
+  return false;
+}
+
+/** Publishes `chunk` messages every `everyMs` on one confirm channel: a stream, not a preload. */
+export async function publishPaced(publishes: readonly Publish[], queue: string, chunk: number, everyMs: number): Promise<void> {
+  const connection = await amqp.connect(AMQP_URL);
+  try {
+    await ensureQueue(connection, queue);
+    const channel = await connection.createConfirmChannel();
+    for (let i = 0; i < publishes.length; i += chunk) {
+      const started = Date.now();
+      for (const publish of publishes.slice(i, i + chunk)) {
+        channel.sendToQueue(queue, publish.body, { persistent: true, ...(publish.messageId !== undefined ? { messageId: publish.messageId } : {}) });
+      }
+      await channel.waitForConfirms();
+      await sleep(Math.max(0, everyMs - (Date.now() - started)));
+    }
+    await channel.close();
+  } finally {
+    await connection.close().catch(() => {});
+  }
+}
+
 /** Removes a test's queues and keys. */
 export async function cleanup(space: TestSpace): Promise<void> {
   await resetNamespace({ amqpUrl: AMQP_URL, redisUrl: REDIS_URL, queue: space.queue, prefix: space.prefix });
@@ -196,17 +263,8 @@ export async function drainQueue(queue: string): Promise<amqp.GetMessage[]> {
   return messages;
 }
 
-/** Differences between counts and truth: missing (below truth) and excess units per SKU. */
-export function compare(counts: Map<string, number>, truth: Map<string, number>): { below: string[]; excess: Map<string, number>; exact: boolean } {
-  const below: string[] = [];
-  const excess = new Map<string, number>();
-  for (const sku of new Set([...counts.keys(), ...truth.keys()])) {
-    const diff = (counts.get(sku) ?? 0) - (truth.get(sku) ?? 0);
-    if (diff < 0) below.push(sku);
-    if (diff > 0) excess.set(sku, diff);
-  }
-  return { below, excess, exact: below.length === 0 && excess.size === 0 };
-}
+/** Differences between counts and truth: the one comparison `tally verify` and the bench use too. */
+export { compareWithTruth as compare } from '@tally/workload';
 
 const run = promisify(execFile);
 

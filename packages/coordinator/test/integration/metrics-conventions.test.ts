@@ -1,6 +1,7 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import { expect } from 'chai';
-import { generateWorkload, publishAll, startProxy } from '@tally/bench';
+import { generateWorkload, publishAll } from '@tally/workload';
+import { startProxy } from '@tally/testkit';
 import { cleanup, startDaemon, stopDaemon, testSpace, waitForReadyEmpty, AMQP_URL } from './harness.js';
 import { requireTool, runTool } from './ops-tools.js';
 

@@ -4,7 +4,8 @@ import type { AddressInfo } from 'node:net';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { expect } from 'chai';
 import amqp from 'amqplib';
-import { generateWorkload, startProxy } from '@tally/bench';
+import { generateWorkload } from '@tally/workload';
+import { startProxy } from '@tally/testkit';
 import { cleanup, statsOf, startDaemon, stopDaemon, testSpace, waitForReadyEmpty, AMQP_URL } from './harness.js';
 
 interface OtlpSpan {

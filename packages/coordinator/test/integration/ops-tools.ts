@@ -11,7 +11,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { freePort } from '@tally/bench';
+import { freePort } from '@tally/testkit';
 
 /** The repository root (tests run from packages/coordinator/dist/test/integration). */
 export const REPO_ROOT = fileURLToPath(new URL('../../../../../', import.meta.url));

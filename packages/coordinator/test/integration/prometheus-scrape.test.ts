@@ -2,7 +2,8 @@ import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { expect } from 'chai';
-import { freePort, generateWorkload, publishAll } from '@tally/bench';
+import { generateWorkload, publishAll } from '@tally/workload';
+import { freePort } from '@tally/testkit';
 import { cleanup, startDaemon, stopDaemon, testSpace, waitForReadyEmpty, AMQP_URL, CLI } from './harness.js';
 import { DEPLOY, runTool, startPrometheus, type PrometheusServer } from './ops-tools.js';
 

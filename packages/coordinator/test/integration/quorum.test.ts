@@ -3,7 +3,7 @@ import { promisify } from 'node:util';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { expect } from 'chai';
 import amqp from 'amqplib';
-import { generateWorkload, publishAll, type Publish } from '@tally/bench';
+import { generateWorkload, publishAll, type Publish } from '@tally/workload';
 import { deadLetterReason, markerKey, shardOf } from '@tally/shared';
 import { createLogger } from '../../src/logger.js';
 import { declareTallyQueues } from '../../src/queue-declaration.js';

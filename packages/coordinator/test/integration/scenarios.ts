@@ -4,7 +4,8 @@
  */
 import { setTimeout as sleep } from 'node:timers/promises';
 import { expect } from 'chai';
-import { generateWorkload, publishAll, startProxy } from '@tally/bench';
+import { generateWorkload, publishAll } from '@tally/workload';
+import { startProxy } from '@tally/testkit';
 import {
   cleanup,
   closeConnections,

@@ -1,6 +1,6 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import { expect } from 'chai';
-import { generateWorkload, publishAll } from '@tally/bench';
+import { generateWorkload, publishAll } from '@tally/workload';
 import { cleanup, compare, countsOf, queueState, startDaemon, statsOf, stopDaemon, testSpace, waitForReadyEmpty, AMQP_URL } from './harness.js';
 
 describe('shutdown (integration)', function () {

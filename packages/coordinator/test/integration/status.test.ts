@@ -1,6 +1,6 @@
 import { hostname } from 'node:os';
 import { expect } from 'chai';
-import { generateWorkload, publishAll } from '@tally/bench';
+import { generateWorkload, publishAll } from '@tally/workload';
 import { daemonKey } from '@tally/shared';
 import type { StatusReport } from '../../src/commands/status.js';
 import { HEARTBEAT_TTL_MS, TALLY_VERSION } from '../../src/heartbeat.js';

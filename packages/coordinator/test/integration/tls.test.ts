@@ -12,7 +12,7 @@ import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { expect } from 'chai';
 import { Redis } from 'ioredis';
-import { generateWorkload, publishAll } from '@tally/bench';
+import { generateWorkload, publishAll } from '@tally/workload';
 import { readCounts } from '../../src/commands/counts.js';
 import { cleanup, compare, spawnDaemon, startDaemon, stopDaemon, testSpace, waitForReadyEmpty, AMQP_URL, CLI } from './harness.js';
 import { startConfiguredRedis, type ConfiguredRedis } from './configured-redis.js';

@@ -21,7 +21,10 @@ export function badSample(kind: number, n: number, maxBytes: number): BadSample 
     () => ({ body: Buffer.alloc(0), reason: 'empty-body', messageId: `bad-${n}` }),
     () => ({ body: json({ id: `bad-${n}`, changes: [{ sku: 'A', delta: 2 ** 60 }] }), reason: 'unsafe-delta' }),
     () => ({ body: json([`bad-${n}`]), reason: 'not-an-object' }),
-    () => ({ body: Buffer.concat([Buffer.from(`{"id":"bad-${n}","changes":[{"sku":"`), Buffer.from([0xc3, 0x28]), Buffer.from('","delta":1}]}')]), reason: 'invalid-utf8' }),
+    () => ({
+      body: Buffer.concat([Buffer.from(`{"id":"bad-${n}","changes":[{"sku":"`), Buffer.from([0xc3, 0x28]), Buffer.from('","delta":1}]}')]),
+      reason: 'invalid-utf8',
+    }),
     () => ({ body: json({ id: `bad-${n}`, changes: [{ sku: 'A', delta: 1, pad: 'x'.repeat(maxBytes) }] }), reason: 'oversized-body' }),
     () => ({ body: json({ id: 7, changes: [] }), reason: 'invalid-id', messageId: `bad-${n}` }),
     () => ({ body: json({ id: `bad-${n}`, changes: [{ sku: 'A', delta: '3' }] }), reason: 'invalid-delta' }),

@@ -2,6 +2,4 @@ export { generateWorkload, skuName, WORKLOAD_DEFAULTS, type Publish, type Publis
 export { publishAll, ensureQueue, type PublishOptions } from './publisher.js';
 export { badSample, type BadSample } from './bad-corpus.js';
 export { seededRandom, randomInt, zipfPicker } from './random.js';
-export { resetNamespace, type Namespace } from './namespace.js';
-export { startProxy, type ProxyControl } from './tcp-proxy.js';
-export { freePort } from './private-redis.js';
+export { compareWithTruth, describeTruthCheck, type TruthCheck } from './truth.js';

@@ -48,7 +48,10 @@ describe('workload generator', () => {
       if (p.kind === 'good') firstAt.set(p.id!, i);
       if (p.kind === 'duplicate') gaps.push(i - firstAt.get(p.id!)!);
     });
-    expect(gaps.every((g) => g > 0), 'a duplicate follows its original').to.equal(true);
+    expect(
+      gaps.every((g) => g > 0),
+      'a duplicate follows its original',
+    ).to.equal(true);
     expect(gaps.filter((g) => g <= 25).length, 'near duplicates').to.be.greaterThan(20);
     expect(gaps.filter((g) => g > 500).length, 'far duplicates').to.be.greaterThan(20);
   });

@@ -1,0 +1,69 @@
+/**
+ * What a SIGKILL left in its crash window (two-step mode: counts written,
+ * markers not yet), measured from Redis while no daemon runs. Lets a crash
+ * test bound each kill by what it really had in flight, not by the most it
+ * could have had.
+ */
+import type { Redis } from 'ioredis';
+import { markerScanPattern, parseMessage, shardOf, splitByShard, type PartChanges } from '@tally/shared';
+import type { Publish } from '@tally/workload';
+import { readCounts } from '../../src/commands/counts.js';
+
+export type PartsById = ReadonlyMap<string, ReadonlyMap<number, PartChanges>>;
+
+/** Each good message's changes per virtual shard, as the daemon splits them: what its marker on that shard stands for. */
+export function partsById(publishes: readonly Publish[], virtualShards: number): PartsById {
+  const parts = new Map<string, Map<number, PartChanges>>();
+  for (const publish of publishes) {
+    if (publish.kind !== 'good') continue;
+    const parsed = parseMessage(publish.body, publish.messageId, { maxBytes: 1 << 20 });
+    if (!parsed.ok) throw new Error(`a good publish does not parse: ${parsed.reason}`);
+    parts.set(parsed.message.id, splitByShard(parsed.message.changes, virtualShards, null));
+  }
+  return parts;
+}
+
+/**
+ * Units written but not accounted for by a marker, per virtual shard: the
+ * counts minus what the occupied markers stand for. Taken while no daemon
+ * runs (right after a SIGKILL), it is the overcount so far plus the crash
+ * window the victim left open (counts written, markers not), so its growth
+ * from one kill to the next is exactly what that kill had in its window.
+ * Meaningful for positive deltas only (a negative delta would hide a window).
+ */
+export async function unmarkedUnitsPerShard(redis: Redis, prefix: string, virtualShards: number, parts: PartsById): Promise<number[]> {
+  const counts = await readCounts(redis, { prefix, virtualShards }, []);
+  const unmarked = new Map<string, number>();
+  for (const [sku, value] of counts) unmarked.set(sku, Number(value));
+  const head = `${prefix}m:{`;
+  let cursor = '0';
+  do {
+    const [next, keys] = await redis.scan(cursor, 'MATCH', markerScanPattern(prefix), 'COUNT', 10_000);
+    cursor = next;
+    for (const key of keys) {
+      const close = key.indexOf('}:', head.length);
+      const vshard = Number(key.slice(head.length, close));
+      const part = parts.get(key.slice(close + 2))?.get(vshard);
+      if (part === undefined) throw new Error(`marker ${key} stands for no published part`);
+      for (const [sku, delta] of part) unmarked.set(sku, (unmarked.get(sku) ?? 0) - delta);
+    }
+  } while (cursor !== '0');
+  const totals = new Array<number>(virtualShards).fill(0);
+  for (const [sku, units] of unmarked) totals[shardOf(sku, virtualShards)]! += units;
+  return totals;
+}
+
+/**
+ * The most units one batch of shard `vshard` can hold: its `batchSize`
+ * largest parts (positive deltas). "At most one batch per shard per kill"
+ * as a number, from the workload itself rather than from its extremes.
+ */
+export function largestBatchUnits(parts: PartsById, vshard: number, batchSize: number): number {
+  const sizes: number[] = [];
+  for (const byShard of parts.values()) {
+    const part = byShard.get(vshard);
+    if (part !== undefined) sizes.push(part.reduce((sum, [, delta]) => sum + delta, 0));
+  }
+  sizes.sort((a, b) => b - a);
+  return sizes.slice(0, batchSize).reduce((a, b) => a + b, 0);
+}
