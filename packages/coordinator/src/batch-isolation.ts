@@ -47,6 +47,7 @@ export function refusedPart(vshard: number, error: unknown): BatchResult {
     marked: new Uint8Array(1),
     writeRetries: 0,
     occupationFailures: 0,
+    waitTimeouts: 0,
     refusals: [{ part: 0, key: '', sku: '', delta: '', error: describeError(error) }],
     timings: { precheckMs: 0, writeMs: 0, occupyMs: 0 },
   };
@@ -63,6 +64,7 @@ export function concatResults(left: BatchResult, right: BatchResult): BatchResul
     marked,
     writeRetries: left.writeRetries + right.writeRetries,
     occupationFailures: Math.max(left.occupationFailures, right.occupationFailures),
+    waitTimeouts: left.waitTimeouts + right.waitTimeouts,
     refusals: [...left.refusals, ...shifted],
     timings: {
       precheckMs: left.timings.precheckMs + right.timings.precheckMs,

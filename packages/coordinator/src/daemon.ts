@@ -249,9 +249,15 @@ export class Daemon {
           markerTtlS: config.markerTtlS,
           countTtlS: config.countTtlS,
           logLevel: config.logLevel,
+          waitReplicas: config.redisWaitReplicas,
+          waitTimeoutMs: config.redisWaitTimeoutMs,
         },
         config.workers,
         config.virtualShards,
+        // Counted as they happen: a WAIT that keeps timing out holds its batch, and the stall must show meanwhile.
+        (event) => {
+          if (event.type === 'wait-timeout') stats.add('wait_timeouts');
+        },
       );
       const lanes = new ShardLanes(config, (vshard, parts) => this.runBatch(vshard, parts));
       const link = new AmqpLink(

@@ -1,5 +1,5 @@
 import { Piscina } from 'piscina';
-import { ClassifiedFailure, ownerOf, type BatchReply, type BatchResult, type WireBatchTask, type WorkerSettings } from '@tally/shared';
+import { ClassifiedFailure, ownerOf, type BatchReply, type BatchResult, type ThreadEvent, type WireBatchTask, type WorkerSettings } from '@tally/shared';
 import { WORKER_THREAD_FILE } from '@tally/worker';
 
 /**
@@ -11,7 +11,8 @@ import { WORKER_THREAD_FILE } from '@tally/worker';
 export class WorkerPools {
   private readonly pools: Piscina[];
 
-  constructor(settings: WorkerSettings, threads: number, virtualShards: number) {
+  /** `onEvent` receives what a thread posts while a batch runs (batch-protocol.ts ThreadEvent). */
+  constructor(settings: WorkerSettings, threads: number, virtualShards: number, onEvent: (event: ThreadEvent) => void = () => {}) {
     const shardsPerThread = Math.ceil(virtualShards / threads);
     this.pools = Array.from(
       { length: threads },
@@ -31,6 +32,7 @@ export class WorkerPools {
           env: { ...process.env, TALLY_THREAD_INDEX: String(index) },
         }),
     );
+    for (const pool of this.pools) pool.on('message', (event: ThreadEvent) => onEvent(event));
   }
 
   /**

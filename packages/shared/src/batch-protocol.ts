@@ -16,6 +16,10 @@ export interface WorkerSettings {
   readonly markerTtlS: number;
   readonly countTtlS: number;
   readonly logLevel: string;
+  /** TALLY_REDIS_WAIT_REPLICAS: a batch returns only once this many replicas acknowledged its writes (WAIT); 0: no WAIT. */
+  readonly waitReplicas: number;
+  /** TALLY_REDIS_WAIT_TIMEOUT_MS: one WAIT's timeout; a timeout is retried, never ignored. */
+  readonly waitTimeoutMs: number;
 }
 
 export interface BatchTask {
@@ -113,6 +117,8 @@ export interface BatchResult {
   readonly writeRetries: number;
   /** 1 if occupying the markers failed at least once after the counts were written. */
   readonly occupationFailures: number;
+  /** WAITs that timed out before enough replicas acknowledged the batch's writes (each was retried). */
+  readonly waitTimeouts: number;
   /** Parts Redis refused to count; each counted nothing and has no marker. */
   readonly refusals: readonly CountRefusal[];
   readonly timings: { readonly precheckMs: number; readonly writeMs: number; readonly occupyMs: number };
@@ -129,3 +135,9 @@ export interface BatchResult {
 export type BatchReply =
   | { readonly ok: true; readonly result: BatchResult }
   | { readonly ok: false; readonly failureClass: FailureClass; readonly message: string };
+
+/**
+ * What a worker thread posts to the coordinator while a batch is still
+ * running (piscina's 'message' event), so a stall shows before the batch ends.
+ */
+export type ThreadEvent = { readonly type: 'wait-timeout'; readonly vshard: number; readonly acked: number; readonly wanted: number };

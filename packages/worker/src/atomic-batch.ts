@@ -21,6 +21,7 @@ import { loadScript, runScript } from './lua-scripts.js';
 import type { BatchHooks, BatchLog } from './batch-log.js';
 import { batchTracer, inSpan } from './batch-tracing.js';
 import { decodeRefusals, logRefusals } from './count-refusals.js';
+import { waitForReplicas } from './replica-wait.js';
 
 /** The batch script, its KEYS and ARGV documented in lua/atomic_batch.lua. */
 export const ATOMIC_BATCH = loadScript('atomic_batch', 'redis lost the atomic batch script (restart or SCRIPT FLUSH); loading it again');
@@ -95,6 +96,14 @@ async function runAtomicScript(redis: Redis, settings: WorkerSettings, task: Bat
   for (let i = 0; i < flags.length; i++) marked[i] = flags.charCodeAt(i) === 49 /* '1' */ ? 1 : 0;
   const refusals = decodeRefusals(rawRefusals, settings.prefix);
   logRefusals(log, task, refusals);
+  // Durability of the ack (replica-wait.ts): any part not refused has a marker to touch.
+  let waitTimeouts = 0;
+  const touchAt = settings.waitReplicas > 0 ? flags.search(/[01]/) : -1;
+  if (touchAt >= 0) {
+    waitTimeouts = await inSpan(batchTracer(), 'tally.wait_replicas', { 'tally.shard': task.vshard, 'tally.replicas': settings.waitReplicas }, () =>
+      waitForReplicas(redis, settings, task, markerKey(settings.prefix, task.vshard, task.ids[touchAt]!), log, hooks.onWaitTimeout),
+    );
+  }
   const t1 = performance.now();
   return {
     vshard: task.vshard,
@@ -104,6 +113,7 @@ async function runAtomicScript(redis: Redis, settings: WorkerSettings, task: Bat
     // a crash to fall into: always 0 here, reported as not applicable (null)
     // by `tally stats` for an atomic prefix.
     occupationFailures: 0,
+    waitTimeouts,
     refusals,
     // One step: it is the count write and the marker occupation at once.
     timings: { precheckMs: 0, writeMs: t1 - t0, occupyMs: 0 },

@@ -15,4 +15,6 @@ export interface BatchLog {
  */
 export interface BatchHooks {
   afterCountWrite?: (task: BatchTask) => void | Promise<void>;
+  /** A WAIT timed out (TALLY_REDIS_WAIT_REPLICAS): the thread tells the coordinator at once, the batch waits on. */
+  onWaitTimeout?: (task: BatchTask, acked: number, wanted: number) => void;
 }

@@ -3,6 +3,7 @@
  * as workerData, each task is one virtual-shard batch.
  */
 import { context, propagation, ROOT_CONTEXT } from '@opentelemetry/api';
+import { parentPort } from 'node:worker_threads';
 import { workerData } from 'piscina';
 import { pino } from 'pino';
 import {
@@ -13,6 +14,7 @@ import {
   type BatchReply,
   type BatchResult,
   type BatchTask,
+  type ThreadEvent,
   type WireBatchTask,
   type WorkerSettings,
 } from '@tally/shared';
@@ -32,20 +34,27 @@ redis.on('error', () => {});
 
 // Chosen once per thread: the mode is fixed for the life of the daemon.
 const runInMode = settings.mode === 'atomic' ? runAtomicBatch : runTwoStepBatch;
-const hooks = faultHooks();
+const hooks = batchHooks();
 const runBatch = (task: BatchTask): Promise<BatchResult> => runInMode(redis, settings, task, log, hooks);
 
 /**
- * The fault suite's thread death (TALLY_FAULT_THREAD_EXIT_AFTER_WRITE, see
+ * The thread's hooks into a batch: WAIT timeouts go to the coordinator as
+ * they happen. And the fault suite's thread death (TALLY_FAULT_THREAD_EXIT_AFTER_WRITE, see
  * config.ts): process.exit() inside a worker thread ends this thread only;
  * piscina fails its tasks in flight with "worker exited" and starts a new
  * thread, and the coordinator reruns those batches under their own ids.
  */
-function faultHooks(): BatchHooks {
+function batchHooks(): BatchHooks {
+  // Posted at once, not with the batch's result: a WAIT that keeps timing out may hold the batch for a long time.
+  const onWaitTimeout = (task: BatchTask, acked: number, wanted: number): void => {
+    const event: ThreadEvent = { type: 'wait-timeout', vshard: task.vshard, acked, wanted };
+    parentPort?.postMessage(event);
+  };
   const exitAfter = loadFaultInjection(process.env).threadExitAfterWrite;
-  if (exitAfter === null) return {};
+  if (exitAfter === null) return { onWaitTimeout };
   let writes = 0;
   return {
+    onWaitTimeout,
     afterCountWrite(task) {
       if (++writes < exitAfter) return;
       log.warn({ vshard: task.vshard, batchId: task.batchId, writes }, 'fault injection: worker thread exits after a count write');

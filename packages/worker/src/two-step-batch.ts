@@ -19,6 +19,7 @@ import type { BatchHooks, BatchLog } from './batch-log.js';
 import { batchTracer, inSpan } from './batch-tracing.js';
 import { decodeRefusals, logRefusals } from './count-refusals.js';
 import { evalshaArgs, loadScript, runScript } from './lua-scripts.js';
+import { waitForReplicas } from './replica-wait.js';
 
 /** The count write and the marker occupation, their KEYS and ARGV documented in lua/*.lua. */
 export const WRITE_COUNTS = loadScript('write_counts');
@@ -144,11 +145,23 @@ export async function runTwoStepBatch(redis: Redis, settings: WorkerSettings, ta
   crashWindow.end();
   const t3 = performance.now();
 
+  // Durability of the ack: the batch returns only once the replicas have its
+  // writes (replica-wait.ts). Any part whose marker exists will do as the key
+  // to touch: occupied now, or found occupied (a duplicate); not a refused one.
+  let waitTimeouts = 0;
+  const touchAt = settings.waitReplicas > 0 ? ids.findIndex((_, i) => !refused.has(i)) : -1;
+  if (touchAt >= 0) {
+    waitTimeouts = await inSpan(tracer, 'tally.wait_replicas', { 'tally.shard': vshard, 'tally.replicas': settings.waitReplicas }, () =>
+      waitForReplicas(redis, settings, task, markerKeys[touchAt]!, log, hooks.onWaitTimeout),
+    );
+  }
+
   return {
     vshard,
     marked,
     writeRetries,
     occupationFailures,
+    waitTimeouts,
     refusals,
     timings: { precheckMs: t1 - t0, writeMs: t2 - t1, occupyMs: t3 - t2 },
   };

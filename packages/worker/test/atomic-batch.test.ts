@@ -12,7 +12,7 @@ const REDIS_URL = process.env.TALLY_REDIS_URL ?? 'redis://127.0.0.1:6379';
 const quiet: BatchLog = { warn() {}, error() {} };
 
 function settingsFor(prefix: string, mode: WorkerSettings['mode'] = 'atomic'): WorkerSettings {
-  return { redisUrl: REDIS_URL, prefix, mode, markerTtlS: 600, countTtlS: 2_592_000, logLevel: 'silent' };
+  return { redisUrl: REDIS_URL, prefix, mode, markerTtlS: 600, countTtlS: 2_592_000, logLevel: 'silent', waitReplicas: 0, waitTimeoutMs: 1000 };
 }
 
 function taskFor(runId: string, vshard = 5, parts = 60): BatchTask {

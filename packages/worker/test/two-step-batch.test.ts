@@ -15,7 +15,7 @@ const quiet: BatchLog = process.env.TEST_VERBOSE
   : { warn() {}, error() {} };
 
 function settingsFor(prefix: string): WorkerSettings {
-  return { redisUrl: REDIS_URL, prefix, mode: 'two-step', markerTtlS: 600, countTtlS: 2_592_000, logLevel: 'silent' };
+  return { redisUrl: REDIS_URL, prefix, mode: 'two-step', markerTtlS: 600, countTtlS: 2_592_000, logLevel: 'silent', waitReplicas: 0, waitTimeoutMs: 1000 };
 }
 
 function taskFor(runId: string, vshard = 3, parts = 50): BatchTask {

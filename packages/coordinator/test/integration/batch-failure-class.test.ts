@@ -19,7 +19,7 @@ describe('batch failure classes across the thread boundary (real threads, real R
   for (const mode of ['two-step', 'atomic'] as const satisfies readonly TallyMode[]) {
     it(`${mode}: a data failure arrives classified 'data'; isolation refuses only the failing part and counts the rest`, async () => {
       const prefix = `t.isolate.${randomBytes(4).toString('hex')}:`;
-      const pools = new WorkerPools({ redisUrl: REDIS_URL, prefix, mode, markerTtlS: 600, countTtlS: 600, logLevel: 'silent' }, 1, 16);
+      const pools = new WorkerPools({ redisUrl: REDIS_URL, prefix, mode, markerTtlS: 600, countTtlS: 600, logLevel: 'silent', waitReplicas: 0, waitTimeoutMs: 1000 }, 1, 16);
       const redis = new Redis(REDIS_URL);
       try {
         // A delta of 1.5 never passes the parser; here it stands for any
