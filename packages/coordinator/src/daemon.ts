@@ -179,6 +179,7 @@ export class Daemon {
         virtualShards: config.virtualShards,
         prefetch: config.prefetch,
         batchSize: config.batchSize,
+        batchMaxChanges: config.batchMaxChanges,
         batchWaitMs: config.batchWaitMs,
         markerTtlS: config.markerTtlS,
         acceptTypes: config.acceptTypes ? [...config.acceptTypes] : 'all',
