@@ -35,12 +35,20 @@ export class WorkerPools {
     for (const pool of this.pools) pool.on('message', (event: ThreadEvent) => onEvent(event));
   }
 
+  private destroyed = false;
+
+  /** True once destroy() began: no batch runs any more, a retry loop should stop. */
+  get stopped(): boolean {
+    return this.destroyed;
+  }
+
   /**
    * Runs a batch on its owner thread. A failure the thread reported comes
    * back as a ClassifiedFailure with the class the thread gave it; a thread
    * that died rejects with piscina's "worker exited" error (transient).
    */
   async run(task: WireBatchTask): Promise<BatchResult> {
+    if (this.destroyed) throw new Error('worker threads stopped');
     const pool = this.pools[ownerOf(task.vshard, this.pools.length)]!;
     const reply = (await pool.run(task)) as BatchReply;
     if (!reply.ok) throw new ClassifiedFailure(reply.failureClass, reply.message);
@@ -52,7 +60,14 @@ export class WorkerPools {
     await Promise.allSettled(this.pools.map((pool) => pool.run(null, { name: 'flushTelemetry' })));
   }
 
+  /**
+   * Terminates every thread, a batch in the middle of a Redis call
+   * included: piscina rejects its task and the thread's connection closes.
+   * The daemon calls this before the channel closes, so no thread is still
+   * writing once the broker hands the deliveries to another consumer.
+   */
   async destroy(): Promise<void> {
+    this.destroyed = true;
     await Promise.allSettled(this.pools.map((pool) => pool.destroy()));
   }
 }

@@ -18,6 +18,7 @@
 import type { Redis } from 'ioredis';
 import { countKey, describeError, retryUntilDone, markerKey, receiptKey, type BatchResult, type BatchTask, type WorkerSettings } from '@tally/shared';
 import { loadScript, runScript } from './lua-scripts.js';
+import { reportingHealth } from './health-report.js';
 import type { BatchHooks, BatchLog } from './batch-log.js';
 import { batchTracer, inSpan } from './batch-tracing.js';
 import { decodeRefusals, logRefusals } from './count-refusals.js';
@@ -74,7 +75,8 @@ async function runAtomicScript(redis: Redis, settings: WorkerSettings, task: Bat
   // died, finds the receipt the first run left and gets its answer back.
   const args = atomicBatchArgs(settings, task, task.batchId);
   let writeRetries = 0;
-  const reply = (await retryUntilDone(() => runScript(redis, ATOMIC_BATCH, args, log), {
+  const runOnce = reportingHealth(task.vshard, () => runScript(redis, ATOMIC_BATCH, args, log));
+  const reply = (await retryUntilDone(runOnce, {
     // A `fatal` or `data` reply (a bad argument, NOPERM, a bug) would fail
     // the same way here: it goes to the coordinator, which retries a `fatal`
     // one visibly and isolates a `data` one, acking nothing of it meanwhile.

@@ -19,6 +19,7 @@ import type { BatchHooks, BatchLog } from './batch-log.js';
 import { batchTracer, inSpan } from './batch-tracing.js';
 import { decodeRefusals, logRefusals } from './count-refusals.js';
 import { evalshaArgs, loadScript, runScript } from './lua-scripts.js';
+import { reportingHealth } from './health-report.js';
 import { waitForReplicas } from './replica-wait.js';
 
 /** The count write and the marker occupation, their KEYS and ARGV documented in lua/*.lua. */
@@ -30,14 +31,15 @@ type WriteCountsReply = ['written' | 'receipt' | 'isolate', string, unknown];
 
 /**
  * Retries an idempotent step until it succeeds: outages wait, they do not
- * drop (invariant 8). A `data` or `fatal` failure would fail the same way on
- * every attempt: it goes to the coordinator at once (which isolates a `data`
- * one and retries a `fatal` one visibly). Every step fails before its first
+ * drop (invariant 8). A `fatal` refusal (NOPERM...) is retried here too,
+ * visibly (logged, and reported to the coordinator's readiness). A `data`
+ * failure would fail the same way on every attempt: it goes to the
+ * coordinator at once, which isolates it. Every step fails before its first
  * write for such a reason, or is idempotent, so giving up leaves nothing half done.
  */
 function untilDone<T>(step: string, task: BatchTask, log: BatchLog, run: () => Promise<T>, onFailure?: () => void): Promise<T> {
-  return retryUntilDone(run, {
-    giveUp: (failureClass) => failureClass !== 'transient',
+  return retryUntilDone(reportingHealth(task.vshard, run), {
+    giveUp: (failureClass) => failureClass === 'data',
     onAttemptFailed: ({ error, attempt, delayMs, failureClass }) => {
       onFailure?.();
       const span = trace.getActiveSpan();
