@@ -23,7 +23,13 @@ export type RunRange = (batchId: string, from: number, to: number) => Promise<Ba
 /** Called when a run failed for its data and is about to be split (or, for one part, refused). */
 export type OnDataFailure = (error: unknown, batchId: string, from: number, to: number) => void;
 
-export async function runIsolating(vshard: number, parts: number, batchId: string, run: RunRange, onDataFailure: OnDataFailure = () => {}): Promise<BatchResult> {
+export async function runIsolating(
+  vshard: number,
+  parts: number,
+  batchId: string,
+  run: RunRange,
+  onDataFailure: OnDataFailure = () => {},
+): Promise<BatchResult> {
   const isolate = async (id: string, from: number, to: number): Promise<BatchResult> => {
     try {
       return await run(id, from, to);

@@ -73,7 +73,9 @@ describe('faults: a failover without WAIT against one with it', function () {
           estimate: 0,
           note: `replica stopped 1 s, master SIGKILLed, replica promoted; ${check.lostSkus.length} SKUs short; ${waitTimeouts} WAIT timeouts logged`,
         });
-        console.log(`      WAIT ${waitReplicas}: lost ${check.lostUnits} units over ${check.lostSkus.length} SKUs, overcount ${check.overcountUnits}, ${waitTimeouts} WAIT timeouts logged`);
+        console.log(
+          `      WAIT ${waitReplicas}: lost ${check.lostUnits} units over ${check.lostSkus.length} SKUs, overcount ${check.overcountUnits}, ${waitTimeouts} WAIT timeouts logged`,
+        );
 
         expect(fleet.violations, 'no daemon exited on its own').to.deep.equal([]);
         if (waitReplicas > 0) {

@@ -23,11 +23,22 @@ export function logRefusals(log: BatchLog, task: BatchTask, refusals: readonly C
   if (refusals.length === 0) return;
   for (const refusal of refusals.slice(0, LOGGED_PER_BATCH)) {
     log.error(
-      { vshard: task.vshard, batchId: task.batchId, messageId: task.ids[refusal.part], key: refusal.key, sku: refusal.sku, delta: refusal.delta, err: refusal.error },
+      {
+        vshard: task.vshard,
+        batchId: task.batchId,
+        messageId: task.ids[refusal.part],
+        key: refusal.key,
+        sku: refusal.sku,
+        delta: refusal.delta,
+        err: refusal.error,
+      },
       'redis refused a count increment: the part counted nothing and its message goes to the dead-letter queue (count-refused)',
     );
   }
   if (refusals.length > LOGGED_PER_BATCH) {
-    log.error({ vshard: task.vshard, batchId: task.batchId, more: refusals.length - LOGGED_PER_BATCH }, 'more count refusals in this batch (not logged one by one)');
+    log.error(
+      { vshard: task.vshard, batchId: task.batchId, more: refusals.length - LOGGED_PER_BATCH },
+      'more count refusals in this batch (not logged one by one)',
+    );
   }
 }

@@ -56,7 +56,11 @@ export async function waitForReplicas(
   for (;;) {
     const [touched, acked] = await retryUntilDone(
       async () => {
-        const replies = await redis.pipeline().pexpire(touchKey, settings.markerTtlS * 1000).call('WAIT', wanted, settings.waitTimeoutMs).exec();
+        const replies = await redis
+          .pipeline()
+          .pexpire(touchKey, settings.markerTtlS * 1000)
+          .call('WAIT', wanted, settings.waitTimeoutMs)
+          .exec();
         if (replies === null) throw new Error('WAIT pipeline discarded');
         for (const [error] of replies) if (error) throw error;
         return [Number(replies[0]![1]), Number(replies[1]![1])] as const;

@@ -64,7 +64,16 @@ describe('count refusals against a real Redis (both modes)', function () {
     client.disconnect();
   });
 
-  const settings = (mode: Mode): WorkerSettings => ({ redisUrl: REDIS_URL, prefix, mode, markerTtlS: 600, countTtlS: 2_592_000, logLevel: 'silent', waitReplicas: 0, waitTimeoutMs: 1000 });
+  const settings = (mode: Mode): WorkerSettings => ({
+    redisUrl: REDIS_URL,
+    prefix,
+    mode,
+    markerTtlS: 600,
+    countTtlS: 2_592_000,
+    logLevel: 'silent',
+    waitReplicas: 0,
+    waitTimeoutMs: 1000,
+  });
 
   /** 12 parts on shard 4: every part adds 1 to GOOD and 2 to its own SKU; parts 3 and 8 also touch BAD (poisoned). */
   function batch(poisonDelta: number): BatchTask {

@@ -19,7 +19,11 @@ describe('batch failure classes across the thread boundary (real threads, real R
   for (const mode of ['two-step', 'atomic'] as const satisfies readonly TallyMode[]) {
     it(`${mode}: a data failure arrives classified 'data'; isolation refuses only the failing part and counts the rest`, async () => {
       const prefix = `t.isolate.${randomBytes(4).toString('hex')}:`;
-      const pools = new WorkerPools({ redisUrl: REDIS_URL, prefix, mode, markerTtlS: 600, countTtlS: 600, logLevel: 'silent', waitReplicas: 0, waitTimeoutMs: 1000 }, 1, 16);
+      const pools = new WorkerPools(
+        { redisUrl: REDIS_URL, prefix, mode, markerTtlS: 600, countTtlS: 600, logLevel: 'silent', waitReplicas: 0, waitTimeoutMs: 1000 },
+        1,
+        16,
+      );
       const redis = new Redis(REDIS_URL);
       try {
         // A delta of 1.5 never passes the parser; here it stands for any
@@ -50,7 +54,10 @@ describe('batch failure classes across the thread boundary (real threads, real R
           (id, from, to) => pools.run(encodeBatchTask(2, id, to - from, (i) => parts[from + i]!)),
           (_error, _id, from, to) => splits.push([from, to]),
         );
-        expect(result.refusals.map((r) => r.part), 'only the failing part is refused').to.deep.equal([4]);
+        expect(
+          result.refusals.map((r) => r.part),
+          'only the failing part is refused',
+        ).to.deep.equal([4]);
         if (mode === 'atomic') expect(splits.at(-1), 'isolated down to that single part').to.deep.equal([4, 5]);
         // Two-step: INCRBY refuses "1.5" inside write_counts, which isolates the part itself: no split needed.
         else expect(splits, 'the script isolated it').to.deep.equal([]);

@@ -78,7 +78,9 @@ describe('count refused: a foreign value in a count key (integration, both modes
 
         // The operator repairs the key and replays.
         await redis.del(poisonKey);
-        const replay = await runTool(process.execPath, [CLI, 'dead', 'replay', '--reason', 'count-refused', '--json'], { env: { ...process.env, ...space.env } });
+        const replay = await runTool(process.execPath, [CLI, 'dead', 'replay', '--reason', 'count-refused', '--json'], {
+          env: { ...process.env, ...space.env },
+        });
         expect(replay.code, replay.stderr).to.equal(0);
         expect((JSON.parse(replay.stdout) as ReplayReport).replayed).to.equal(refused.length);
         await drainWithDaemon(space.env, space.queue);

@@ -47,7 +47,10 @@ describe('TALLY_REDIS_WAIT_REPLICAS (integration, private master and replica)', 
         await sleep(2_000);
         const held = await unackedOf(space.queue);
         expect(held, 'the replica is stopped: the new deliveries stay unacked').to.equal(second.publishes.length);
-        expect(daemon.logs.some((l) => l.includes('replicas did not acknowledge')), 'the WAIT timeouts are logged').to.equal(true);
+        expect(
+          daemon.logs.some((l) => l.includes('replicas did not acknowledge')),
+          'the WAIT timeouts are logged',
+        ).to.equal(true);
 
         process.kill(redis.replica.pid, 'SIGCONT');
         expect(await waitForUnacked(space.queue, (n) => n === 0), 'the replica caught up: all acked').to.equal(0);
