@@ -155,8 +155,7 @@ export interface BatchResult {
  * visibly).
  */
 export type BatchReply =
-  | { readonly ok: true; readonly result: BatchResult }
-  | { readonly ok: false; readonly failureClass: FailureClass; readonly message: string };
+  { readonly ok: true; readonly result: BatchResult } | { readonly ok: false; readonly failureClass: FailureClass; readonly message: string };
 
 /**
  * What a worker thread posts to the coordinator while a batch is still
