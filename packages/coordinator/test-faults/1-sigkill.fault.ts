@@ -53,7 +53,7 @@ describe('faults: repeated SIGKILL', function () {
     const shape = { maxChanges: 4, maxDelta: 9 };
     const random = seededRandom(7);
     try {
-      const workload = generateWorkload({ messages: 300_000, skus: 2_000, seed: 71, duplicateRate: 0.02, badRate: 0.004, idPrefix: space.queue, ...shape });
+      const workload = generateWorkload({ messages: 400_000, skus: 2_000, seed: 71, duplicateRate: 0.02, badRate: 0.004, idPrefix: space.queue, ...shape });
       const parts = partsById(workload.publishes, config.virtualShards);
       const ledger = new UnmarkedLedger(workload.publishes, parts, space.prefix, config.virtualShards, config.prefetch);
       // One batch per shard: its batchSize largest parts.
