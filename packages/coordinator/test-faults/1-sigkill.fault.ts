@@ -32,14 +32,19 @@ const MEAN_GAP_MS = 300;
  */
 const FROZEN_AT_LEAST_MS = 650;
 /**
- * The estimate must be within a factor of 2 of the samples' mean. A kill
- * lands inside a window about one time in four and then catches most shards
- * at once, so one sample is lumpy; the mean of 96 is not. Resampling the
- * victims of the three runs in docs/faults-and-deviation.md (a bootstrap,
- * a victim's 8 samples together) gave a relative standard error of the mean
- * of 0.XX to 0.XX: 0.5..2 is then N standard errors wide on either side, and
- * an exact estimate falls outside it in fewer than 1 run in 10,000 of the
- * resamples (PLACEHOLDER). A W off by 2.5x fails every time.
+ * The samples' mean must be within a factor of 2 of the estimate. One sample
+ * is lumpy (about half land inside a window, and then several shards at
+ * once), and a victim's samples are correlated, but the mean of 96 is
+ * steady: a bootstrap over the victims of three runs (36 victims, each
+ * victim's 8 samples resampled together, each run scaled by its own mean)
+ * gives the mean of a 12-victim run a relative standard error of 0.13
+ * (log-scale 0.14, so 2x is 5 standard errors away on either side), and not
+ * one of 200,000 resampled runs fell outside 0.5..2: the false-failure
+ * rate of an exact estimate is below 1 in 100,000. A W off by 2.5x fails
+ * about 95% of the time (it passes only if the samples stray 25% its way:
+ * 4% of resamples for a W too high, 6% too low), one off by 3x over 99%.
+ * A tolerance of 1.5 would catch a W off by 2x, but fail an exact one in
+ * about 0.6% of runs; CI must not fail by luck.
  */
 const TOLERANCE = 2;
 
