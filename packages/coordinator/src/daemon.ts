@@ -8,7 +8,6 @@
 import { metrics, trace, type Tracer } from '@opentelemetry/api';
 import type { MeterProvider } from '@opentelemetry/sdk-metrics';
 import type { ConsumeMessage } from 'amqplib';
-import type { Redis } from 'ioredis';
 import {
   describeError,
   encodeBatchTask,
@@ -21,7 +20,7 @@ import {
   splitByShard,
   type TallyConfig,
 } from '@tally/shared';
-import { createRedisClient } from '@tally/runtime';
+import { createRedisClient, type RedisClient } from '@tally/runtime';
 import { AckTracker } from './ack-tracker.js';
 import { AmqpLink, type AmqpBrokerState } from './amqp-link.js';
 import type { ChannelLink, Delivery } from './delivery.js';
@@ -59,7 +58,8 @@ interface Telemetry {
 interface Runtime {
   /** What the start-up probe found (docs/redis-requirements.md). */
   readonly redisProbe: RedisProbeReport;
-  readonly redis: Redis;
+  /** Standalone or cluster client, as the probe found (redis-connection.ts). */
+  readonly redis: RedisClient;
   /** Renews this daemon's heartbeat key and the mode lease its layout check took. */
   readonly heartbeat: Heartbeat;
   readonly stats: StatsRecorder;
@@ -87,7 +87,7 @@ async function runSteps(steps: readonly ShutdownStep[], log: Logger): Promise<vo
   }
 }
 
-async function closeRedis(redis: Redis): Promise<void> {
+async function closeRedis(redis: RedisClient): Promise<void> {
   try {
     await redis.quit();
   } catch {
@@ -201,7 +201,8 @@ export class Daemon {
     const { config, log } = this;
     // Before anything is written: a Redis that cannot keep Tally's promise stops the start here.
     const redisProbe = await this.untilRedis('redis probe', () => probeRedis(config, log));
-    const redis = createRedisClient(config.redisUrl, 'tally-coordinator');
+    const redis = createRedisClient(config.redisUrl, 'tally-coordinator', {}, redisProbe.topology);
+    if (redisProbe.topology === 'cluster') log.info({ masters: redisProbe.masters }, 'redis cluster detected: one slot per virtual shard');
     redis.on('error', () => {});
     redis.on('ready', () => log.info({ redis: redactUrl(config.redisUrl) }, 'redis ready'));
     redis.on('end', () => log.warn('redis connection ended'));
@@ -239,6 +240,9 @@ export class Daemon {
       const pools = new WorkerPools(
         {
           redisUrl: config.redisUrl,
+          redisTopology: redisProbe.topology,
+          redisWaitReplicas: config.redisWaitReplicas,
+          redisWaitTimeoutMs: config.redisWaitTimeoutMs,
           prefix: config.prefix,
           mode: config.mode,
           markerTtlS: config.markerTtlS,
@@ -279,7 +283,7 @@ export class Daemon {
   }
 
   /** Metrics and the HTTP endpoint, when TALLY_METRICS_PORT is set. */
-  private async startMetrics(stats: StatsRecorder, redis: Redis, redisProbe: RedisProbeReport): Promise<Telemetry | null> {
+  private async startMetrics(stats: StatsRecorder, redis: RedisClient, redisProbe: RedisProbeReport): Promise<Telemetry | null> {
     const { config } = this;
     if (config.metricsPort === null) return null;
     const { exporter, provider: meterProvider } = await createMetricsExport();

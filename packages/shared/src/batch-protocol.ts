@@ -6,10 +6,17 @@
  */
 import type { TallyMode } from './config.js';
 import type { PartChanges } from './shards.js';
+import type { RedisTopology } from './redis-requirements.js';
 
 /** Fixed for the life of a thread: passed as piscina's workerData. */
 export interface WorkerSettings {
   readonly redisUrl: string;
+  /** Detected once by the daemon's probe; absent means standalone. */
+  readonly redisTopology?: RedisTopology;
+  /** TALLY_REDIS_WAIT_REPLICAS: replicas that must have a batch's writes before it is reported done; absent or 0, no WAIT. */
+  readonly redisWaitReplicas?: number;
+  /** TALLY_REDIS_WAIT_TIMEOUT_MS: how long one WAIT blocks before it is sent again. */
+  readonly redisWaitTimeoutMs?: number;
   readonly prefix: string;
   readonly mode: TallyMode;
   readonly markerTtlS: number;

@@ -16,9 +16,10 @@
  * scripts (EVALSHA; SCRIPT LOAD on NOSCRIPT; a reload after the first logged).
  */
 import { randomUUID } from 'node:crypto';
-import type { Redis } from 'ioredis';
 import { countKey, describeError, retryUntilDone, markerKey, receiptKey, type BatchResult, type BatchTask, type WorkerSettings } from '@tally/shared';
+import { markConnection, onSlotConnection, type ConnectionMark, type RedisClient } from '@tally/runtime';
 import { loadScript, runScript } from './lua-scripts.js';
+import { confirmReplicated, replicaWaitOf } from './replica-wait.js';
 import type { BatchLog } from './batch-log.js';
 import { batchTracer, inSpan } from './batch-tracing.js';
 
@@ -58,7 +59,7 @@ export function atomicBatchArgs(
 }
 
 /** The atomic batch is one script call: one span, `tally.atomic_batch`, in place of the two-step's four. */
-export function runAtomicBatch(redis: Redis, settings: WorkerSettings, task: BatchTask, log: BatchLog): Promise<BatchResult> {
+export function runAtomicBatch(redis: RedisClient, settings: WorkerSettings, task: BatchTask, log: BatchLog): Promise<BatchResult> {
   return inSpan(batchTracer(), 'tally.atomic_batch', { 'tally.shard': task.vshard }, async (span) => {
     const result = await runAtomicScript(redis, settings, task, log);
     span.setAttribute('tally.write_retries', result.writeRetries);
@@ -66,13 +67,23 @@ export function runAtomicBatch(redis: Redis, settings: WorkerSettings, task: Bat
   });
 }
 
-async function runAtomicScript(redis: Redis, settings: WorkerSettings, task: BatchTask, log: BatchLog): Promise<BatchResult> {
+async function runAtomicScript(redis: RedisClient, settings: WorkerSettings, task: BatchTask, log: BatchLog): Promise<BatchResult> {
   const t0 = performance.now();
   // One id for every attempt of this batch: a retry after a lost reply finds
   // the receipt the first attempt left and gets its answer back.
   const args = atomicBatchArgs(settings, task, randomUUID());
+  // The master of the shard's slot (every key carries the hash tag {vshard}); the connection the script ran on, for WAIT.
+  const shardKey = markerKey(settings.prefix, task.vshard, '');
+  let written: ConnectionMark | null = null;
   let writeRetries = 0;
-  const reply = (await retryUntilDone(() => runScript(redis, ATOMIC_BATCH, args, log), {
+  const run = () =>
+    onSlotConnection(redis, shardKey, async (connection) => {
+      const mark = markConnection(connection);
+      const reply = await runScript(connection, ATOMIC_BATCH, args, log);
+      written = mark;
+      return reply;
+    });
+  const reply = (await retryUntilDone(run, {
     // A `fatal` or `data` reply (a bad argument, NOPERM, a bug) would fail
     // the same way here: it goes to the coordinator, which logs it, retries
     // the batch and acks nothing of it meanwhile. Nothing was written: the
@@ -85,6 +96,11 @@ async function runAtomicScript(redis: Redis, settings: WorkerSettings, task: Bat
       log.warn({ step: 'atomic_batch', vshard: task.vshard, attempt, delayMs, failureClass, err: describeError(error) }, 'redis step failed; retrying');
     },
   })) as [string, number, number];
+  const wait = replicaWaitOf(settings);
+  if (wait !== null) {
+    // Run again on another connection, the script finds its receipt there (and answers as before) or writes the batch anew.
+    await confirmReplicated(redis, shardKey, wait, written, async (connection) => void (await runScript(connection, ATOMIC_BATCH, args, log)), task, log);
+  }
   const [flags, countErrors] = reply;
   if (flags.length !== task.ids.length) throw new Error(`atomic batch: the script returned ${flags.length} flags for ${task.ids.length} parts`);
   const marked = new Uint8Array(task.ids.length);
