@@ -167,7 +167,13 @@ export async function probeRedis(config: ProbeConfig, log: ProbeLog): Promise<Re
   });
   const last = (): RedisFailure | null => lastError;
   try {
-    await attempt('connecting', last, () => redis.connect());
+    if (topology === 'cluster') {
+      // connect() of a cluster that is not ok never settles (ioredis retries its ready check): wait for ready, bounded.
+      redis.connect().catch(() => {});
+      await attempt('connecting', last, () => whenClusterReady(redis as Cluster));
+    } else {
+      await attempt('connecting', last, () => redis.connect());
+    }
     const masters = topology === 'cluster' ? await clusterMasters(redis as Cluster) : [redis as Redis];
     const probed: MasterProbe[] = [];
     for (const master of masters) probed.push(await probeMaster(master, redis, config, last));

@@ -166,18 +166,28 @@ export async function connectRedis(url: string, connectionName: string, override
   return client;
 }
 
-/** Resolves once a cluster client has its slot map (status ready); rejects when it ends first. */
-export function whenClusterReady(cluster: Cluster): Promise<void> {
+/**
+ * Resolves once a cluster client has its slot map and the cluster says
+ * cluster_state:ok (ioredis's ready check); rejects when the client ends
+ * first, or after `timeoutMs`: a cluster whose state stays "fail" makes
+ * ioredis reconnect without ever settling its connect().
+ */
+export function whenClusterReady(cluster: Cluster, timeoutMs = 10_000): Promise<void> {
   if (cluster.status === 'ready') return Promise.resolve();
   return new Promise((resolve, reject) => {
-    const onReady = (): void => {
-      cluster.off('end', onEnd);
-      resolve();
-    };
-    const onEnd = (): void => {
+    const done = (error?: Error): void => {
+      clearTimeout(timer);
       cluster.off('ready', onReady);
-      reject(new Error('the Redis Cluster client ended before it had the slot map (no seed node reachable?)'));
+      cluster.off('end', onEnd);
+      if (error) reject(error);
+      else resolve();
     };
+    const onReady = (): void => done();
+    const onEnd = (): void => done(new Error('the Redis Cluster client ended before it had the slot map (no seed node reachable, or cluster_state is not ok)'));
+    const timer = setTimeout(
+      () => done(new Error(`the Redis Cluster is not ready after ${timeoutMs} ms (cluster_state is not ok, or no seed node answers)`)),
+      timeoutMs,
+    );
     cluster.once('ready', onReady);
     cluster.once('end', onEnd);
   });
