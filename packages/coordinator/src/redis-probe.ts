@@ -74,6 +74,7 @@ export interface ProbeLog {
  * script, so no reader ever sees them.
  */
 const PROBE_SCRIPT = `#!lua
+redis.call('TIME')
 for i = 1, #KEYS do
   redis.call('SET', KEYS[i], '0', 'PX', 1000)
   redis.call('INCRBY', KEYS[i], 1)

@@ -19,6 +19,7 @@ import { randomUUID } from 'node:crypto';
 import { countKey, describeError, retryUntilDone, markerKey, receiptKey, type BatchResult, type BatchTask, type WorkerSettings } from '@tally/shared';
 import { markConnection, onSlotConnection, type ConnectionMark, type RedisClient } from '@tally/runtime';
 import { loadScript, runScript } from './lua-scripts.js';
+import { reportingHealth } from './health-report.js';
 import { confirmReplicated, replicaWaitOf } from './replica-wait.js';
 import type { BatchLog } from './batch-log.js';
 import { batchTracer, inSpan } from './batch-tracing.js';
@@ -76,14 +77,15 @@ async function runAtomicScript(redis: RedisClient, settings: WorkerSettings, tas
   const shardKey = markerKey(settings.prefix, task.vshard, '');
   let written: ConnectionMark | null = null;
   let writeRetries = 0;
-  const run = () =>
+  const runOnce = reportingHealth(task.vshard, () =>
     onSlotConnection(redis, shardKey, async (connection) => {
       const mark = markConnection(connection);
       const reply = await runScript(connection, ATOMIC_BATCH, args, log);
       written = mark;
       return reply;
-    });
-  const reply = (await retryUntilDone(run, {
+    }),
+  );
+  const reply = (await retryUntilDone(runOnce, {
     // A `fatal` or `data` reply (a bad argument, NOPERM, a bug) would fail
     // the same way here: it goes to the coordinator, which logs it, retries
     // the batch and acks nothing of it meanwhile. Nothing was written: the

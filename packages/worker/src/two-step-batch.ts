@@ -24,6 +24,7 @@ import { aggregateNewParts, selectNewParts } from './aggregate.js';
 import type { BatchHooks, BatchLog } from './batch-log.js';
 import { batchTracer, inSpan } from './batch-tracing.js';
 import { evalshaArgs, loadScript, runScript } from './lua-scripts.js';
+import { reportingHealth } from './health-report.js';
 import { confirmReplicated, replicaWaitOf } from './replica-wait.js';
 
 /** The count write and the marker occupation, their KEYS and ARGV documented in lua/*.lua. */
@@ -36,7 +37,7 @@ export const OCCUPY_MARKERS = loadScript('occupy_markers');
  * too, but each is logged with its class.
  */
 function untilDone<T>(step: string, task: BatchTask, log: BatchLog, run: () => Promise<T>, onFailure?: () => void): Promise<T> {
-  return retryUntilDone(run, {
+  return retryUntilDone(reportingHealth(task.vshard, run), {
     onAttemptFailed: ({ error, attempt, delayMs, failureClass }) => {
       onFailure?.();
       const span = trace.getActiveSpan();
