@@ -66,7 +66,13 @@ async function readByShard(client: Redis | Cluster, keys: ReadonlyArray<{ key: s
 }
 
 /** Epoch ms when every count reached its truth and nothing was ready; null after 20 s without progress. */
-async function watchDrain(topology: Topology, channel: amqp.Channel, queue: string, prefix: string, truth: ReadonlyMap<string, number>): Promise<number | null> {
+async function watchDrain(
+  topology: Topology,
+  channel: amqp.Channel,
+  queue: string,
+  prefix: string,
+  truth: ReadonlyMap<string, number>,
+): Promise<number | null> {
   let pending = [...truth].map(([sku, want]) => {
     const vshard = shardOf(sku, VIRTUAL_SHARDS);
     return { key: countKey(prefix, vshard, sku), vshard, want };
@@ -130,7 +136,8 @@ async function runOne(options: BenchOptions, topology: Topology, daemons: number
     problem = `did not run: ${error instanceof Error ? error.message : String(error)}`;
   } finally {
     const exits = await Promise.all(running.map((r) => r.stop()));
-    if (problem === undefined && exits.some((e) => e.code !== 0)) problem = `a daemon exited with ${exits.map((e) => e.code ?? e.signal).join(', ')} on SIGTERM`;
+    if (problem === undefined && exits.some((e) => e.code !== 0))
+      problem = `a daemon exited with ${exits.map((e) => e.code ?? e.signal).join(', ')} on SIGTERM`;
   }
   if ((await queueState(options.amqpUrl, queue)).messageCount !== 0) problem ??= 'messages left in the queue';
   const counts = await readCounts(topology.client, { prefix, virtualShards: VIRTUAL_SHARDS }, []);
@@ -204,7 +211,10 @@ export async function runScaleOut(options: BenchOptions, outDir: string, log: (l
   const table = scaleOutTable(records);
   process.stdout.write(`\n${table}\n\n`);
   await mkdir(outDir, { recursive: true });
-  await writeFile(join(outDir, 'scale-out.json'), `${JSON.stringify({ finishedAt: new Date().toISOString(), quick: options.quick, messages: options.messages, records }, null, 2)}\n`);
+  await writeFile(
+    join(outDir, 'scale-out.json'),
+    `${JSON.stringify({ finishedAt: new Date().toISOString(), quick: options.quick, messages: options.messages, records }, null, 2)}\n`,
+  );
   await writeFile(join(outDir, 'scale-out.md'), `${table}\n`);
   log(`wrote ${join(outDir, 'scale-out.json')}, ${join(outDir, 'scale-out.md')}`);
   const failed = records.some((r) => !r.correct);

@@ -143,7 +143,11 @@ async function tlsAimedAtPlainPort(redisUrl: string): Promise<boolean> {
 /** Probes Redis once. Throws RedisRequirementError on a configuration problem, a plain Error on an outage. */
 export async function probeRedis(config: ProbeConfig, log: ProbeLog): Promise<RedisProbeReport> {
   const seed = splitFirst(config.redisUrl);
-  const topology = await attempt('connecting', () => null, () => detectRedisTopology(config.redisUrl)).catch(async (error: unknown) => {
+  const topology = await attempt(
+    'connecting',
+    () => null,
+    () => detectRedisTopology(config.redisUrl),
+  ).catch(async (error: unknown) => {
     if (!(error instanceof RedisRequirementError) && (await tlsAimedAtPlainPort(seed))) {
       const problem = plaintextPortProblem('the TLS handshake got no answer, a plaintext PING did');
       throw new RedisRequirementError(problem.code, problem.message);
@@ -217,7 +221,8 @@ export async function probeRedis(config: ProbeConfig, log: ProbeLog): Promise<Re
     const assessment = assessRedis(facts, { allowEviction: settings.allowEviction, waitReplicas: 0 });
     for (const problem of assessment.fatal.slice(1)) log.warn({ code: problem.code }, problem.message);
     const fatal = requirementError(assessment.fatal);
-    if (fatal !== null) throw topology === 'cluster' ? new RedisRequirementError(fatal.code, `${fatal.message} (${master.options.host}:${master.options.port})`) : fatal;
+    if (fatal !== null)
+      throw topology === 'cluster' ? new RedisRequirementError(fatal.code, `${fatal.message} (${master.options.host}:${master.options.port})`) : fatal;
 
     // Scripts run on the master of their keys' slot: probe each master with keys of a slot it serves.
     const shard = topology === 'cluster' ? shardServedBy(client as Cluster, master) : 0;

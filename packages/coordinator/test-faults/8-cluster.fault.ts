@@ -149,7 +149,15 @@ describe('faults: Redis Cluster', function () {
       });
       const fleet = new DaemonFleet();
       try {
-        const workload = generateWorkload({ messages: 20_000, skus: 1_500, seed: 64 + waitReplicas, duplicateRate: 0.02, badRate: 0.005, idPrefix: space.queue, ...SHAPE });
+        const workload = generateWorkload({
+          messages: 20_000,
+          skus: 1_500,
+          seed: 64 + waitReplicas,
+          duplicateRate: 0.02,
+          badRate: 0.005,
+          idPrefix: space.queue,
+          ...SHAPE,
+        });
         const parts = partsById(workload.publishes, VSHARDS);
         await publishAll(workload.publishes, { url: AMQP_URL, queue: space.queue });
         const daemon = await fleet.start(space.env);

@@ -212,7 +212,10 @@ function redisUrls(env: Env, name: string, fallback: string): { redisUrl: string
         throw new ConfigError(name, `${where} uses ${url.protocol}// but seed 1 uses ${first.protocol}//; every node of a cluster is reached the same way`);
       }
       if ((url.username !== '' || url.password !== '') && (url.username !== first.username || url.password !== first.password)) {
-        throw new ConfigError(name, `${where} names other credentials than seed 1; a cluster is reached with one user: put it on seed 1 (or repeat it exactly)`);
+        throw new ConfigError(
+          name,
+          `${where} names other credentials than seed 1; a cluster is reached with one user: put it on seed 1 (or repeat it exactly)`,
+        );
       }
       if (!/^\/?0?$/.test(url.pathname)) {
         throw new ConfigError(name, `${where} names database ${JSON.stringify(url.pathname.slice(1))}; a Redis Cluster has database 0 only`);

@@ -48,7 +48,13 @@ function untilDone<T>(step: string, task: BatchTask, log: BatchLog, run: () => P
   });
 }
 
-export async function runTwoStepBatch(redis: RedisClient, settings: WorkerSettings, task: BatchTask, log: BatchLog, hooks: BatchHooks = {}): Promise<BatchResult> {
+export async function runTwoStepBatch(
+  redis: RedisClient,
+  settings: WorkerSettings,
+  task: BatchTask,
+  log: BatchLog,
+  hooks: BatchHooks = {},
+): Promise<BatchResult> {
   const { prefix, markerTtlS, countTtlS } = settings;
   const { vshard, ids, changes } = task;
   const markerKeys = ids.map((id) => markerKey(prefix, vshard, id));

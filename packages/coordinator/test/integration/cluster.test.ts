@@ -48,7 +48,14 @@ describe('Redis Cluster (integration: 3 masters + 3 replicas of our own)', funct
       const dir = await mkdtemp(join(tmpdir(), 'tally-cluster-test-'));
       let daemon: DaemonProcess | null = null;
       try {
-        const workload = generateWorkload({ messages: 4_000, skus: 600, seed: mode === 'atomic' ? 51 : 52, duplicateRate: 0.05, badRate: 0.02, idPrefix: space.queue });
+        const workload = generateWorkload({
+          messages: 4_000,
+          skus: 600,
+          seed: mode === 'atomic' ? 51 : 52,
+          duplicateRate: 0.05,
+          badRate: 0.02,
+          idPrefix: space.queue,
+        });
         daemon = await startDaemon(space.env);
         expect(daemon.logs.some((l) => l.includes('redis cluster detected') && l.includes('"masters":3'))).to.equal(true);
         const status = await until(
@@ -96,7 +103,10 @@ describe('Redis Cluster (integration: 3 masters + 3 replicas of our own)', funct
         const perMaster = await withRedisAt(seeds, (redis) => countKeysPerMaster(redis, space.prefix));
         expect(perMaster).to.have.length(3);
         expect(perMaster.reduce((a, b) => a + b, 0)).to.equal(workload.truth.size);
-        expect(perMaster.every((n) => n > 0), `count keys per master: ${perMaster.join(', ')}`).to.equal(true);
+        expect(
+          perMaster.every((n) => n > 0),
+          `count keys per master: ${perMaster.join(', ')}`,
+        ).to.equal(true);
 
         const after = JSON.parse((await tallyCli(space.env, 'status', '--json')).stdout) as StatusReport;
         expect(after.daemons, 'a clean stop removes the heartbeat').to.deep.equal([]);
