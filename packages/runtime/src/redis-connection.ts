@@ -217,9 +217,10 @@ function nodeKeyOf(node: Redis): string {
  * reaches the caller's retry loop, and onSlotConnection refreshes the slot
  * map so the next attempt goes to the new owner.
  *
- * It exists for Redis WAIT: WAIT counts the replicas that have the writes of
- * the connection it is sent on, so it must go to the very connection that
- * wrote the batch, never to another node, or it would confirm nothing.
+ * A batch's scripts run on it, so that a NOSCRIPT reload (SCRIPT LOAD has no
+ * key, and a cluster client would send it to any node) reaches the node that
+ * runs the script; and it is the connection a batch's WAIT must follow on a
+ * cluster (replica-wait.ts sends its marker touch and WAIT there by key).
  */
 export async function masterForKey(client: RedisClient, key: string): Promise<Redis> {
   if (!isCluster(client)) return client;
@@ -257,39 +258,4 @@ export async function onSlotConnection<T>(client: RedisClient, key: string, work
     }
     throw error;
   }
-}
-
-const generations = new WeakMap<Redis, { value: number }>();
-
-/**
- * Which socket of a connection object is current: a standalone client
- * reconnects on the same object, so "the same connection" for WAIT means the
- * same object and the same generation. Counted from the first call on.
- */
-export function connectionGeneration(connection: Redis): number {
-  let generation = generations.get(connection);
-  if (generation === undefined) {
-    const counter = { value: 0 };
-    generation = counter;
-    generations.set(connection, counter);
-    connection.on('connect', () => {
-      counter.value++;
-    });
-  }
-  return generation.value;
-}
-
-/** A connection as it was when a write went out on it. */
-export interface ConnectionMark {
-  readonly connection: Redis;
-  readonly generation: number;
-}
-
-export function markConnection(connection: Redis): ConnectionMark {
-  return { connection, generation: connectionGeneration(connection) };
-}
-
-/** True when `mark` is still the current socket of `connection`: a WAIT sent on it covers what was written under the mark. */
-export function sameConnection(mark: ConnectionMark | null, connection: Redis): boolean {
-  return mark !== null && mark.connection === connection && mark.generation === connectionGeneration(connection);
 }

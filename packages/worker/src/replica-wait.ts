@@ -1,74 +1,83 @@
 /**
- * TALLY_REDIS_WAIT_REPLICAS: a batch is reported done (and its deliveries
- * acked) only once that many replicas have its writes, so a master that dies
- * right after the ack, and is replaced by its replica, loses nothing acked.
+ * Durability of an ack (issue 9 case 2): with TALLY_REDIS_WAIT_REPLICAS=N > 0
+ * a batch returns, and so its deliveries can be acked, only once N replicas
+ * acknowledged its counts and markers (Redis WAIT).
  *
- * Redis WAIT counts the replicas that have every write made *on the
- * connection it is sent on*. So it is sent on the connection that wrote the
- * batch: the master of the batch's slot on a cluster (one slot per virtual
- * shard), the one connection on a standalone Redis. When that connection is
- * no longer the one serving the slot (its master died, the slot moved, a
- * standalone client reconnected), the writes are made again on the current
- * one before WAIT. Both scripts are safe to repeat: the count write carries
- * the batch's receipt (a repeat on a node that has it writes nothing, and a
- * node without it lost the counts too), and occupying a marker twice is a
- * no-op. A WAIT that times out short of the replicas is sent again; nothing
- * is acked meanwhile.
+ * WAIT counts the replicas that acknowledged every write this *connection*
+ * made. A connection that was replaced between the batch's writes and the
+ * WAIT (ioredis reconnects on its own) has made no write, and its WAIT would
+ * answer at once, acknowledging nothing of ours. So every attempt sends, on
+ * one connection and in one pipeline, a write of its own and then the WAIT:
+ * PEXPIRE on one of the batch's markers (a key the batch's writes left, in
+ * the batch's hash slot), then WAIT. The replication stream of a master is
+ * one ordered stream: a replica that acknowledged the PEXPIRE has every
+ * earlier write too, the batch's counts, receipt and markers included.
+ *
+ * - PEXPIRE answers 0: the marker is gone, and so are the writes before it
+ *   (a failover to a replica that never had them). The batch fails
+ *   (transient) and the coordinator reruns it under the same id: the counts
+ *   are written again if their receipt went with them, not otherwise.
+ * - WAIT answers fewer than N: a timeout. It is counted, logged and posted to
+ *   the coordinator at once, and the pair is sent again; nothing is acked
+ *   meanwhile, however long it takes.
+ *
+ * On Redis Cluster the pipeline goes where its key lives (ioredis routes a
+ * cluster pipeline by its first key): the master of the batch's slot, whose
+ * replicas are the ones that matter.
  */
-import type { Redis } from 'ioredis';
-import { describeError, retryUntilDone, type BatchTask } from '@tally/shared';
-import { markConnection, onSlotConnection, sameConnection, type ConnectionMark, type RedisClient } from '@tally/runtime';
+import type { RedisClient } from '@tally/runtime';
+import { describeError, retryUntilDone, type BatchTask, type WorkerSettings } from '@tally/shared';
 import type { BatchLog } from './batch-log.js';
 
-export interface ReplicaWait {
-  readonly replicas: number;
-  readonly timeoutMs: number;
-}
+/** Called on each WAIT that timed out: how many replicas acknowledged, of how many wanted. */
+export type OnWaitTimeout = (task: BatchTask, acked: number, wanted: number) => void;
 
-/** WAIT answered with fewer replicas than asked, within its timeout: transient, sent again. */
-export class ReplicasBehindError extends Error {
-  constructor(acked: number, wanted: number, timeoutMs: number) {
-    super(`WAIT: ${acked} of ${wanted} replica(s) acknowledged the batch's writes within ${timeoutMs} ms`);
-    this.name = 'ReplicasBehindError';
+export class BatchWritesLostError extends Error {
+  constructor(key: string) {
+    super(`the batch's marker ${key} is gone before the replicas acknowledged it (a failover lost the batch's writes); rerunning the batch`);
+    this.name = 'BatchWritesLostError';
   }
 }
 
 /**
- * Waits until `wait.replicas` replicas have the batch's writes. `written` is
- * the connection the writes went out on (null when they were spread over
- * connections); `rewrite` makes them again on another one.
+ * Returns once `waitReplicas` replicas acknowledged every write up to a fresh
+ * PEXPIRE of `touchKey`; resolves to the number of WAITs that timed out.
  */
-export async function confirmReplicated(
+export async function waitForReplicas(
   redis: RedisClient,
-  shardKey: string,
-  wait: ReplicaWait,
-  written: ConnectionMark | null,
-  rewrite: (connection: Redis) => Promise<void>,
+  settings: Pick<WorkerSettings, 'waitReplicas' | 'waitTimeoutMs' | 'markerTtlS'>,
   task: BatchTask,
+  touchKey: string,
   log: BatchLog,
-): Promise<void> {
-  let mark = written;
-  await retryUntilDone(
-    () =>
-      onSlotConnection(redis, shardKey, async (connection) => {
-        if (!sameConnection(mark, connection)) {
-          mark = null;
-          const next = markConnection(connection);
-          await rewrite(connection);
-          mark = next;
-        }
-        const acked = Number(await connection.wait(wait.replicas, wait.timeoutMs));
-        if (acked < wait.replicas) throw new ReplicasBehindError(acked, wait.replicas, wait.timeoutMs);
-      }),
-    {
-      onAttemptFailed: ({ error, attempt, delayMs, failureClass }) =>
-        log.warn({ step: 'wait_replicas', vshard: task.vshard, attempt, delayMs, failureClass, err: describeError(error) }, 'redis step failed; retrying'),
-    },
-  );
-}
-
-/** The WAIT settings of a thread, or null when TALLY_REDIS_WAIT_REPLICAS is 0. */
-export function replicaWaitOf(settings: { redisWaitReplicas?: number; redisWaitTimeoutMs?: number }): ReplicaWait | null {
-  const replicas = settings.redisWaitReplicas ?? 0;
-  return replicas > 0 ? { replicas, timeoutMs: settings.redisWaitTimeoutMs ?? 5_000 } : null;
+  onTimeout: OnWaitTimeout = () => {},
+): Promise<number> {
+  const wanted = settings.waitReplicas;
+  let timeouts = 0;
+  for (;;) {
+    const [touched, acked] = await retryUntilDone(
+      async () => {
+        const replies = await redis
+          .pipeline()
+          .pexpire(touchKey, settings.markerTtlS * 1000)
+          .call('WAIT', wanted, settings.waitTimeoutMs)
+          .exec();
+        if (replies === null) throw new Error('WAIT pipeline discarded');
+        for (const [error] of replies) if (error) throw error;
+        return [Number(replies[0]![1]), Number(replies[1]![1])] as const;
+      },
+      {
+        giveUp: (failureClass) => failureClass !== 'transient',
+        onAttemptFailed: ({ error, attempt, delayMs, failureClass }) =>
+          log.warn({ step: 'wait', vshard: task.vshard, attempt, delayMs, failureClass, err: describeError(error) }, 'redis step failed; retrying'),
+      },
+    );
+    if (touched === 0) throw new BatchWritesLostError(touchKey);
+    if (acked >= wanted) return timeouts;
+    timeouts++;
+    onTimeout(task, acked, wanted);
+    log.warn(
+      { step: 'wait', vshard: task.vshard, batchId: task.batchId, acked, wanted, timeoutMs: settings.waitTimeoutMs, timeouts },
+      'replicas did not acknowledge the batch in time (WAIT); waiting again, its deliveries stay unacked',
+    );
+  }
 }

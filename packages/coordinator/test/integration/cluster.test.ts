@@ -2,7 +2,7 @@
  * Tally on a real Redis Cluster (3 masters, 3 replicas, started by testkit):
  * the daemon detects it, writes every shard batch to its slot's master, and
  * the CLI reads every master. The kill and failover scenarios are in the
- * fault suite (test-faults/8-cluster.fault.ts).
+ * fault suite (test-faults/10-cluster.fault.ts).
  */
 import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';

@@ -180,7 +180,7 @@ describe('faults: Redis Cluster', function () {
           readyAtStop = (await queueState(space.queue)).messageCount;
           if (asserted) {
             // WAIT on the master's connection finds no replica: the batches of its slots wait, unacked.
-            await daemon.waitForLog('"step":"wait_replicas"', 60_000);
+            await daemon.waitForLog('replicas did not acknowledge the batch in time', 60_000);
           } else {
             // Without WAIT the daemon acks on: let it ack 1,000 more messages, some of them on that master alone.
             await waitForReadyBelow(space.queue, readyAtStop - 1_000, 60_000);
@@ -199,7 +199,7 @@ describe('faults: Redis Cluster', function () {
         await cluster.restartNode(killed.port);
         await cluster.waitForHealthy();
         const retried = daemon.logs.filter((l) => l.includes('redis step failed') || l.includes('batch failed')).length;
-        const waitedForReplicas = daemon.logs.filter((l) => l.includes('"step":"wait_replicas"')).length;
+        const waitedForReplicas = daemon.logs.filter((l) => l.includes('replicas did not acknowledge the batch in time')).length;
         await fleet.stop(daemon);
         await fleet.drain(space.env, space.queue);
 
