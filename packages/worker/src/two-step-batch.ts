@@ -16,7 +16,17 @@
  * NOSCRIPT reload reaches the node that runs the script.
  */
 import { SpanStatusCode, trace } from '@opentelemetry/api';
-import { countKey, describeError, retryUntilDone, markerKey, receiptKey, type BatchResult, type BatchTask, type CountRefusal, type WorkerSettings } from '@tally/shared';
+import {
+  countKey,
+  describeError,
+  retryUntilDone,
+  markerKey,
+  receiptKey,
+  type BatchResult,
+  type BatchTask,
+  type CountRefusal,
+  type WorkerSettings,
+} from '@tally/shared';
 import { onSlotConnection, type RedisClient } from '@tally/runtime';
 import { aggregateNewParts, selectNewParts } from './aggregate.js';
 import type { BatchHooks, BatchLog } from './batch-log.js';
@@ -54,7 +64,13 @@ function untilDone<T>(step: string, task: BatchTask, log: BatchLog, run: () => P
   });
 }
 
-export async function runTwoStepBatch(redis: RedisClient, settings: WorkerSettings, task: BatchTask, log: BatchLog, hooks: BatchHooks = {}): Promise<BatchResult> {
+export async function runTwoStepBatch(
+  redis: RedisClient,
+  settings: WorkerSettings,
+  task: BatchTask,
+  log: BatchLog,
+  hooks: BatchHooks = {},
+): Promise<BatchResult> {
   const { prefix, markerTtlS, countTtlS } = settings;
   const { vshard, ids, changes } = task;
   const markerKeys = ids.map((id) => markerKey(prefix, vshard, id));
