@@ -10,6 +10,7 @@ import { BenchUsageError, parseBenchArgs, USAGE, type BenchOptions } from './opt
 import { runProfile, summarizeProfiles } from './profile-run.js';
 import { renderSummaryTable } from './render-table.js';
 import { runBench } from './run-bench.js';
+import { runScaleOut } from './scale-out-run.js';
 import { writeResults } from './write-results.js';
 
 const RESULTS = fileURLToPath(new URL('../../results', import.meta.url));
@@ -46,6 +47,9 @@ try {
       break;
     case 'profile':
       process.exitCode = await runProfile(options, options.profileDir ?? `${RESULTS}/profile`, log);
+      break;
+    case 'scale-out':
+      process.exitCode = await runScaleOut(options, options.outDir ?? (options.quick ? `${RESULTS}/quick` : RESULTS), log);
       break;
     case 'run': {
       const { results, exitCode } = await runBench(options, log);

@@ -7,10 +7,13 @@
 import type { TallyMode } from './config.js';
 import type { FailureClass } from './failure-class.js';
 import type { PartChanges } from './shards.js';
+import type { RedisTopology } from './redis-requirements.js';
 
 /** Fixed for the life of a thread: passed as piscina's workerData. */
 export interface WorkerSettings {
   readonly redisUrl: string;
+  /** Detected once by the daemon's probe; absent means standalone. */
+  readonly redisTopology?: RedisTopology;
   readonly prefix: string;
   readonly mode: TallyMode;
   readonly markerTtlS: number;

@@ -4,4 +4,4 @@ export { startPrivateRedis, type PrivateRedis, type PrivateRedisOptions } from '
 export { startRedisCluster, CLUSTER_SLOTS, type RedisCluster, type RedisClusterOptions, type ClusterNode, type Failover } from './redis-cluster.js';
 export { parseClusterNodes, type ClusterNodeLine } from './cluster-nodes.js';
 export { startProxy, type ProxyControl } from './tcp-proxy.js';
-export { resetNamespace, type Namespace } from './namespace.js';
+export { deleteKeys, resetNamespace, type Namespace } from './namespace.js';
