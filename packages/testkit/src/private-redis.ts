@@ -14,7 +14,7 @@ import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { Redis } from 'ioredis';
 import { freePort } from './free-port.js';
-import { parseInfo } from './redis-info.js';
+import { parseInfo } from '@tally/shared';
 import { killAllSync, spawnRedis, type RedisProcess } from './redis-process.js';
 
 export interface PrivateRedisOptions {
