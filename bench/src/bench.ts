@@ -6,7 +6,7 @@
  */
 import { fileURLToPath } from 'node:url';
 import { liveChildren } from './contenders.js';
-import { BenchUsageError, parseBenchArgs, USAGE, type BenchOptions } from './options.js';
+import { parseBenchArgs, USAGE, type BenchOptions } from './options.js';
 import { runProfile, summarizeProfiles } from './profile-run.js';
 import { renderSummaryTable } from './render-table.js';
 import { runBench } from './run-bench.js';

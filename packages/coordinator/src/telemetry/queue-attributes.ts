@@ -4,7 +4,13 @@
  * spans and metrics of one queue join on the same keys.
  */
 import type { Attributes } from '@opentelemetry/api';
-import { ATTR_MESSAGING_DESTINATION_NAME, ATTR_MESSAGING_OPERATION_TYPE, ATTR_MESSAGING_SYSTEM, MESSAGING_OPERATION_TYPE_VALUE_PROCESS, MESSAGING_SYSTEM_VALUE_RABBITMQ } from './semconv.js';
+import {
+  ATTR_MESSAGING_DESTINATION_NAME,
+  ATTR_MESSAGING_OPERATION_TYPE,
+  ATTR_MESSAGING_SYSTEM,
+  MESSAGING_OPERATION_TYPE_VALUE_PROCESS,
+  MESSAGING_SYSTEM_VALUE_RABBITMQ,
+} from './semconv.js';
 
 /** RabbitMQ and the queue's name. */
 export function queueAttributes(queue: string): Attributes {
