@@ -5,6 +5,7 @@
  *            -> hold if the same id is in flight -> shard lanes -> worker thread
  *            -> every part reported done -> ack (contiguous multiple-ack)
  */
+import { randomUUID } from 'node:crypto';
 import { metrics, trace, type Tracer } from '@opentelemetry/api';
 import type { MeterProvider } from '@opentelemetry/sdk-metrics';
 import type { ConsumeMessage } from 'amqplib';
@@ -22,6 +23,9 @@ import {
   retryUntilDone,
   RETRY_STOPPED,
   splitByShard,
+  COUNT_REFUSED,
+  type BatchResult,
+  type CountRefusal,
   type TallyConfig,
 } from '@tally/shared';
 import { createRedisClient } from '@tally/runtime';
@@ -36,6 +40,7 @@ import { ShardLanes, type PendingPart } from './shard-lanes.js';
 import { StatsRecorder } from './stats-recorder.js';
 import { WorkerPools } from './worker-pools.js';
 import { BadMessageLog } from './bad-message-log.js';
+import { runIsolating } from './batch-isolation.js';
 import { ExposureMeter } from './exposure-meter.js';
 import { within, TIMED_OUT } from './deadline.js';
 import { judgeReadiness, type ReadinessVerdict } from './readiness.js';
@@ -237,6 +242,7 @@ export class Daemon {
         virtualShards: config.virtualShards,
         prefetch: config.prefetch,
         batchSize: config.batchSize,
+        batchMaxChanges: config.batchMaxChanges,
         batchWaitMs: config.batchWaitMs,
         markerTtlS: config.markerTtlS,
         acceptTypes: config.acceptTypes ? [...config.acceptTypes] : 'all',
@@ -319,9 +325,15 @@ export class Daemon {
           markerTtlS: config.markerTtlS,
           countTtlS: config.countTtlS,
           logLevel: config.logLevel,
+          waitReplicas: config.redisWaitReplicas,
+          waitTimeoutMs: config.redisWaitTimeoutMs,
         },
         config.workers,
         config.virtualShards,
+        // Counted as they happen: a WAIT that keeps timing out holds its batch, and the stall must show meanwhile.
+        (event) => {
+          if (event.type === 'wait-timeout') stats.add('wait_timeouts');
+        },
       );
       const lanes = new ShardLanes(config, (vshard, parts) => this.runBatch(vshard, parts));
       const link = new AmqpLink(
@@ -455,6 +467,8 @@ export class Daemon {
       receivedAt: performance.now(),
       publishedAt: timestampToMs(message.properties.timestamp),
       traceparent: message.properties.headers?.traceparent,
+      message,
+      refusal: null,
     };
     const first = this.inFlight.get(delivery.id);
     if (first !== undefined) {
@@ -500,27 +514,46 @@ export class Daemon {
       traceparents: parts.map((part) => part.delivery.traceparent as string | undefined),
       distinctSkus: () => new Set(parts.flatMap((part) => part.changes.map(([sku]) => sku))).size,
     });
-    const task = encodeBatchTask(vshard, parts.length, (i) => ({ id: parts[i]!.delivery.id, changes: parts[i]!.changes }), traceparent);
+    // Made here, once, not in the thread: every rerun below (a dead thread, a
+    // lost reply) carries the same id and finds the write receipt of an earlier
+    // run, so the counts are never written twice (invariant 12).
+    const batchId = randomUUID();
     const started = performance.now();
     const { pools, exposure, stats, telemetry } = this.runtime;
     const metrics = telemetry?.metrics;
     // A thread that died mid-batch is replaced by piscina. Re-running the
-    // batch is safe: at worst it repeats a count write whose markers were
-    // never occupied, exactly the crash window the counters report. A `data`
-    // failure is retried too for now: "Never silently wrong" isolates and
-    // dead-letters it here (giveUp on 'data', then split the batch).
-    const result = await retryUntilDone(() => pools.run(task), {
-      // Stopping: the threads were terminated; the deliveries stay unacked and go back to the broker.
-      stopWhen: () => pools.stopped,
-      onAttemptFailed: ({ error, attempt, delayMs, failureClass }) => {
+    // batch is safe: its receipt (same batch id) answers a count write that
+    // already landed, so only the markers are occupied again. A `transient`
+    // or `fatal` failure is retried, visibly; a `data` failure would fail the
+    // same way forever, so it is isolated instead (batch-isolation.ts).
+    const runRange = async (id: string, from: number, to: number): Promise<BatchResult> => {
+      const task = encodeBatchTask(vshard, id, to - from, (i) => ({ id: parts[from + i]!.delivery.id, changes: parts[from + i]!.changes }), traceparent);
+      const outcome = await retryUntilDone(() => pools.run(task), {
+        // Stopping: the threads were terminated; the deliveries stay unacked and go back to the broker.
+        stopWhen: () => pools.stopped,
+        giveUp: (failureClass) => failureClass === 'data',
+        onAttemptFailed: ({ error, attempt, delayMs, failureClass }) => {
+          failBatchSpan(span, error);
+          this.log.error(
+            { vshard, batchId: id, attempt, delayMs, failureClass, err: describeError(error), trace_id: traceparent?.slice(3, 35) },
+            'batch failed in its worker thread; retrying',
+          );
+        },
+      });
+      if (outcome === RETRY_STOPPED) throw new BatchAbandoned();
+      return outcome;
+    };
+    let result: BatchResult;
+    try {
+      result = await runIsolating(vshard, parts.length, batchId, runRange, (error, id, from, to) => {
         failBatchSpan(span, error);
         this.log.error(
-          { vshard, attempt, delayMs, failureClass, err: describeError(error), trace_id: traceparent?.slice(3, 35) },
-          'batch failed in its worker thread; retrying',
+          { vshard, batchId: id, parts: to - from, failureClass: 'data', err: describeError(error), trace_id: traceparent?.slice(3, 35) },
+          to - from === 1 ? 'redis refused a part for its data: its message goes to the dead-letter queue (count-refused)' : 'batch refused for its data; isolating its parts',
         );
-      },
-    });
-    if (result === RETRY_STOPPED) {
+      });
+    } catch (error) {
+      if (!(error instanceof BatchAbandoned)) throw error;
       span.end();
       return;
     }
@@ -528,11 +561,15 @@ export class Daemon {
     metrics?.recordBatch(parts.length, performance.now() - started, result);
     stats.add('occupation_failures', result.occupationFailures);
     stats.add('write_retries', result.writeRetries);
-    stats.add('count_errors', result.countErrors);
+    stats.add('count_errors', result.refusals.length);
     exposure.batchDone(
       parts.map((part) => part.delivery),
       result.timings,
     );
+    for (const refusal of result.refusals) {
+      const delivery = parts[refusal.part]!.delivery;
+      delivery.refusal ??= describeCountRefusal(vshard, refusal);
+    }
     for (let i = 0; i < parts.length; i++) {
       const delivery = parts[i]!.delivery;
       if (result.marked[i] === 1) delivery.markedParts++;
@@ -548,12 +585,19 @@ export class Daemon {
     const now = metrics ? performance.now() : 0;
     const wallNow = metrics ? Date.now() : 0;
     metrics?.recordAck(delivery.receivedAt, delivery.publishedAt, wallNow, now);
-    if (delivery.markedParts === delivery.parts) stats.add('duplicates');
+    if (delivery.refusal !== null) {
+      // A part Redis refused counted nothing and has no marker; the others are
+      // counted and marked. Dead-lettered, not acked: the replay (after the
+      // key is repaired) counts the refused part once and skips the others by
+      // their markers (within the marker TTL).
+      recordDeadLetter(this.tracer, this.config.queue, COUNT_REFUSED, delivery.traceparent);
+      this.deadLetter(delivery.link, delivery.message, `${COUNT_REFUSED}: ${delivery.refusal}`, COUNT_REFUSED);
+    } else if (delivery.markedParts === delivery.parts) stats.add('duplicates');
     else if (delivery.markedParts === 0) {
       stats.add('counted');
       if (delivery.redelivered) stats.add('redelivered_unmarked');
     } else stats.add('partial_duplicates');
-    this.finish(delivery.link, delivery.tag);
+    if (delivery.refusal === null) this.finish(delivery.link, delivery.tag);
     for (const waiter of delivery.waiters) {
       metrics?.recordAck(waiter.receivedAt, waiter.publishedAt, wallNow, now);
       stats.add('duplicates');
@@ -732,6 +776,20 @@ export class Daemon {
     }
     this.state = 'stopped';
     log.info({ counters: runtime?.stats.sinceStart }, 'stopped');
+  }
+}
+
+/** The x-tally-reason detail of a refused part: the Redis error, then where it happened. */
+function describeCountRefusal(vshard: number, refusal: CountRefusal): string {
+  const where = refusal.key === '' ? `shard ${vshard}` : `sku ${JSON.stringify(refusal.sku)}, key ${refusal.key}, delta ${refusal.delta}`;
+  return `${refusal.error} (${where})`;
+}
+
+/** The threads were stopped while a batch was being retried: it is given up, its deliveries stay unacked. */
+class BatchAbandoned extends Error {
+  constructor() {
+    super('batch abandoned: the worker threads stopped');
+    this.name = 'BatchAbandoned';
   }
 }
 

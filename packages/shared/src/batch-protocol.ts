@@ -6,6 +6,7 @@
  * message (figures in docs/benchmark.md).
  */
 import type { TallyMode } from './config.js';
+import type { FailureClass } from './failure-class.js';
 import type { PartChanges } from './shards.js';
 
 /** Fixed for the life of a thread: passed as piscina's workerData. */
@@ -16,10 +17,23 @@ export interface WorkerSettings {
   readonly markerTtlS: number;
   readonly countTtlS: number;
   readonly logLevel: string;
+  /** TALLY_REDIS_WAIT_REPLICAS: a batch returns only once this many replicas acknowledged its writes (WAIT); 0: no WAIT. */
+  readonly waitReplicas: number;
+  /** TALLY_REDIS_WAIT_TIMEOUT_MS: one WAIT's timeout; a timeout is retried, never ignored. */
+  readonly waitTimeoutMs: number;
 }
 
 export interface BatchTask {
   readonly vshard: number;
+  /**
+   * Made by the coordinator, once per batch, and the same on every run of it
+   * (invariant 12): the write receipt is keyed by it, so a rerun after a lost
+   * reply, a dead thread or an outage finds the receipt its first run left and
+   * writes nothing twice. An id made inside the worker would be new on every
+   * rerun, and a thread that died between the count write and the markers
+   * would have its counts written twice.
+   */
+  readonly batchId: string;
   /** Message id of each part, parallel to `changes`. */
   readonly ids: readonly string[];
   readonly changes: readonly PartChanges[];
@@ -36,6 +50,7 @@ export interface BatchTask {
  */
 export interface WireBatchTask {
   readonly vshard: number;
+  readonly batchId: string;
   readonly parts: number;
   readonly flat: ReadonlyArray<string | number>;
   readonly traceparent?: string;
@@ -44,6 +59,7 @@ export interface WireBatchTask {
 /** Flattens parts into a wire task; `partOf(i)` gives part i's id and changes. */
 export function encodeBatchTask(
   vshard: number,
+  batchId: string,
   parts: number,
   partOf: (index: number) => { readonly id: string; readonly changes: PartChanges },
   traceparent?: string,
@@ -54,7 +70,7 @@ export function encodeBatchTask(
     flat.push(id, changes.length);
     for (const [sku, delta] of changes) flat.push(sku, delta);
   }
-  return traceparent === undefined ? { vshard, parts, flat } : { vshard, parts, flat, traceparent };
+  return traceparent === undefined ? { vshard, batchId, parts, flat } : { vshard, batchId, parts, flat, traceparent };
 }
 
 /** The inverse of encodeBatchTask, run in the worker thread. Throws on a malformed task (a bug, not input). */
@@ -73,7 +89,26 @@ export function decodeBatchTask(wire: WireBatchTask): BatchTask {
     changes[i] = part;
   }
   if (at !== flat.length) throw new TypeError(`malformed batch task: ${flat.length - at} values left over`);
-  return wire.traceparent === undefined ? { vshard: wire.vshard, ids, changes } : { vshard: wire.vshard, ids, changes, traceparent: wire.traceparent };
+  const { vshard, batchId } = wire;
+  return wire.traceparent === undefined ? { vshard, batchId, ids, changes } : { vshard, batchId, ids, changes, traceparent: wire.traceparent };
+}
+
+/**
+ * A part Redis refused to count (a foreign value in a count key, a 64-bit
+ * overflow): it counted nothing and occupies no marker, so its message is
+ * dead-lettered (`count-refused`) and a replay after the key is repaired
+ * counts it once. Issue 9 case 6.
+ */
+export interface CountRefusal {
+  /** The part's index in the batch. */
+  readonly part: number;
+  /** The count key Redis refused (the first one in the part); '' when the whole part was refused before any key. */
+  readonly key: string;
+  readonly sku: string;
+  /** The refused increment, as a decimal string. */
+  readonly delta: string;
+  /** Redis's error reply. */
+  readonly error: string;
 }
 
 export interface BatchResult {
@@ -84,7 +119,27 @@ export interface BatchResult {
   readonly writeRetries: number;
   /** 1 if occupying the markers failed at least once after the counts were written. */
   readonly occupationFailures: number;
-  /** Count increments Redis refused. */
-  readonly countErrors: number;
+  /** WAITs that timed out before enough replicas acknowledged the batch's writes (each was retried). */
+  readonly waitTimeouts: number;
+  /** Parts Redis refused to count; each counted nothing and has no marker. */
+  readonly refusals: readonly CountRefusal[];
   readonly timings: { readonly precheckMs: number; readonly writeMs: number; readonly occupyMs: number };
 }
+
+/**
+ * What a worker thread answers for a task. A failure travels as data, with
+ * its class decided in the thread: an error thrown across the thread
+ * boundary arrives as a plain Error (a Redis ReplyError loses its name), and
+ * the coordinator must still tell a `data` failure (isolate the parts and
+ * dead-letter them) from a `transient` one (retry) and a `fatal` one (retry
+ * visibly).
+ */
+export type BatchReply =
+  | { readonly ok: true; readonly result: BatchResult }
+  | { readonly ok: false; readonly failureClass: FailureClass; readonly message: string };
+
+/**
+ * What a worker thread posts to the coordinator while a batch is still
+ * running (piscina's 'message' event), so a stall shows before the batch ends.
+ */
+export type ThreadEvent = { readonly type: 'wait-timeout'; readonly vshard: number; readonly acked: number; readonly wanted: number };

@@ -31,6 +31,8 @@ export interface TallyConfig {
   readonly workers: number;
   readonly prefetch: number;
   readonly batchSize: number;
+  /** TALLY_BATCH_MAX_CHANGES: a shard batch's changes, summed over its parts, stay within this (one part at least). */
+  readonly batchMaxChanges: number;
   readonly batchWaitMs: number;
   readonly markerTtlS: number;
   readonly countTtlS: number;
@@ -75,6 +77,11 @@ export const DEFAULTS = Object.freeze({
   heartbeatMs: 5_000,
   prefetch: 2000,
   batchSize: 500,
+  // Measured (docs/redis-requirements.md, "Bounded batches"): with every
+  // change aimed at one shard, the longest script went from 218 ms (two-step)
+  // and 712 ms (atomic) without a change limit to 25 ms and 104 ms with this
+  // one. Ordinary batches (about one change per part) never reach it.
+  batchMaxChanges: 5_000,
   batchWaitMs: 50,
   markerTtlS: 600,
   countTtlS: 2_592_000,
@@ -94,6 +101,7 @@ export const LIMITS = Object.freeze({
   workers: [1, 64],
   prefetch: [1, 65_535],
   batchSize: [1, 100_000],
+  batchMaxChanges: [1, 10_000_000],
   batchWaitMs: [0, 60_000],
   markerTtlS: [1, 31_536_000],
   countTtlS: [1, 315_360_000],
@@ -275,6 +283,7 @@ export function loadConfig(env: Env = process.env): TallyConfig {
     workers,
     prefetch: integer(env, 'TALLY_PREFETCH', DEFAULTS.prefetch, LIMITS.prefetch),
     batchSize: integer(env, 'TALLY_BATCH_SIZE', DEFAULTS.batchSize, LIMITS.batchSize),
+    batchMaxChanges: integer(env, 'TALLY_BATCH_MAX_CHANGES', DEFAULTS.batchMaxChanges, LIMITS.batchMaxChanges),
     batchWaitMs: integer(env, 'TALLY_BATCH_WAIT_MS', DEFAULTS.batchWaitMs, LIMITS.batchWaitMs),
     markerTtlS: integer(env, 'TALLY_MARKER_TTL_S', DEFAULTS.markerTtlS, LIMITS.markerTtlS),
     countTtlS: integer(env, 'TALLY_COUNT_TTL_S', DEFAULTS.countTtlS, LIMITS.countTtlS),
@@ -289,5 +298,29 @@ export function loadConfig(env: Env = process.env): TallyConfig {
     allowEviction: flag(env, 'TALLY_ALLOW_EVICTION', DEFAULTS.allowEviction),
     redisWaitReplicas: integer(env, 'TALLY_REDIS_WAIT_REPLICAS', DEFAULTS.redisWaitReplicas, LIMITS.redisWaitReplicas),
     redisWaitTimeoutMs: integer(env, 'TALLY_REDIS_WAIT_TIMEOUT_MS', DEFAULTS.redisWaitTimeoutMs, LIMITS.redisWaitTimeoutMs),
+  });
+}
+
+/**
+ * Fault injection for the fault suite (docs/faults-and-deviation.md), never
+ * for production. Read by the worker thread only, through this function, so
+ * the variable is still read and validated in this file.
+ */
+export interface FaultInjection {
+  /**
+   * TALLY_FAULT_THREAD_EXIT_AFTER_WRITE=<n>: a worker thread ends itself
+   * (process.exit inside the thread: a real thread death, which piscina
+   * reports as "worker exited" and replaces) right after its n-th count write
+   * that wrote something, before the markers are occupied (two-step) or
+   * before the reply is sent (atomic). A rerun answered by its receipt does
+   * not count, so a rerun always gets through. null: off.
+   */
+  readonly threadExitAfterWrite: number | null;
+}
+
+export function loadFaultInjection(env: Env = process.env): FaultInjection {
+  const raw = read(env, 'TALLY_FAULT_THREAD_EXIT_AFTER_WRITE');
+  return Object.freeze({
+    threadExitAfterWrite: raw === undefined ? null : integer(env, 'TALLY_FAULT_THREAD_EXIT_AFTER_WRITE', 0, [1, 1_000_000_000]),
   });
 }

@@ -10,19 +10,20 @@ describe('batch protocol (the thread boundary)', () => {
       { id: 'm-4', changes: Array.from({ length: 300 }, (_, i): [string, number] => [`S${i}`, i - 150]) },
     ];
     const traceparent = '00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01';
-    const wire = encodeBatchTask(7, parts.length, (i) => parts[i]!, traceparent);
+    const wire = encodeBatchTask(7, 'batch-7a', parts.length, (i) => parts[i]!, traceparent);
     expect(wire.flat.every((v) => typeof v === 'string' || typeof v === 'number'), 'primitives only').to.equal(true);
     const task = decodeBatchTask(structuredClone(wire));
     expect(task.vshard).to.equal(7);
+    expect(task.batchId, 'the coordinator\'s batch id crosses unchanged').to.equal('batch-7a');
     expect(task.ids).to.deep.equal(parts.map((p) => p.id));
     expect(task.changes).to.deep.equal(parts.map((p) => p.changes));
     // Against the input, not the encoder's output: an encoder that dropped it would pass the latter.
     expect(task.traceparent).to.equal(traceparent);
-    expect(decodeBatchTask(encodeBatchTask(1, 1, () => parts[0]!))).to.not.have.property('traceparent');
+    expect(decodeBatchTask(encodeBatchTask(1, 'b', 1, () => parts[0]!))).to.not.have.property('traceparent');
   });
 
   it('refuses a malformed wire task instead of misreading it', () => {
-    expect(() => decodeBatchTask({ vshard: 1, parts: 2, flat: ['m-1', 1, 'A', 1] })).to.throw(TypeError);
-    expect(() => decodeBatchTask({ vshard: 1, parts: 1, flat: ['m-1', 1, 'A', 1, 'extra'] })).to.throw(/left over/);
+    expect(() => decodeBatchTask({ vshard: 1, batchId: 'b', parts: 2, flat: ['m-1', 1, 'A', 1] })).to.throw(TypeError);
+    expect(() => decodeBatchTask({ vshard: 1, batchId: 'b', parts: 1, flat: ['m-1', 1, 'A', 1, 'extra'] })).to.throw(/left over/);
   });
 });

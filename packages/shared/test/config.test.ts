@@ -2,12 +2,13 @@ import { readFileSync } from 'node:fs';
 import { availableParallelism } from 'node:os';
 import { fileURLToPath } from 'node:url';
 import { expect } from 'chai';
-import { DEFAULTS, LIMITS, loadConfig, type Env, type TallyConfig } from '../src/config.js';
+import { DEFAULTS, LIMITS, loadConfig, loadFaultInjection, type Env, type TallyConfig } from '../src/config.js';
 import { ConfigError, TallyError } from '../src/errors.js';
 
 function configError(env: Env): ConfigError {
   try {
     loadConfig(env);
+    loadFaultInjection(env);
   } catch (error) {
     expect(error).to.be.instanceOf(ConfigError);
     expect(error).to.be.instanceOf(TallyError);
@@ -22,6 +23,8 @@ const BAD_VALUES: ReadonlyArray<readonly [variable: string, values: readonly str
   ['TALLY_REDIS_URL', ['amqp://127.0.0.1:5672', 'http://localhost:6379', 'localhost:6379x', '127.0.0.1']],
   ['TALLY_QUEUE', ['amq.changes', 'q'.repeat(251), 'é'.repeat(126)]],
   ['TALLY_PREFIX', ['{tally}:', 'a{b', 'a}b', 'tally*', 'tal?y', 'x[1]', 'a b', 'back\\slash', '', 'p'.repeat(65), 'préfix']],
+  ['TALLY_BATCH_MAX_CHANGES', ['0', '-5', '10000001', 'many', '1.5']],
+  ['TALLY_FAULT_THREAD_EXIT_AFTER_WRITE', ['0', '-1', 'yes', '2.5']],
   ['TALLY_MODE', ['bogus', 'ATOMIC', 'TWO-STEP', 'two_step', 'atomic-mode']],
   ['TALLY_WORKERS', ['0', '65', '-1', 'four', '2.5', '1e1', '0x4']],
   ['TALLY_PREFETCH', ['0', '65536', 'lots', '10.0']],
@@ -62,6 +65,7 @@ describe('loadConfig', () => {
       workers: Math.min(Math.max(1, availableParallelism() - 1), 16),
       prefetch: 2000,
       batchSize: 500,
+      batchMaxChanges: 5_000,
       batchWaitMs: 50,
       markerTtlS: 600,
       countTtlS: 2_592_000,
@@ -124,7 +128,7 @@ describe('loadConfig', () => {
       const read = new Set([...source.matchAll(/'(TALLY_[A-Z_]+)'/g)].map((m) => m[1]!));
       const covered = new Set(BAD_VALUES.map(([name]) => name));
       expect([...covered].sort()).to.deep.equal([...read].sort());
-      expect(covered.size).to.equal(25);
+      expect(covered.size).to.equal(27);
     });
 
     it('names the accepted range for integers', () => {
@@ -201,6 +205,7 @@ describe('loadConfig', () => {
       const names: Record<string, keyof typeof LIMITS> = {
         TALLY_PREFETCH: 'prefetch',
         TALLY_BATCH_SIZE: 'batchSize',
+        TALLY_BATCH_MAX_CHANGES: 'batchMaxChanges',
         TALLY_BATCH_WAIT_MS: 'batchWaitMs',
         TALLY_MARKER_TTL_S: 'markerTtlS',
         TALLY_COUNT_TTL_S: 'countTtlS',
@@ -289,5 +294,12 @@ describe('loadConfig', () => {
       const long = 't'.repeat(64);
       expect([...loadConfig({ TALLY_ACCEPT_TYPES: long }).acceptTypes!]).to.deep.equal([long]);
     });
+  });
+});
+
+describe('loadFaultInjection', () => {
+  it('is off unless TALLY_FAULT_THREAD_EXIT_AFTER_WRITE is set, and reads it as a positive count', () => {
+    expect(loadFaultInjection({}).threadExitAfterWrite).to.equal(null);
+    expect(loadFaultInjection({ TALLY_FAULT_THREAD_EXIT_AFTER_WRITE: '3' }).threadExitAfterWrite).to.equal(3);
   });
 });

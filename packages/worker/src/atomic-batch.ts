@@ -15,13 +15,14 @@
  * How the script reaches Redis: lua-scripts.ts, as for the two-step
  * scripts (EVALSHA; SCRIPT LOAD on NOSCRIPT; a reload after the first logged).
  */
-import { randomUUID } from 'node:crypto';
 import type { Redis } from 'ioredis';
 import { countKey, describeError, retryUntilDone, markerKey, receiptKey, type BatchResult, type BatchTask, type WorkerSettings } from '@tally/shared';
 import { loadScript, runScript } from './lua-scripts.js';
 import { reportingHealth } from './health-report.js';
-import type { BatchLog } from './batch-log.js';
+import type { BatchHooks, BatchLog } from './batch-log.js';
 import { batchTracer, inSpan } from './batch-tracing.js';
+import { decodeRefusals, logRefusals } from './count-refusals.js';
+import { waitForReplicas } from './replica-wait.js';
 
 /** The batch script, its KEYS and ARGV documented in lua/atomic_batch.lua. */
 export const ATOMIC_BATCH = loadScript('atomic_batch', 'redis lost the atomic batch script (restart or SCRIPT FLUSH); loading it again');
@@ -59,26 +60,28 @@ export function atomicBatchArgs(
 }
 
 /** The atomic batch is one script call: one span, `tally.atomic_batch`, in place of the two-step's four. */
-export function runAtomicBatch(redis: Redis, settings: WorkerSettings, task: BatchTask, log: BatchLog): Promise<BatchResult> {
+export function runAtomicBatch(redis: Redis, settings: WorkerSettings, task: BatchTask, log: BatchLog, hooks: BatchHooks = {}): Promise<BatchResult> {
   return inSpan(batchTracer(), 'tally.atomic_batch', { 'tally.shard': task.vshard }, async (span) => {
-    const result = await runAtomicScript(redis, settings, task, log);
+    const result = await runAtomicScript(redis, settings, task, log, hooks);
     span.setAttribute('tally.write_retries', result.writeRetries);
     return result;
   });
 }
 
-async function runAtomicScript(redis: Redis, settings: WorkerSettings, task: BatchTask, log: BatchLog): Promise<BatchResult> {
+async function runAtomicScript(redis: Redis, settings: WorkerSettings, task: BatchTask, log: BatchLog, hooks: BatchHooks): Promise<BatchResult> {
   const t0 = performance.now();
-  // One id for every attempt of this batch: a retry after a lost reply finds
-  // the receipt the first attempt left and gets its answer back.
-  const args = atomicBatchArgs(settings, task, randomUUID());
+  // The coordinator's batch id, the same for every attempt and every rerun of
+  // this batch: a retry after a lost reply, or a rerun after this thread
+  // died, finds the receipt the first run left and gets its answer back.
+  const args = atomicBatchArgs(settings, task, task.batchId);
   let writeRetries = 0;
   const runOnce = reportingHealth(task.vshard, () => runScript(redis, ATOMIC_BATCH, args, log));
   const reply = (await retryUntilDone(runOnce, {
     // A `fatal` or `data` reply (a bad argument, NOPERM, a bug) would fail
-    // the same way here: it goes to the coordinator, which logs it, retries
-    // the batch and acks nothing of it meanwhile. Nothing was written: the
-    // script checks before its first write.
+    // the same way here: it goes to the coordinator, which retries a `fatal`
+    // one visibly and isolates a `data` one, acking nothing of it meanwhile.
+    // Nothing was written: the script checks before its first write. (A
+    // refused increment is not an error: the script isolates it itself.)
     giveUp: (failureClass) => failureClass !== 'transient',
     // A lost connection or a transient reply: the script may or may not
     // have run; the receipt answers that on the next attempt.
@@ -86,13 +89,22 @@ async function runAtomicScript(redis: Redis, settings: WorkerSettings, task: Bat
       writeRetries++;
       log.warn({ step: 'atomic_batch', vshard: task.vshard, attempt, delayMs, failureClass, err: describeError(error) }, 'redis step failed; retrying');
     },
-  })) as [string, number, number];
-  const [flags, countErrors] = reply;
+  })) as [string, unknown, number];
+  const [flags, rawRefusals, replayed] = reply;
+  if (replayed === 0) await hooks.afterCountWrite?.(task);
   if (flags.length !== task.ids.length) throw new Error(`atomic batch: the script returned ${flags.length} flags for ${task.ids.length} parts`);
   const marked = new Uint8Array(task.ids.length);
+  // '1' a duplicate; '2' a part Redis refused to count (listed in the refusals), not a duplicate.
   for (let i = 0; i < flags.length; i++) marked[i] = flags.charCodeAt(i) === 49 /* '1' */ ? 1 : 0;
-  if (countErrors > 0) {
-    log.error({ vshard: task.vshard, countErrors }, 'redis refused count increments (overflow or a non-integer value in a count key)');
+  const refusals = decodeRefusals(rawRefusals, settings.prefix);
+  logRefusals(log, task, refusals);
+  // Durability of the ack (replica-wait.ts): any part not refused has a marker to touch.
+  let waitTimeouts = 0;
+  const touchAt = settings.waitReplicas > 0 ? flags.search(/[01]/) : -1;
+  if (touchAt >= 0) {
+    waitTimeouts = await inSpan(batchTracer(), 'tally.wait_replicas', { 'tally.shard': task.vshard, 'tally.replicas': settings.waitReplicas }, () =>
+      waitForReplicas(redis, settings, task, markerKey(settings.prefix, task.vshard, task.ids[touchAt]!), log, hooks.onWaitTimeout),
+    );
   }
   const t1 = performance.now();
   return {
@@ -103,7 +115,8 @@ async function runAtomicScript(redis: Redis, settings: WorkerSettings, task: Bat
     // a crash to fall into: always 0 here, reported as not applicable (null)
     // by `tally stats` for an atomic prefix.
     occupationFailures: 0,
-    countErrors,
+    waitTimeouts,
+    refusals,
     // One step: it is the count write and the marker occupation at once.
     timings: { precheckMs: 0, writeMs: t1 - t0, occupyMs: 0 },
   };

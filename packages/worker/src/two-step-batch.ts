@@ -11,27 +11,35 @@
  * invisibly. The window between them is one per shard batch, not one per
  * message.
  */
-import { randomUUID } from 'node:crypto';
 import { SpanStatusCode, trace } from '@opentelemetry/api';
 import type { Redis } from 'ioredis';
-import { countKey, describeError, retryUntilDone, markerKey, receiptKey, type BatchResult, type BatchTask, type WorkerSettings } from '@tally/shared';
+import { countKey, describeError, retryUntilDone, markerKey, receiptKey, type BatchResult, type BatchTask, type CountRefusal, type WorkerSettings } from '@tally/shared';
 import { aggregateNewParts, selectNewParts } from './aggregate.js';
 import type { BatchHooks, BatchLog } from './batch-log.js';
 import { batchTracer, inSpan } from './batch-tracing.js';
+import { decodeRefusals, logRefusals } from './count-refusals.js';
 import { evalshaArgs, loadScript, runScript } from './lua-scripts.js';
 import { reportingHealth } from './health-report.js';
+import { waitForReplicas } from './replica-wait.js';
 
 /** The count write and the marker occupation, their KEYS and ARGV documented in lua/*.lua. */
 export const WRITE_COUNTS = loadScript('write_counts');
 export const OCCUPY_MARKERS = loadScript('occupy_markers');
 
+/** write_counts.lua's reply: outcome, refused parts, refusals (documented in the script). */
+type WriteCountsReply = ['written' | 'receipt' | 'isolate', string, unknown];
+
 /**
  * Retries an idempotent step until it succeeds: outages wait, they do not
- * drop (invariant 8). Every failure is retried today, `data` and `fatal` ones
- * too, but each is logged with its class.
+ * drop (invariant 8). A `fatal` refusal (NOPERM...) is retried here too,
+ * visibly (logged, and reported to the coordinator's readiness). A `data`
+ * failure would fail the same way on every attempt: it goes to the
+ * coordinator at once, which isolates it. Every step fails before its first
+ * write for such a reason, or is idempotent, so giving up leaves nothing half done.
  */
 function untilDone<T>(step: string, task: BatchTask, log: BatchLog, run: () => Promise<T>, onFailure?: () => void): Promise<T> {
   return retryUntilDone(reportingHealth(task.vshard, run), {
+    giveUp: (failureClass) => failureClass === 'data',
     onAttemptFailed: ({ error, attempt, delayMs, failureClass }) => {
       onFailure?.();
       const span = trace.getActiveSpan();
@@ -60,42 +68,60 @@ export async function runTwoStepBatch(redis: Redis, settings: WorkerSettings, ta
   // occupied; its span is a sibling of the two step spans it spans.
   const crashWindow = tracer.startSpan('tally.crash_window', { attributes: { 'tally.shard': vshard } });
   let writeRetries = 0;
-  let countErrors = 0;
+  let refusals: CountRefusal[] = [];
+  let wroteCounts = false;
   if (sums.size > 0) {
-    const keys = [receiptKey(prefix, vshard, randomUUID())];
-    const argv: string[] = [String(countTtlS), String(markerTtlS)];
+    const keys = [receiptKey(prefix, vshard, task.batchId)];
+    const sumArgv: string[] = [String(countTtlS), String(markerTtlS), 'sums'];
+    const keyIndex = new Map<string, number>();
     for (const [sku, sum] of sums) {
       keys.push(countKey(prefix, vshard, sku));
-      argv.push(sum.toString());
+      keyIndex.set(sku, keys.length - 1);
+      sumArgv.push(sum.toString());
     }
     // Built once: every attempt sends the same receipt, so a retry after a
     // reply that never came finds the receipt and writes nothing twice.
-    const args = evalshaArgs(WRITE_COUNTS, keys, argv);
-    countErrors = await inSpan(tracer, 'tally.write_counts', { 'tally.shard': vshard, 'tally.skus.distinct': sums.size }, () =>
+    const write = (args: Array<string | number>): Promise<WriteCountsReply> =>
       untilDone(
         'write_counts',
         task,
         log,
-        async () => {
-          const [refused] = (await runScript(redis, WRITE_COUNTS, args, log)) as [number, number];
-          return refused;
-        },
+        async () => (await runScript(redis, WRITE_COUNTS, args, log)) as WriteCountsReply,
         () => {
           writeRetries++;
         },
-      ),
+      );
+    let reply = await inSpan(tracer, 'tally.write_counts', { 'tally.shard': vshard, 'tally.skus.distinct': sums.size }, () =>
+      write(evalshaArgs(WRITE_COUNTS, keys, sumArgv)),
     );
-    if (countErrors > 0) {
-      log.error({ vshard, countErrors }, 'redis refused count increments (overflow or a non-integer value in a count key)');
+    if (reply[0] === 'isolate') {
+      // Redis refused one of the sums, and nothing was written: the same
+      // write again with each new part as its own all-or-nothing group, so
+      // only the parts Redis refuses are left out.
+      const partArgv: Array<string | number> = [countTtlS, markerTtlS, 'parts', ids.length];
+      for (let i = 0; i < ids.length; i++) {
+        if (marked[i] === 1) continue;
+        const part = changes[i]!;
+        partArgv.push(i + 1, part.length);
+        for (const [sku, delta] of part) partArgv.push(keyIndex.get(sku)!, String(delta));
+      }
+      reply = await inSpan(tracer, 'tally.write_counts', { 'tally.shard': vshard, 'tally.parts': ids.length }, () =>
+        write(evalshaArgs(WRITE_COUNTS, keys, partArgv)),
+      );
     }
+    wroteCounts = reply[0] === 'written';
+    refusals = decodeRefusals(reply[2], prefix);
+    logRefusals(log, task, refusals);
   }
   const t2 = performance.now();
 
-  await hooks.afterCountWrite?.(task);
+  if (wroteCounts) await hooks.afterCountWrite?.(task);
 
   let occupationFailures = 0;
+  // A refused part counted nothing: it gets no marker, so its replay counts it.
+  const refused = new Set(refusals.map((refusal) => refusal.part));
   const newMarkers: string[] = [];
-  for (let i = 0; i < ids.length; i++) if (marked[i] === 0) newMarkers.push(markerKeys[i]!);
+  for (let i = 0; i < ids.length; i++) if (marked[i] === 0 && !refused.has(i)) newMarkers.push(markerKeys[i]!);
   if (newMarkers.length > 0) {
     const args = evalshaArgs(OCCUPY_MARKERS, newMarkers, [markerTtlS]);
     await inSpan(tracer, 'tally.occupy_markers', { 'tally.shard': vshard }, () =>
@@ -121,12 +147,24 @@ export async function runTwoStepBatch(redis: Redis, settings: WorkerSettings, ta
   crashWindow.end();
   const t3 = performance.now();
 
+  // Durability of the ack: the batch returns only once the replicas have its
+  // writes (replica-wait.ts). Any part whose marker exists will do as the key
+  // to touch: occupied now, or found occupied (a duplicate); not a refused one.
+  let waitTimeouts = 0;
+  const touchAt = settings.waitReplicas > 0 ? ids.findIndex((_, i) => !refused.has(i)) : -1;
+  if (touchAt >= 0) {
+    waitTimeouts = await inSpan(tracer, 'tally.wait_replicas', { 'tally.shard': vshard, 'tally.replicas': settings.waitReplicas }, () =>
+      waitForReplicas(redis, settings, task, markerKeys[touchAt]!, log, hooks.onWaitTimeout),
+    );
+  }
+
   return {
     vshard,
     marked,
     writeRetries,
     occupationFailures,
-    countErrors,
+    waitTimeouts,
+    refusals,
     timings: { precheckMs: t1 - t0, writeMs: t2 - t1, occupyMs: t3 - t2 },
   };
 }

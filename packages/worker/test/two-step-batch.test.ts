@@ -1,5 +1,5 @@
 import { spawn } from 'node:child_process';
-import { randomBytes } from 'node:crypto';
+import { randomBytes, randomUUID } from 'node:crypto';
 import { fileURLToPath } from 'node:url';
 import { expect } from 'chai';
 import { Redis } from 'ioredis';
@@ -15,7 +15,7 @@ const quiet: BatchLog = process.env.TEST_VERBOSE
   : { warn() {}, error() {} };
 
 function settingsFor(prefix: string): WorkerSettings {
-  return { redisUrl: REDIS_URL, prefix, mode: 'two-step', markerTtlS: 600, countTtlS: 2_592_000, logLevel: 'silent' };
+  return { redisUrl: REDIS_URL, prefix, mode: 'two-step', markerTtlS: 600, countTtlS: 2_592_000, logLevel: 'silent', waitReplicas: 0, waitTimeoutMs: 1000 };
 }
 
 function taskFor(runId: string, vshard = 3, parts = 50): BatchTask {
@@ -28,7 +28,12 @@ function taskFor(runId: string, vshard = 3, parts = 50): BatchTask {
       [`T${i % 5}`, 2],
     ]);
   }
-  return { vshard, ids, changes };
+  return { vshard, batchId: randomUUID(), ids, changes };
+}
+
+/** The same parts in a new batch, as after a redelivery: a new batch id, so no receipt answers for it. */
+function redelivered(task: BatchTask): BatchTask {
+  return { ...task, batchId: randomUUID() };
 }
 
 function expectedCounts(task: BatchTask): Map<string, number> {
@@ -77,7 +82,7 @@ describe('two-step batch against a real Redis', function () {
       expect(ttl).to.be.within(590, 600);
       expect(await redis.ttl(countKey(prefix, task.vshard, 'S0'))).to.be.greaterThan(2_500_000);
 
-      const second = await runTwoStepBatch(client, settingsFor(prefix), task, quiet);
+      const second = await runTwoStepBatch(client, settingsFor(prefix), redelivered(task), quiet);
       expect([...second.marked]).to.deep.equal(task.ids.map(() => 1));
       expect(await countsIn(redis, prefix, task)).to.deep.equal(expectedCounts(task));
     } finally {
@@ -131,13 +136,42 @@ describe('two-step batch against a real Redis', function () {
     expect(await countsIn(redis, prefix, task), 'counts written before the crash').to.deep.equal(expectedCounts(task));
     expect(await markersIn(redis, prefix, task), 'no marker occupied').to.equal(0);
 
-    // The redelivery finds no marker and counts again: double, never zero.
+    // The redelivery (a new batch of a new daemon) finds no marker and counts again: double, never zero.
     const client = createRedisClient(REDIS_URL, 'test');
     try {
-      const redelivery = await runTwoStepBatch(client, settingsFor(prefix), task, quiet);
+      const redelivery = await runTwoStepBatch(client, settingsFor(prefix), redelivered(task), quiet);
       expect([...redelivery.marked].every((m) => m === 0)).to.equal(true);
       const doubled = new Map([...expectedCounts(task)].map(([sku, n]) => [sku, 2 * n]));
       expect(await countsIn(redis, prefix, task)).to.deep.equal(doubled);
+      expect(await markersIn(redis, prefix, task)).to.equal(task.ids.length);
+    } finally {
+      client.disconnect();
+    }
+  });
+
+  it('a rerun of the same batch after its process died inside the crash window finds its receipt: counts exact (invariant 12)', async () => {
+    const task = taskFor(runId);
+    const script = `
+      import { runTwoStepBatch } from ${JSON.stringify(fileURLToPath(new URL('../src/index.js', import.meta.url)))};
+      import { createRedisClient } from ${JSON.stringify(import.meta.resolve('@tally/runtime'))};
+      const client = createRedisClient(JSON.parse(process.env.SETTINGS).redisUrl, 'crasher');
+      await runTwoStepBatch(client, JSON.parse(process.env.SETTINGS), JSON.parse(process.env.TASK), { warn() {}, error() {} }, {
+        afterCountWrite: () => process.kill(process.pid, 'SIGKILL'),
+      });
+    `;
+    const child = spawn(process.execPath, ['--input-type=module', '-e', script], {
+      env: { ...process.env, SETTINGS: JSON.stringify(settingsFor(prefix)), TASK: JSON.stringify(task) },
+      stdio: 'inherit',
+    });
+    expect(await new Promise((resolve) => child.on('exit', (_code, sig) => resolve(sig)))).to.equal('SIGKILL');
+    expect(await markersIn(redis, prefix, task), 'died inside the window').to.equal(0);
+    const client = createRedisClient(REDIS_URL, 'test');
+    try {
+      let hookCalls = 0;
+      const rerun = await runTwoStepBatch(client, settingsFor(prefix), task, quiet, { afterCountWrite: () => void hookCalls++ });
+      expect([...rerun.marked].every((m) => m === 0), 'the parts are still new').to.equal(true);
+      expect(hookCalls, 'the receipt answered: nothing was written again').to.equal(0);
+      expect(await countsIn(redis, prefix, task), 'counted once, not twice').to.deep.equal(expectedCounts(task));
       expect(await markersIn(redis, prefix, task)).to.equal(task.ids.length);
     } finally {
       client.disconnect();
@@ -211,21 +245,6 @@ describe('two-step batch against a real Redis', function () {
     } finally {
       client.disconnect();
       await proxy.close();
-    }
-  });
-
-  it('counts a refused increment (a foreign value in a count key) without failing the rest of the batch', async () => {
-    const client = createRedisClient(REDIS_URL, 'test');
-    try {
-      const task = taskFor(runId);
-      await redis.set(countKey(prefix, task.vshard, 'S0'), 'not a number');
-      const result = await runTwoStepBatch(client, settingsFor(prefix), task, quiet);
-      expect(result.countErrors).to.equal(1);
-      const counts = await countsIn(redis, prefix, task);
-      for (const [sku, n] of expectedCounts(task)) if (sku !== 'S0') expect(counts.get(sku), sku).to.equal(n);
-      expect(await markersIn(redis, prefix, task)).to.equal(task.ids.length);
-    } finally {
-      client.disconnect();
     }
   });
 

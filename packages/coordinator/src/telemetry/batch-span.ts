@@ -88,15 +88,15 @@ export function endBatchSpan(span: Span, result: BatchResult): void {
     span.setAttributes({
       'tally.messages.new': result.marked.length - duplicates,
       'tally.messages.duplicate': duplicates,
-      'tally.messages.dead_lettered': 0,
+      'tally.messages.dead_lettered': result.refusals.length,
       'tally.occupation_failures': result.occupationFailures,
       'tally.write_retries': result.writeRetries,
     });
     if (result.occupationFailures > 0) {
       span.addEvent('tally.occupation_failure', { 'tally.shard': result.vshard });
       span.setStatus({ code: SpanStatusCode.ERROR, message: 'marker occupation failed after the counts were written (crash window open)' });
-    } else if (result.countErrors > 0) {
-      span.setStatus({ code: SpanStatusCode.ERROR, message: `${result.countErrors} count increments refused by Redis` });
+    } else if (result.refusals.length > 0) {
+      span.setStatus({ code: SpanStatusCode.ERROR, message: `${result.refusals.length} parts refused by Redis (dead-lettered count-refused)` });
     }
   }
   span.end();
