@@ -97,7 +97,7 @@ export function decodeBatchTask(wire: WireBatchTask): BatchTask {
  * A part Redis refused to count (a foreign value in a count key, a 64-bit
  * overflow): it counted nothing and occupies no marker, so its message is
  * dead-lettered (`count-refused`) and a replay after the key is repaired
- * counts it once. Issue 9 case 6.
+ * counts it once.
  */
 export interface CountRefusal {
   /** The part's index in the batch. */
