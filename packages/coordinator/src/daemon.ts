@@ -13,6 +13,7 @@ import type { Redis } from 'ioredis';
 import {
   describeError,
   encodeBatchTask,
+  WindowGauge,
   describeRefusal,
   formatReason,
   isServerRefusal,
@@ -304,7 +305,13 @@ export class Daemon {
         }
       });
       stats.start();
-      const exposure = new ExposureMeter(stats, () => (this.acks?.tracker.unacked ?? 0) * 2 >= config.prefetch, config.mode === 'two-step');
+      // Two-step mode's worker threads mark which messages sit in a crash window; the meter reads it.
+      const windowGauge = config.mode === 'two-step' ? WindowGauge.create(config.virtualShards) : null;
+      const exposure = new ExposureMeter(
+        stats,
+        () => (this.acks?.tracker.unacked ?? 0) * 2 >= config.prefetch,
+        windowGauge === null ? null : () => windowGauge.messages(),
+      );
       exposure.start();
       opened.unshift({
         name: 'final stats flush',
@@ -325,6 +332,7 @@ export class Daemon {
           markerTtlS: config.markerTtlS,
           countTtlS: config.countTtlS,
           logLevel: config.logLevel,
+          ...(windowGauge === null ? {} : { windowGauge: windowGauge.buffer }),
           waitReplicas: config.redisWaitReplicas,
           waitTimeoutMs: config.redisWaitTimeoutMs,
         },
@@ -527,7 +535,15 @@ export class Daemon {
     // or `fatal` failure is retried, visibly; a `data` failure would fail the
     // same way forever, so it is isolated instead (batch-isolation.ts).
     const runRange = async (id: string, from: number, to: number): Promise<BatchResult> => {
-      const task = encodeBatchTask(vshard, id, to - from, (i) => ({ id: parts[from + i]!.delivery.id, changes: parts[from + i]!.changes }), traceparent);
+      const task = encodeBatchTask(
+        vshard,
+        id,
+        to - from,
+        (i) => ({ id: parts[from + i]!.delivery.id, changes: parts[from + i]!.changes }),
+        traceparent,
+        // Each part's share of its message, for the threads' window gauge.
+        this.config.mode === 'two-step' ? Float64Array.from({ length: to - from }, (_, i) => 1 / parts[from + i]!.delivery.parts) : undefined,
+      );
       const outcome = await retryUntilDone(() => pools.run(task), {
         // Stopping: the threads were terminated; the deliveries stay unacked and go back to the broker.
         stopWhen: () => pools.stopped,
@@ -562,10 +578,7 @@ export class Daemon {
     stats.add('occupation_failures', result.occupationFailures);
     stats.add('write_retries', result.writeRetries);
     stats.add('count_errors', result.refusals.length);
-    exposure.batchDone(
-      parts.map((part) => part.delivery),
-      result.timings,
-    );
+    exposure.batchDone(parts.map((part) => part.delivery));
     for (const refusal of result.refusals) {
       const delivery = parts[refusal.part]!.delivery;
       delivery.refusal ??= describeCountRefusal(vshard, refusal);

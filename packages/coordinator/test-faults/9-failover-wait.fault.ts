@@ -11,7 +11,7 @@ import { DaemonFleet } from './fleet.js';
 import { rows } from './report.js';
 
 /**
- * Issue 9 case 2: a failover to a replica that lags. The daemon reaches a
+ * A failover to a replica that lags. The daemon reaches a
  * private master through a TCP proxy; mid-stream replication is stalled
  * (the replica SIGSTOPped for a second), the master is SIGKILLed, the replica
  * is promoted (REPLICAOF NO ONE) and the proxy pointed at it, and a fresh

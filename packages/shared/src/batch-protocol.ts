@@ -17,6 +17,8 @@ export interface WorkerSettings {
   readonly markerTtlS: number;
   readonly countTtlS: number;
   readonly logLevel: string;
+  /** Two-step mode: the WindowGauge's buffer, shared with the coordinator's exposure meter. */
+  readonly windowGauge?: SharedArrayBuffer;
   /** TALLY_REDIS_WAIT_REPLICAS: a batch returns only once this many replicas acknowledged its writes (WAIT); 0: no WAIT. */
   readonly waitReplicas: number;
   /** TALLY_REDIS_WAIT_TIMEOUT_MS: one WAIT's timeout; a timeout is retried, never ignored. */
@@ -37,6 +39,8 @@ export interface BatchTask {
   /** Message id of each part, parallel to `changes`. */
   readonly ids: readonly string[];
   readonly changes: readonly PartChanges[];
+  /** Per part, its share of its message (1/parts), parallel to `ids`: what the window gauge weighs it by. */
+  readonly shares?: Float64Array;
   /** W3C traceparent of the coordinator's `tally.batch` span, when tracing is on. */
   readonly traceparent?: string;
 }
@@ -53,6 +57,7 @@ export interface WireBatchTask {
   readonly batchId: string;
   readonly parts: number;
   readonly flat: ReadonlyArray<string | number>;
+  readonly shares?: Float64Array;
   readonly traceparent?: string;
 }
 
@@ -63,6 +68,7 @@ export function encodeBatchTask(
   parts: number,
   partOf: (index: number) => { readonly id: string; readonly changes: PartChanges },
   traceparent?: string,
+  shares?: Float64Array,
 ): WireBatchTask {
   const flat: Array<string | number> = [];
   for (let i = 0; i < parts; i++) {
@@ -70,7 +76,14 @@ export function encodeBatchTask(
     flat.push(id, changes.length);
     for (const [sku, delta] of changes) flat.push(sku, delta);
   }
-  return traceparent === undefined ? { vshard, batchId, parts, flat } : { vshard, batchId, parts, flat, traceparent };
+  return {
+    vshard,
+    batchId,
+    parts,
+    flat,
+    ...(shares === undefined ? {} : { shares }),
+    ...(traceparent === undefined ? {} : { traceparent }),
+  };
 }
 
 /** The inverse of encodeBatchTask, run in the worker thread. Throws on a malformed task (a bug, not input). */
@@ -89,8 +102,17 @@ export function decodeBatchTask(wire: WireBatchTask): BatchTask {
     changes[i] = part;
   }
   if (at !== flat.length) throw new TypeError(`malformed batch task: ${flat.length - at} values left over`);
+  if (wire.shares !== undefined && wire.shares.length !== wire.parts)
+    throw new TypeError(`malformed batch task: ${wire.shares.length} shares for ${wire.parts} parts`);
   const { vshard, batchId } = wire;
-  return wire.traceparent === undefined ? { vshard, batchId, ids, changes } : { vshard, batchId, ids, changes, traceparent: wire.traceparent };
+  return {
+    vshard,
+    batchId,
+    ids,
+    changes,
+    ...(wire.shares === undefined ? {} : { shares: wire.shares }),
+    ...(wire.traceparent === undefined ? {} : { traceparent: wire.traceparent }),
+  };
 }
 
 /**
@@ -135,8 +157,7 @@ export interface BatchResult {
  * visibly).
  */
 export type BatchReply =
-  | { readonly ok: true; readonly result: BatchResult }
-  | { readonly ok: false; readonly failureClass: FailureClass; readonly message: string };
+  { readonly ok: true; readonly result: BatchResult } | { readonly ok: false; readonly failureClass: FailureClass; readonly message: string };
 
 /**
  * What a worker thread posts to the coordinator while a batch is still

@@ -13,7 +13,18 @@
  */
 import { SpanStatusCode, trace } from '@opentelemetry/api';
 import type { Redis } from 'ioredis';
-import { countKey, describeError, retryUntilDone, markerKey, receiptKey, type BatchResult, type BatchTask, type CountRefusal, type WorkerSettings } from '@tally/shared';
+import {
+  countKey,
+  describeError,
+  retryUntilDone,
+  markerKey,
+  receiptKey,
+  WindowGauge,
+  type BatchResult,
+  type BatchTask,
+  type CountRefusal,
+  type WorkerSettings,
+} from '@tally/shared';
 import { aggregateNewParts, selectNewParts } from './aggregate.js';
 import type { BatchHooks, BatchLog } from './batch-log.js';
 import { batchTracer, inSpan } from './batch-tracing.js';
@@ -50,6 +61,23 @@ function untilDone<T>(step: string, task: BatchTask, log: BatchLog, run: () => P
   });
 }
 
+/** One view per buffer: a thread's settings, and so its gauge, never change. */
+const gauges = new WeakMap<SharedArrayBuffer, WindowGauge>();
+function gaugeOf(settings: WorkerSettings): WindowGauge | null {
+  const buffer = settings.windowGauge;
+  if (buffer === undefined) return null;
+  let gauge = gauges.get(buffer);
+  if (gauge === undefined) gauges.set(buffer, (gauge = new WindowGauge(buffer)));
+  return gauge;
+}
+
+/** Messages the new parts stand for: each part weighs its share of its message (1 when the task carries no shares). */
+function newMessages(task: BatchTask, marked: Uint8Array): number {
+  let messages = 0;
+  for (let i = 0; i < marked.length; i++) if (marked[i] === 0) messages += task.shares?.[i] ?? 1;
+  return messages;
+}
+
 export async function runTwoStepBatch(redis: Redis, settings: WorkerSettings, task: BatchTask, log: BatchLog, hooks: BatchHooks = {}): Promise<BatchResult> {
   const { prefix, markerTtlS, countTtlS } = settings;
   const { vshard, ids, changes } = task;
@@ -64,6 +92,8 @@ export async function runTwoStepBatch(redis: Redis, settings: WorkerSettings, ta
   const t1 = performance.now();
 
   const sums = aggregateNewParts(changes, (i) => marked[i] === 0);
+  const gauge = gaugeOf(settings);
+  let windowMessages = sums.size > 0 ? newMessages(task, marked) : 0;
   // The window opens with the count write and closes when the markers are
   // occupied; its span is a sibling of the two step spans it spans.
   const crashWindow = tracer.startSpan('tally.crash_window', { attributes: { 'tally.shard': vshard } });
@@ -91,6 +121,8 @@ export async function runTwoStepBatch(redis: Redis, settings: WorkerSettings, ta
           writeRetries++;
         },
       );
+    // From the moment the write leaves, a SIGKILL re-counts these parts.
+    gauge?.open(vshard, windowMessages);
     let reply = await inSpan(tracer, 'tally.write_counts', { 'tally.shard': vshard, 'tally.skus.distinct': sums.size }, () =>
       write(evalshaArgs(WRITE_COUNTS, keys, sumArgv)),
     );
@@ -112,6 +144,11 @@ export async function runTwoStepBatch(redis: Redis, settings: WorkerSettings, ta
     wroteCounts = reply[0] === 'written';
     refusals = decodeRefusals(reply[2], prefix);
     logRefusals(log, task, refusals);
+    // A refused part counted nothing: it is not in the window.
+    if (refusals.length > 0) {
+      for (const refusal of refusals) windowMessages -= task.shares?.[refusal.part] ?? 1;
+      gauge?.open(vshard, Math.max(0, windowMessages));
+    }
   }
   const t2 = performance.now();
 
@@ -124,6 +161,8 @@ export async function runTwoStepBatch(redis: Redis, settings: WorkerSettings, ta
   for (let i = 0; i < ids.length; i++) if (marked[i] === 0 && !refused.has(i)) newMarkers.push(markerKeys[i]!);
   if (newMarkers.length > 0) {
     const args = evalshaArgs(OCCUPY_MARKERS, newMarkers, [markerTtlS]);
+    // Once the SETs leave, a SIGKILL no longer re-counts these parts (Redis runs what it was sent).
+    gauge?.close(vshard);
     await inSpan(tracer, 'tally.occupy_markers', { 'tally.shard': vshard }, () =>
       untilDone(
         'occupy_markers',
@@ -135,6 +174,7 @@ export async function runTwoStepBatch(redis: Redis, settings: WorkerSettings, ta
         () => {
           // The counts are written and the markers are not: the crash window
           // is open for this batch until a retry succeeds. Counted once per batch.
+          gauge?.open(vshard, windowMessages);
           if (occupationFailures === 0) {
             crashWindow.addEvent('tally.occupation_failure', { 'tally.shard': vshard });
             crashWindow.setStatus({ code: SpanStatusCode.ERROR, message: 'marker occupation failed after the counts were written' });
@@ -144,6 +184,7 @@ export async function runTwoStepBatch(redis: Redis, settings: WorkerSettings, ta
       ),
     );
   }
+  gauge?.close(vshard);
   crashWindow.end();
   const t3 = performance.now();
 
