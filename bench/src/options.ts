@@ -43,6 +43,19 @@ export interface BenchOptions {
   readonly tallyEnv: Readonly<Record<string, string>>;
 }
 
+/** The workload flags of the command line, as the workload generator takes them. */
+export function workloadShape(options: BenchOptions) {
+  return {
+    messages: options.messages,
+    skus: options.skus,
+    zipf: options.zipf,
+    minChanges: options.minChanges,
+    maxChanges: options.maxChanges,
+    duplicateRate: options.duplicateRate,
+    seed: options.seed,
+  };
+}
+
 export class BenchUsageError extends Error {
   readonly code = 'BENCH_USAGE';
 }

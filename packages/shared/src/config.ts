@@ -325,8 +325,9 @@ function logLevel(env: Env, name: string): LogLevel {
 export function loadConfig(env: Env = process.env): TallyConfig {
   const virtualShards = integer(env, 'TALLY_VIRTUAL_SHARDS', DEFAULTS.virtualShards, LIMITS.virtualShards);
   // One core is left to the main thread, which parses, shards and acks every
-  // delivery: on the 2-core machines measured, 1 worker thread drained
-  // faster than 2 or 4 (bench sweep) and used less CPU per message.
+  // delivery: more worker threads than the cores beside it only compete with
+  // it for CPU and add cross-thread handoffs (the workers sweep in
+  // docs/benchmark.md).
   const defaultWorkers = Math.min(Math.max(1, availableParallelism() - 1), virtualShards);
   const workers = integer(env, 'TALLY_WORKERS', defaultWorkers, LIMITS.workers);
   if (workers > virtualShards) {

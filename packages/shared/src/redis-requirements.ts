@@ -60,7 +60,7 @@ export interface RedisAssessment {
   readonly warnings: readonly RedisWarning[];
 }
 
-/** `INFO` text (`field:value` lines, `# Section` headers) as a map. */
+/** The text of `INFO` or `CLUSTER INFO` (`field:value` lines, `# Section` headers) as a map. */
 export function parseInfo(text: string): Map<string, string> {
   const fields = new Map<string, string>();
   for (const line of text.split(/\r?\n/)) {

@@ -3,8 +3,8 @@
  * markers, adds only the new parts' counts and occupies their markers, as one
  * step that no crash can split.
  *
- * The seed's premise is that a cache cannot write a count and an idempotency
- * key in one transaction. Redis runs a script atomically over keys that share
+ * Two-step mode writes counts and markers in two steps, with a crash window
+ * between them. Redis runs a script atomically over keys that share
  * a hash slot, and every key of a virtual shard carries the hash tag
  * `{<vshard>}` (keys.ts), so the script is single-slot on Redis Cluster too.
  * There is no crash window left: a crash before the script leaves nothing

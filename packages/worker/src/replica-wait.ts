@@ -1,5 +1,5 @@
 /**
- * Durability of an ack (issue 9 case 2): with TALLY_REDIS_WAIT_REPLICAS=N > 0
+ * Durability of an ack: with TALLY_REDIS_WAIT_REPLICAS=N > 0
  * a batch returns, and so its deliveries can be acked, only once N replicas
  * acknowledged its counts and markers (Redis WAIT).
  *
