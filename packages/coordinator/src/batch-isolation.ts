@@ -1,5 +1,5 @@
 /**
- * A batch that fails because of its data (issue 9 case 6), isolated.
+ * A batch that fails because of its data, isolated.
  *
  * The scripts isolate a refused increment themselves, part by part. A `data`
  * failure of the whole batch is what is left: a reply classified `data` that

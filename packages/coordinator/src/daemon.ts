@@ -9,7 +9,6 @@ import { randomUUID } from 'node:crypto';
 import { metrics, trace, type Tracer } from '@opentelemetry/api';
 import type { MeterProvider } from '@opentelemetry/sdk-metrics';
 import type { ConsumeMessage } from 'amqplib';
-import type { Redis } from 'ioredis';
 import {
   describeError,
   encodeBatchTask,
@@ -29,7 +28,7 @@ import {
   type CountRefusal,
   type TallyConfig,
 } from '@tally/shared';
-import { createRedisClient } from '@tally/runtime';
+import { createRedisClient, type RedisClient } from '@tally/runtime';
 import { AckTracker } from './ack-tracker.js';
 import { AmqpLink, type AmqpBrokerState } from './amqp-link.js';
 import type { ChannelLink, Delivery } from './delivery.js';
@@ -71,7 +70,8 @@ interface Telemetry {
 interface Runtime {
   /** What the start-up probe found (docs/redis-requirements.md). */
   readonly redisProbe: RedisProbeReport;
-  readonly redis: Redis;
+  /** Standalone or cluster client, as the probe found (redis-connection.ts). */
+  readonly redis: RedisClient;
   /** Whether Redis refuses writes right now, as every writer sees it (redis-health.ts). */
   readonly health: RedisHealth;
   /** Renews this daemon's heartbeat key and the mode lease its layout check took. */
@@ -129,7 +129,7 @@ async function runSteps(steps: readonly ShutdownStep[], log: Logger, progress: (
 }
 
 /** QUIT, or a plain disconnect when the server does not answer it in time (a hung Redis never would). */
-function closeRedisStep(redis: Redis): ShutdownStep {
+function closeRedisStep(redis: RedisClient): ShutdownStep {
   return {
     name: 'closing redis',
     timeoutMs: 500,
@@ -276,7 +276,8 @@ export class Daemon {
     const { config, log } = this;
     // Before anything is written: a Redis that cannot keep Tally's promise stops the start here.
     const redisProbe = await this.untilRedis('redis probe', () => probeRedis(config, log));
-    const redis = createRedisClient(config.redisUrl, 'tally-coordinator');
+    const redis = createRedisClient(config.redisUrl, 'tally-coordinator', {}, redisProbe.topology);
+    if (redisProbe.topology === 'cluster') log.info({ masters: redisProbe.masters }, 'redis cluster detected: one slot per virtual shard');
     redis.on('error', () => {});
     redis.on('ready', () => log.info({ redis: redactUrl(config.redisUrl) }, 'redis ready'));
     redis.on('end', () => log.warn('redis connection ended'));
@@ -329,6 +330,7 @@ export class Daemon {
       const pools = new WorkerPools(
         {
           redisUrl: config.redisUrl,
+          redisTopology: redisProbe.topology,
           prefix: config.prefix,
           mode: config.mode,
           markerTtlS: config.markerTtlS,
@@ -384,7 +386,7 @@ export class Daemon {
   }
 
   /** Metrics and the HTTP endpoint, when TALLY_METRICS_PORT is set. */
-  private async startMetrics(stats: StatsRecorder, redis: Redis, redisProbe: RedisProbeReport, health: RedisHealth): Promise<Telemetry | null> {
+  private async startMetrics(stats: StatsRecorder, redis: RedisClient, redisProbe: RedisProbeReport, health: RedisHealth): Promise<Telemetry | null> {
     const { config } = this;
     if (config.metricsPort === null) return null;
     const { exporter, provider: meterProvider } = await createMetricsExport();

@@ -21,8 +21,9 @@
  * prefetch window unacked), and `loaded_ms` is that time: divided by it each
  * gives the mean number of messages at risk when a crash hits a loaded
  * daemon. Averaging over lightly loaded time instead (a backlog's tail, a
- * trickle) would understate a crash under load by half or more: the fault
- * suite measured it.
+ * trickle) would dilute the figure with moments when little is at risk, and
+ * so understate what a crash under load costs (the fault suite's figures are
+ * in docs/benchmark.md and docs/faults-and-deviation.md).
  *
  * A message with parts on several shards counts as 1/parts per part, so a
  * half-finished delivery is half a message at risk.

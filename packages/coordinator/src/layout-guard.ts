@@ -1,4 +1,4 @@
-import type { Redis } from 'ioredis';
+import { scanNodes, type RedisClient } from '@tally/runtime';
 import {
   layoutKey,
   markerScanPattern,
@@ -134,7 +134,7 @@ interface ScriptReply {
 }
 
 async function runLayoutScript(
-  redis: Redis,
+  redis: RedisClient,
   config: Pick<TallyConfig, 'prefix' | 'virtualShards' | 'mode'>,
   lease: ModeLease | null,
   maySwitch: boolean,
@@ -162,17 +162,23 @@ async function runLayoutScript(
   };
 }
 
-/** Any live idempotency marker under the prefix, with its remaining TTL; null when there is none. */
-export async function findLiveMarker(redis: Redis, prefix: string): Promise<{ key: string; ttlS: number } | null> {
-  let cursor = '0';
-  do {
-    const [next, keys] = await redis.scan(cursor, 'MATCH', markerScanPattern(prefix), 'COUNT', 1000);
-    cursor = next;
-    for (const key of keys) {
-      const ttlS = await redis.ttl(key);
-      if (ttlS !== -2) return { key, ttlS };
-    }
-  } while (cursor !== '0');
+/**
+ * Any live idempotency marker under the prefix, with its remaining TTL; null
+ * when there is none. Markers are spread over every slot, so on a cluster
+ * every master is scanned.
+ */
+export async function findLiveMarker(redis: RedisClient, prefix: string): Promise<{ key: string; ttlS: number } | null> {
+  for (const node of scanNodes(redis)) {
+    let cursor = '0';
+    do {
+      const [next, keys] = await node.scan(cursor, 'MATCH', markerScanPattern(prefix), 'COUNT', 1000);
+      cursor = next;
+      for (const key of keys) {
+        const ttlS = await node.ttl(key);
+        if (ttlS !== -2) return { key, ttlS };
+      }
+    } while (cursor !== '0');
+  }
   return null;
 }
 
@@ -210,7 +216,7 @@ function liveDaemonRefusal(config: Pick<TallyConfig, 'prefix' | 'mode'>, recorde
  * that starts between the two steps stops the switch.
  */
 export async function ensureLayout(
-  redis: Redis,
+  redis: RedisClient,
   config: Pick<TallyConfig, 'prefix' | 'virtualShards' | 'mode'>,
   lease: ModeLease | null = null,
 ): Promise<Layout> {
@@ -258,11 +264,11 @@ export async function ensureLayout(
 }
 
 /** Renews a daemon's mode lease; false when the layout is gone (the prefix was wiped). */
-export async function renewModeLease(redis: Redis, prefix: string, mode: TallyMode, lease: ModeLease): Promise<boolean> {
+export async function renewModeLease(redis: RedisClient, prefix: string, mode: TallyMode, lease: ModeLease): Promise<boolean> {
   return (await redis.eval(RENEW_LEASE_LUA, 1, layoutKey(prefix), lease.holder, mode, String(lease.ttlMs))) === 1;
 }
 
 /** Releases a daemon's mode lease on a clean stop, so a mode switch need not wait for it to run out. */
-export async function releaseModeLease(redis: Redis, prefix: string, lease: ModeLease): Promise<void> {
+export async function releaseModeLease(redis: RedisClient, prefix: string, lease: ModeLease): Promise<void> {
   await redis.hdel(layoutKey(prefix), `${LEASE_FIELD}${lease.holder}`);
 }

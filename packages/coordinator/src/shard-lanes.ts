@@ -2,7 +2,7 @@
  * One lane per virtual shard: parts wait here until their batch flushes.
  *
  * A lane flushes at `batchSize` parts or `batchMaxChanges` changes
- * (TALLY_BATCH_MAX_CHANGES, issue 9 case 11), when its oldest part has waited
+ * (TALLY_BATCH_MAX_CHANGES, so no script holds Redis long), when its oldest part has waited
  * `batchWaitMs`, or when asked to (prefetch credit exhausted, shutdown).
  * A lane has at most one batch in flight. That bounds the crash window: a
  * crash costs at most one batch per shard. (Two batches of one shard could

@@ -1,4 +1,4 @@
-import type { Redis } from 'ioredis';
+import type { RedisClient } from '@tally/runtime';
 import { COUNTER_NAMES, statsKey, zeroCounters, type CounterName, type CounterValues } from '@tally/shared';
 import type { Logger } from './logger.js';
 
@@ -37,7 +37,7 @@ export class StatsRecorder {
   private urgentTimer: NodeJS.Timeout | null = null;
 
   constructor(
-    private readonly redis: Redis,
+    private readonly redis: RedisClient,
     private readonly prefix: string,
     private readonly log: Logger,
     /** Told the outcome of every flush that wrote something: null on success, else the error (RedisHealth watches it). */

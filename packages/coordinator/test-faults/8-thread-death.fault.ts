@@ -6,7 +6,7 @@ import { DaemonFleet } from './fleet.js';
 import { rows } from './report.js';
 
 /**
- * Issue 9 case 7: a worker thread that dies after its count write and before
+ * A worker thread that dies after its count write and before
  * its markers (two-step), or after its script and before its reply (atomic).
  * The thread really dies: TALLY_FAULT_THREAD_EXIT_AFTER_WRITE makes each
  * thread call process.exit() inside itself after its n-th count write;

@@ -4,13 +4,14 @@ import { Redis } from 'ioredis';
 import { startPrivateRedis, startProxy, type PrivateRedis } from '@tally/testkit';
 import { generateWorkload, publishAll } from '@tally/workload';
 import { cleanup, testSpace, waitForReadyBelow, waitForReadyEmpty, AMQP_URL } from '../test/integration/harness.js';
-import { countsAt, startReplicatedRedis, waitForLink } from '../test/integration/replicated-redis.js';
+import { countsAt } from '../test/integration/runtime-probes.js';
+import { startReplicatedRedis, waitForLink } from '../test/integration/replicated-redis.js';
 import { checkCounts } from './checks.js';
 import { DaemonFleet } from './fleet.js';
 import { rows } from './report.js';
 
 /**
- * Issue 9 case 2: a failover to a replica that lags. The daemon reaches a
+ * A failover to a replica that lags. The daemon reaches a
  * private master through a TCP proxy; mid-stream replication is stalled
  * (the replica SIGSTOPped for a second), the master is SIGKILLed, the replica
  * is promoted (REPLICAOF NO ONE) and the proxy pointed at it, and a fresh

@@ -1,16 +1,20 @@
 /**
  * The thread protocol between the coordinator and a worker thread: one task
- * per virtual-shard batch, one result back. Crossing threads costs about
- * 1 µs per message per batch against 12 µs per message one at a time, so
- * nothing here is ever sent per message.
+ * per virtual-shard batch, one result back. Every crossing has a fixed cost
+ * (a postMessage, a structured clone, a wake-up of the other thread) that a
+ * batch pays once for all its messages, so nothing here is ever sent per
+ * message (figures in docs/benchmark.md).
  */
 import type { TallyMode } from './config.js';
 import type { FailureClass } from './failure-class.js';
 import type { PartChanges } from './shards.js';
+import type { RedisTopology } from './redis-requirements.js';
 
 /** Fixed for the life of a thread: passed as piscina's workerData. */
 export interface WorkerSettings {
   readonly redisUrl: string;
+  /** Detected once by the daemon's probe; absent means standalone. */
+  readonly redisTopology?: RedisTopology;
   readonly prefix: string;
   readonly mode: TallyMode;
   readonly markerTtlS: number;
@@ -48,7 +52,8 @@ export interface BatchTask {
  * A BatchTask as it crosses the thread boundary: one flat array of
  * primitives, `id, k, sku1, delta1, …, skuk, deltak` per part. Structured
  * cloning copies every nested array as an object; a flat array of strings
- * and numbers costs about a third, and the main thread is the one that pays.
+ * and numbers is far cheaper to clone, and the main thread, which every
+ * delivery already passes through, is the one that pays (docs/benchmark.md).
  */
 export interface WireBatchTask {
   readonly vshard: number;
@@ -117,7 +122,7 @@ export function decodeBatchTask(wire: WireBatchTask): BatchTask {
  * A part Redis refused to count (a foreign value in a count key, a 64-bit
  * overflow): it counted nothing and occupies no marker, so its message is
  * dead-lettered (`count-refused`) and a replay after the key is repaired
- * counts it once. Issue 9 case 6.
+ * counts it once.
  */
 export interface CountRefusal {
   /** The part's index in the batch. */

@@ -16,7 +16,13 @@ const LOG_LEVELS: readonly LogLevel[] = ['fatal', 'error', 'warn', 'info', 'debu
 
 export interface TallyConfig {
   readonly amqpUrl: string;
+  /**
+   * TALLY_REDIS_URL as given (scheme lower-cased): one URL, or the seed nodes
+   * of a Redis Cluster separated by commas. Log it only through redactUrl.
+   */
   readonly redisUrl: string;
+  /** The URLs of TALLY_REDIS_URL, one per seed node (one for a standalone Redis). */
+  readonly redisSeeds: readonly string[];
   readonly queue: string;
   /** `<queue>.dead`: where bad messages go, with `x-tally-reason`. */
   readonly deadLetterQueue: string;
@@ -166,6 +172,68 @@ function withLowerCaseScheme(raw: string): string {
   return raw.replace(/^[A-Za-z][A-Za-z0-9+.-]*:/, (scheme) => scheme.toLowerCase());
 }
 
+/**
+ * Splits a TALLY_REDIS_URL list into its URLs. A comma starts a new URL only
+ * when a `redis://` or `rediss://` scheme follows it, so a comma inside a
+ * password (allowed unencoded in userinfo) does not split it.
+ */
+export function splitRedisUrls(raw: string): string[] {
+  return raw
+    .split(/,\s*(?=rediss?:\/\/)/i)
+    .map((part) => part.trim())
+    .filter((part) => part !== '');
+}
+
+/**
+ * TALLY_REDIS_URL: one URL, or several comma-separated seed nodes of one
+ * Redis Cluster. The client carries the first seed's credentials and TLS to
+ * every node the cluster announces (one user for the whole cluster), so the
+ * seeds must agree on the scheme and on any credentials they repeat. A
+ * cluster has database 0 only, so a list cannot name another one. Errors
+ * name the seed by position, never by its text: it may hold a password.
+ */
+function redisUrls(env: Env, name: string, fallback: string): { redisUrl: string; redisSeeds: readonly string[] } {
+  const raw = read(env, name) ?? fallback;
+  const seeds = splitRedisUrls(raw);
+  if (seeds.length === 0) throw new ConfigError(name, 'expected a redis:// or rediss:// URL, or several comma-separated');
+  const parsed: URL[] = [];
+  seeds.forEach((seed, i) => {
+    const where = seeds.length === 1 ? '' : ` (seed ${i + 1} of ${seeds.length})`;
+    let url: URL;
+    try {
+      url = new URL(seed);
+    } catch {
+      // The raw value may hold a password: never echo it back.
+      throw new ConfigError(name, `not a valid URL${where}; expected redis://… or rediss://…, comma-separated for several cluster seed nodes`);
+    }
+    if (url.protocol !== 'redis:' && url.protocol !== 'rediss:') {
+      throw new ConfigError(name, `unsupported scheme ${JSON.stringify(url.protocol)}${where}; expected one of redis:, rediss:`);
+    }
+    if (url.hostname === '') throw new ConfigError(name, `no host${where}`);
+    parsed.push(url);
+  });
+  if (seeds.length > 1) {
+    const first = parsed[0]!;
+    parsed.forEach((url, i) => {
+      const where = `seed ${i + 1} of ${seeds.length}`;
+      if (url.protocol !== first.protocol) {
+        throw new ConfigError(name, `${where} uses ${url.protocol}// but seed 1 uses ${first.protocol}//; every node of a cluster is reached the same way`);
+      }
+      if ((url.username !== '' || url.password !== '') && (url.username !== first.username || url.password !== first.password)) {
+        throw new ConfigError(
+          name,
+          `${where} names other credentials than seed 1; a cluster is reached with one user: put it on seed 1 (or repeat it exactly)`,
+        );
+      }
+      if (!/^\/?0?$/.test(url.pathname)) {
+        throw new ConfigError(name, `${where} names database ${JSON.stringify(url.pathname.slice(1))}; a Redis Cluster has database 0 only`);
+      }
+    });
+  }
+  const normalized = seeds.map(withLowerCaseScheme);
+  return { redisUrl: normalized.join(','), redisSeeds: Object.freeze(normalized) };
+}
+
 const TRUE_WORDS = ['1', 'true', 'yes'];
 const FALSE_WORDS = ['0', 'false', 'no'];
 
@@ -257,8 +325,9 @@ function logLevel(env: Env, name: string): LogLevel {
 export function loadConfig(env: Env = process.env): TallyConfig {
   const virtualShards = integer(env, 'TALLY_VIRTUAL_SHARDS', DEFAULTS.virtualShards, LIMITS.virtualShards);
   // One core is left to the main thread, which parses, shards and acks every
-  // delivery: on the 2-core machines measured, 1 worker thread drained
-  // faster than 2 or 4 (bench sweep) and used less CPU per message.
+  // delivery: more worker threads than the cores beside it only compete with
+  // it for CPU and add cross-thread handoffs (the workers sweep in
+  // docs/benchmark.md).
   const defaultWorkers = Math.min(Math.max(1, availableParallelism() - 1), virtualShards);
   const workers = integer(env, 'TALLY_WORKERS', defaultWorkers, LIMITS.workers);
   if (workers > virtualShards) {
@@ -271,7 +340,7 @@ export function loadConfig(env: Env = process.env): TallyConfig {
   const metricsPortRaw = read(env, 'TALLY_METRICS_PORT');
   return Object.freeze({
     amqpUrl: url(env, 'TALLY_AMQP_URL', DEFAULTS.amqpUrl, ['amqp:', 'amqps:']),
-    redisUrl: url(env, 'TALLY_REDIS_URL', DEFAULTS.redisUrl, ['redis:', 'rediss:']),
+    ...redisUrls(env, 'TALLY_REDIS_URL', DEFAULTS.redisUrl),
     queue,
     deadLetterQueue: `${queue}.dead`,
     queueType: queueType(env, 'TALLY_QUEUE_TYPE'),

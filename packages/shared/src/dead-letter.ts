@@ -13,7 +13,7 @@ import { BAD_MESSAGE_REASONS } from './message.js';
 
 /**
  * The reason code of a message Redis refused to count part of (a foreign
- * value in a count key, a 64-bit overflow; issue 9 case 6). Unlike the
+ * value in a count key, a 64-bit overflow). Unlike the
  * BAD_MESSAGE_REASONS the message is good: replay it once the key is
  * repaired (`tally dead replay --reason count-refused`).
  */

@@ -1,6 +1,6 @@
 /**
- * The deviation estimator (`tally deviation`): the seed's argument turned
- * into arithmetic. Pure: counters, configuration and a crash pattern in, an
+ * The deviation estimator (`tally deviation`): how large the overcount that
+ * crashes leave behind can be, as arithmetic. Pure: counters, configuration and a crash pattern in, an
  * estimate with every term out.
  *
  * A crash costs re-counted messages in two ways:

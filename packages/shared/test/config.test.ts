@@ -2,7 +2,7 @@ import { readFileSync } from 'node:fs';
 import { availableParallelism } from 'node:os';
 import { fileURLToPath } from 'node:url';
 import { expect } from 'chai';
-import { DEFAULTS, LIMITS, loadConfig, loadFaultInjection, type Env, type TallyConfig } from '../src/config.js';
+import { DEFAULTS, LIMITS, loadConfig, loadFaultInjection, splitRedisUrls, type Env, type TallyConfig } from '../src/config.js';
 import { ConfigError, TallyError } from '../src/errors.js';
 
 function configError(env: Env): ConfigError {
@@ -55,6 +55,7 @@ describe('loadConfig', () => {
     const expected: TallyConfig = {
       amqpUrl: 'amqp://guest:guest@127.0.0.1:5672',
       redisUrl: 'redis://127.0.0.1:6379',
+      redisSeeds: ['redis://127.0.0.1:6379'],
       queue: 'inventory.changes',
       deadLetterQueue: 'inventory.changes.dead',
       queueType: 'classic',
@@ -153,6 +154,29 @@ describe('loadConfig', () => {
     });
   });
 
+  describe('rejects inconsistent cluster seed lists, naming the seed by position and never its password', () => {
+    const cases: ReadonlyArray<readonly [string, RegExp]> = [
+      ['redis://:s3cret@h1:7000,rediss://:s3cret@h2:7001', /seed 2 of 2 uses rediss:\/\/ but seed 1 uses redis:/],
+      ['redis://:s3cret@h1:7000,redis://:other-s3cret@h2:7001', /seed 2 of 2 names other credentials/],
+      ['redis://:s3cret@h1:7000,redis://h2:7001/3', /seed 2 of 2 names database "3"/],
+      ['redis://:s3cret@h1:7000,http://h2:7001', /unsupported scheme|not a valid URL/],
+      ['redis://:s3cret@h1:7000,redis://[::1:7001', /not a valid URL \(seed 2 of 2\)/],
+      [',', /not a valid URL/],
+    ];
+    for (const [value, pattern] of cases) {
+      it(value.replace(/s3cret/g, '…'), () => {
+        const error = configError({ TALLY_REDIS_URL: value });
+        expect(error.variable).to.equal('TALLY_REDIS_URL');
+        expect(error.message).to.match(pattern);
+        expect(error.message).not.to.include('s3cret');
+      });
+    }
+    it('credentials on the first seed only, or repeated exactly, are accepted', () => {
+      expect(loadConfig({ TALLY_REDIS_URL: 'redis://u:p@h1:1,redis://h2:2' }).redisSeeds).to.have.length(2);
+      expect(loadConfig({ TALLY_REDIS_URL: 'redis://u:p@h1:1,redis://u:p@h2:2/0' }).redisSeeds).to.have.length(2);
+    });
+  });
+
   describe('never echoes a password', () => {
     const cases: ReadonlyArray<readonly [string, string]> = [
       ['TALLY_AMQP_URL', 'http://user:s3cret@host'],
@@ -188,6 +212,19 @@ describe('loadConfig', () => {
       expect(config.redisUrl).to.equal('rediss://:PassWord@Cache.example:6380/2');
       expect(loadConfig({ TALLY_REDIS_URL: 'REDIS://h:1' }).redisUrl).to.equal('redis://h:1');
       expect(loadConfig({ TALLY_AMQP_URL: 'Amqp://h' }).amqpUrl).to.equal('amqp://h');
+    });
+
+    it('several comma-separated seed nodes of a cluster, each kept as given, schemes lowered', () => {
+      const config = loadConfig({ TALLY_REDIS_URL: 'redis://:pw@10.0.0.1:7000, REDIS://10.0.0.2:7001,redis://:pw@[::1]:7002' });
+      expect(config.redisSeeds).to.deep.equal(['redis://:pw@10.0.0.1:7000', 'redis://10.0.0.2:7001', 'redis://:pw@[::1]:7002']);
+      expect(config.redisUrl).to.equal('redis://:pw@10.0.0.1:7000,redis://10.0.0.2:7001,redis://:pw@[::1]:7002');
+      expect(Object.isFrozen(config.redisSeeds)).to.equal(true);
+    });
+
+    it('a comma inside a password does not split the URL', () => {
+      const config = loadConfig({ TALLY_REDIS_URL: 'rediss://tally:a,b@cache.example:6380' });
+      expect(config.redisSeeds).to.deep.equal(['rediss://tally:a,b@cache.example:6380']);
+      expect(splitRedisUrls('redis://u:x,redis@h:1,redis://h:2')).to.deep.equal(['redis://u:x,redis@h:1', 'redis://h:2']);
     });
 
     it('TALLY_ALLOW_EVICTION as 1/0, true/false, yes/no in any case', () => {

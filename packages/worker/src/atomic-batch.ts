@@ -3,8 +3,8 @@
  * markers, adds only the new parts' counts and occupies their markers, as one
  * step that no crash can split.
  *
- * The seed's premise is that a cache cannot write a count and an idempotency
- * key in one transaction. Redis runs a script atomically over keys that share
+ * Two-step mode writes counts and markers in two steps, with a crash window
+ * between them. Redis runs a script atomically over keys that share
  * a hash slot, and every key of a virtual shard carries the hash tag
  * `{<vshard>}` (keys.ts), so the script is single-slot on Redis Cluster too.
  * There is no crash window left: a crash before the script leaves nothing
@@ -15,7 +15,7 @@
  * How the script reaches Redis: lua-scripts.ts, as for the two-step
  * scripts (EVALSHA; SCRIPT LOAD on NOSCRIPT; a reload after the first logged).
  */
-import type { Redis } from 'ioredis';
+import { onSlotConnection, type RedisClient } from '@tally/runtime';
 import { countKey, describeError, retryUntilDone, markerKey, receiptKey, type BatchResult, type BatchTask, type WorkerSettings } from '@tally/shared';
 import { loadScript, runScript } from './lua-scripts.js';
 import { reportingHealth } from './health-report.js';
@@ -60,7 +60,7 @@ export function atomicBatchArgs(
 }
 
 /** The atomic batch is one script call: one span, `tally.atomic_batch`, in place of the two-step's four. */
-export function runAtomicBatch(redis: Redis, settings: WorkerSettings, task: BatchTask, log: BatchLog, hooks: BatchHooks = {}): Promise<BatchResult> {
+export function runAtomicBatch(redis: RedisClient, settings: WorkerSettings, task: BatchTask, log: BatchLog, hooks: BatchHooks = {}): Promise<BatchResult> {
   return inSpan(batchTracer(), 'tally.atomic_batch', { 'tally.shard': task.vshard }, async (span) => {
     const result = await runAtomicScript(redis, settings, task, log, hooks);
     span.setAttribute('tally.write_retries', result.writeRetries);
@@ -68,14 +68,16 @@ export function runAtomicBatch(redis: Redis, settings: WorkerSettings, task: Bat
   });
 }
 
-async function runAtomicScript(redis: Redis, settings: WorkerSettings, task: BatchTask, log: BatchLog, hooks: BatchHooks): Promise<BatchResult> {
+async function runAtomicScript(redis: RedisClient, settings: WorkerSettings, task: BatchTask, log: BatchLog, hooks: BatchHooks): Promise<BatchResult> {
   const t0 = performance.now();
   // The coordinator's batch id, the same for every attempt and every rerun of
   // this batch: a retry after a lost reply, or a rerun after this thread
   // died, finds the receipt the first run left and gets its answer back.
   const args = atomicBatchArgs(settings, task, task.batchId);
   let writeRetries = 0;
-  const runOnce = reportingHealth(task.vshard, () => runScript(redis, ATOMIC_BATCH, args, log));
+  // On the master of the shard's slot (every key carries the hash tag {vshard}): see onSlotConnection.
+  const shardKey = markerKey(settings.prefix, task.vshard, '');
+  const runOnce = reportingHealth(task.vshard, () => onSlotConnection(redis, shardKey, (connection) => runScript(connection, ATOMIC_BATCH, args, log)));
   const reply = (await retryUntilDone(runOnce, {
     // A `fatal` or `data` reply (a bad argument, NOPERM, a bug) would fail
     // the same way here: it goes to the coordinator, which retries a `fatal`

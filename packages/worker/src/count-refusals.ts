@@ -1,5 +1,5 @@
 /**
- * Count refusals (issue 9 case 6) as the scripts report them, turned into
+ * Count refusals as the scripts report them, turned into
  * CountRefusals and logged with their key and delta. Both modes' scripts
  * return one `{part index (1-based), count key, delta, Redis error}` per
  * refused part; the part counted nothing and occupies no marker.

@@ -1,5 +1,5 @@
 /**
- * Durability of an ack (issue 9 case 2): with TALLY_REDIS_WAIT_REPLICAS=N > 0
+ * Durability of an ack: with TALLY_REDIS_WAIT_REPLICAS=N > 0
  * a batch returns, and so its deliveries can be acked, only once N replicas
  * acknowledged its counts and markers (Redis WAIT).
  *
@@ -25,7 +25,7 @@
  * cluster pipeline by its first key): the master of the batch's slot, whose
  * replicas are the ones that matter.
  */
-import type { Redis } from 'ioredis';
+import type { RedisClient } from '@tally/runtime';
 import { describeError, retryUntilDone, type BatchTask, type WorkerSettings } from '@tally/shared';
 import type { BatchLog } from './batch-log.js';
 
@@ -44,7 +44,7 @@ export class BatchWritesLostError extends Error {
  * PEXPIRE of `touchKey`; resolves to the number of WAITs that timed out.
  */
 export async function waitForReplicas(
-  redis: Redis,
+  redis: RedisClient,
   settings: Pick<WorkerSettings, 'waitReplicas' | 'waitTimeoutMs' | 'markerTtlS'>,
   task: BatchTask,
   touchKey: string,

@@ -27,7 +27,8 @@ const settings = workerData as WorkerSettings;
 // Each thread is its own isolate: it registers its own tracer provider.
 const tracing = await startTracing(process.env);
 const log = pino({ level: settings.logLevel, base: { component: 'worker' }, mixin: traceIdsOfActiveSpan });
-const redis = createRedisClient(settings.redisUrl, 'tally-worker');
+// The topology was detected once by the daemon's probe: a cluster client follows the slots, a standalone one the URL.
+const redis = createRedisClient(settings.redisUrl, 'tally-worker', {}, settings.redisTopology ?? 'standalone');
 // Connection errors surface through the batch steps' retries; this keeps
 // ioredis from reporting each reconnect attempt as an unhandled 'error'.
 redis.on('error', () => {});

@@ -10,9 +10,12 @@
  * which the counters make visible; the reverse order would lose the counts
  * invisibly. The window between them is one per shard batch, not one per
  * message.
+ *
+ * Every step runs on the connection to the master of the shard's slot
+ * (onSlotConnection; on a standalone Redis, the one connection), so a
+ * NOSCRIPT reload reaches the node that runs the script.
  */
 import { SpanStatusCode, trace } from '@opentelemetry/api';
-import type { Redis } from 'ioredis';
 import {
   countKey,
   describeError,
@@ -25,6 +28,7 @@ import {
   type CountRefusal,
   type WorkerSettings,
 } from '@tally/shared';
+import { onSlotConnection, type RedisClient } from '@tally/runtime';
 import { aggregateNewParts, selectNewParts } from './aggregate.js';
 import type { BatchHooks, BatchLog } from './batch-log.js';
 import { batchTracer, inSpan } from './batch-tracing.js';
@@ -78,15 +82,23 @@ function newMessages(task: BatchTask, marked: Uint8Array): number {
   return messages;
 }
 
-export async function runTwoStepBatch(redis: Redis, settings: WorkerSettings, task: BatchTask, log: BatchLog, hooks: BatchHooks = {}): Promise<BatchResult> {
+export async function runTwoStepBatch(
+  redis: RedisClient,
+  settings: WorkerSettings,
+  task: BatchTask,
+  log: BatchLog,
+  hooks: BatchHooks = {},
+): Promise<BatchResult> {
   const { prefix, markerTtlS, countTtlS } = settings;
   const { vshard, ids, changes } = task;
   const markerKeys = ids.map((id) => markerKey(prefix, vshard, id));
+  // Any key of the shard names its slot (hash tag {vshard}): every step runs on that slot's master.
+  const shardKey = markerKey(prefix, vshard, '');
 
   const tracer = batchTracer();
   const t0 = performance.now();
   const values = await inSpan(tracer, 'tally.precheck', { 'tally.shard': vshard, 'tally.markers': markerKeys.length }, () =>
-    untilDone('precheck', task, log, () => redis.mget(markerKeys)),
+    untilDone('precheck', task, log, () => onSlotConnection(redis, shardKey, (connection) => connection.mget(markerKeys))),
   );
   const marked = selectNewParts(ids, values);
   const t1 = performance.now();
@@ -116,7 +128,7 @@ export async function runTwoStepBatch(redis: Redis, settings: WorkerSettings, ta
         'write_counts',
         task,
         log,
-        async () => (await runScript(redis, WRITE_COUNTS, args, log)) as WriteCountsReply,
+        () => onSlotConnection(redis, shardKey, async (connection) => (await runScript(connection, WRITE_COUNTS, args, log)) as WriteCountsReply),
         () => {
           writeRetries++;
         },
@@ -169,7 +181,7 @@ export async function runTwoStepBatch(redis: Redis, settings: WorkerSettings, ta
         task,
         log,
         async () => {
-          await runScript(redis, OCCUPY_MARKERS, args, log);
+          await onSlotConnection(redis, shardKey, (connection) => runScript(connection, OCCUPY_MARKERS, args, log));
         },
         () => {
           // The counts are written and the markers are not: the crash window

@@ -1,5 +1,5 @@
 /**
- * Issue 9 case 6 at the worker: a part whose increment Redis refuses (a
+ * A refused count at the worker: a part whose increment Redis refuses (a
  * foreign value in a count key, a wrong type, a 64-bit overflow) counts
  * nothing and occupies no marker, while the batch's other parts are counted
  * and marked; the foreign key is left exactly as it was; a rerun of the same

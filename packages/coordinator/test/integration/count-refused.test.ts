@@ -1,5 +1,5 @@
 /**
- * Issue 9 case 6 end to end: a count key holding a foreign value. Every
+ * A count Redis refuses, end to end: a count key holding a foreign value. Every
  * message with a change for it ends in `<queue>.dead` with `count-refused`
  * and the Redis error, the SKU, key and delta in x-tally-reason; the part of
  * it in the poisoned key's shard counts nothing, its other parts are counted;

@@ -1,5 +1,5 @@
 /**
- * Issue 9 case 2: TALLY_REDIS_WAIT_REPLICAS. With WAIT 1 against a private
+ * Durable acks with TALLY_REDIS_WAIT_REPLICAS. With WAIT 1 against a private
  * master and replica, counts are exact; with the replica stopped (SIGSTOP)
  * the deliveries stay unacked at the broker and the WAIT timeouts show (log
  * and wait_timeouts); once it continues (SIGCONT) everything is acked and the
@@ -9,7 +9,8 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { expect } from 'chai';
 import { generateWorkload, publishAll } from '@tally/workload';
 import { cleanup, compare, startDaemon, stopDaemon, testSpace, waitForReadyEmpty, AMQP_URL } from './harness.js';
-import { countsAt, startReplicatedRedis, statsAt, unackedOf } from './replicated-redis.js';
+import { countsAt } from './runtime-probes.js';
+import { startReplicatedRedis, statsAt, unackedOf } from './replicated-redis.js';
 
 async function waitForUnacked(queue: string, predicate: (n: number) => boolean, timeoutMs = 60_000): Promise<number> {
   const deadline = Date.now() + timeoutMs;

@@ -8,7 +8,6 @@ import { promisify } from 'node:util';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { Redis } from 'ioredis';
 import { startPrivateRedis, type PrivateRedis } from '@tally/testkit';
-import { readCounts } from '../../src/commands/counts.js';
 import { readStats } from '../../src/commands/stats.js';
 
 export interface ReplicatedRedis {
@@ -48,16 +47,6 @@ export async function waitForLink(replicaUrl: string, timeoutMs = 20_000): Promi
       await sleep(50);
     }
     throw new Error(`replica ${replicaUrl} did not sync within ${timeoutMs} ms`);
-  } finally {
-    redis.disconnect();
-  }
-}
-
-export async function countsAt(url: string, prefix: string, virtualShards = 16): Promise<Map<string, number>> {
-  const redis = new Redis(url);
-  try {
-    const raw = await readCounts(redis, { prefix, virtualShards }, []);
-    return new Map([...raw].map(([sku, value]) => [sku, Number(value)]));
   } finally {
     redis.disconnect();
   }

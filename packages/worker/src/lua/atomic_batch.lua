@@ -33,7 +33,7 @@
     that would leave that range is spilled as its own INCRBY first. Sums are
     sent to INCRBY formatted with %.0f (never tostring, which writes 1e+15),
     and Redis parses them as 64-bit integers.
-  - Refusals (issue 9 case 6): INCRBY runs under pcall, and is refused for a
+  - Refusals: INCRBY runs under pcall, and is refused for a
     foreign value in a count key (WRONGTYPE, not an integer) or a 64-bit
     overflow. A refused part must count nothing and occupy no marker, so that
     its replay from the dead-letter queue counts it once, while the batch's

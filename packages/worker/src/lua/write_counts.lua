@@ -31,7 +31,7 @@
   the receipt written with them makes a rerun (a lost reply, a dead thread:
   the batch id is the same) a no-op instead of a second count.
 
-  Refusals (issue 9 case 6). INCRBY is refused for a foreign value in a count
+  Refusals. INCRBY is refused for a foreign value in a count
   key (WRONGTYPE, not an integer) or a 64-bit overflow. A refused part must
   count nothing, so that its replay from the dead-letter queue counts it
   once: a group of increments is applied all or nothing (addAll: the applied
