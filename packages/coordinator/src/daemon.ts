@@ -41,7 +41,7 @@ import { StatsRecorder } from './stats-recorder.js';
 import { WorkerPools } from './worker-pools.js';
 import { BadMessageLog } from './bad-message-log.js';
 import { runIsolating } from './batch-isolation.js';
-import { ExposureMeter } from './exposure-meter.js';
+import { DEFAULT_SAMPLING, ExposureMeter } from './exposure-meter.js';
 import { within, TIMED_OUT } from './deadline.js';
 import { judgeReadiness, type ReadinessVerdict } from './readiness.js';
 import { RedisHealth } from './redis-health.js';
@@ -314,6 +314,8 @@ export class Daemon {
         stats,
         () => (this.acks?.tracker.unacked ?? 0) * 2 >= config.prefetch,
         windowGauge === null ? null : () => windowGauge.messages(),
+        DEFAULT_SAMPLING,
+        windowGauge,
       );
       exposure.start();
       opened.unshift({
@@ -573,10 +575,12 @@ export class Daemon {
         );
       });
     } catch (error) {
+      exposure.batchReturned(vshard);
       if (!(error instanceof BatchAbandoned)) throw error;
       span.end();
       return;
     }
+    exposure.batchReturned(vshard);
     endBatchSpan(span, result);
     metrics?.recordBatch(parts.length, performance.now() - started, result);
     stats.add('occupation_failures', result.occupationFailures);

@@ -15,7 +15,9 @@
  *   finished delivery waits for every earlier tag: this can be a sizeable
  *   share of the prefetch window. A crash re-counts these only when its
  *   recovery outlasts the marker TTL (the markers expired before the
- *   redelivery).
+ *   redelivery). Counted from the moment the batch's marker SETs are sent
+ *   (the gauge's settling slots, until the coordinator takes the result;
+ *   then the occupied map, until the ack): the window term stops there.
  *
  * All are sampled every 50 ms, and all are taken only while the daemon is under load (at least half of the
  * prefetch window unacked), and `loaded_ms` is that time: divided by it each
@@ -45,6 +47,12 @@ export interface MeterSampling {
 }
 
 export const DEFAULT_SAMPLING: MeterSampling = { periodMs: 50, maxGapMs: 500 };
+
+/** Messages whose marker SETs are sent and whose batch result the coordinator has not taken yet. */
+export interface SettlingGauge {
+  settling(): number;
+  settled(vshard: number): void;
+}
 
 export interface ExposureSink {
   add(name: CounterName, amount: number): void;
@@ -80,7 +88,14 @@ export class ExposureMeter {
      */
     private readonly windowNow: (() => number) | null,
     private readonly sampling: MeterSampling = DEFAULT_SAMPLING,
+    /** The gauge's settling messages (markers sent, result not yet here); null in atomic mode. */
+    private readonly settling: SettlingGauge | null = null,
   ) {}
+
+  /** The coordinator has a shard's batch result, or its failure. */
+  batchReturned(vshard: number): void {
+    this.settling?.settled(vshard);
+  }
 
   /** A new channel: the old channel's deliveries go back to the broker while their markers are fresh. */
   channelChanged(link: unknown): void {
@@ -131,7 +146,7 @@ export class ExposureMeter {
     // Longer than maxGapMs: the process was frozen (see the file's comment).
     if (elapsed > 0 && elapsed <= this.sampling.maxGapMs && this.loaded()) {
       this.carry.loaded += elapsed;
-      this.carry.occupied += this.occupiedUnacked * elapsed;
+      this.carry.occupied += (this.occupiedUnacked + (this.settling?.settling() ?? 0)) * elapsed;
       if (this.windowNow !== null) this.carry.window += this.windowNow() * elapsed;
     }
     this.hand('loaded_ms', 'loaded');

@@ -24,8 +24,21 @@ export class WindowGauge {
     this.slots = new Int32Array(buffer);
   }
 
+  /**
+   * Slots 0..V-1: each shard's window. Slots V..2V-1: each shard's settling
+   * messages: counts written, marker SETs sent, result not yet taken by the
+   * coordinator. A crash then re-counts them only after a recovery slower
+   * than the marker TTL (the markers run, then expire), the same as an
+   * occupied-but-unacked delivery; until the coordinator has the result they
+   * are in neither the window nor its occupied map, and left out they
+   * dropped the SET round trip and the reply's trip from U.
+   */
   static create(virtualShards: number): WindowGauge {
-    return new WindowGauge(new SharedArrayBuffer(Int32Array.BYTES_PER_ELEMENT * virtualShards));
+    return new WindowGauge(new SharedArrayBuffer(Int32Array.BYTES_PER_ELEMENT * virtualShards * 2));
+  }
+
+  private get shards(): number {
+    return this.slots.length / 2;
   }
 
   /** The shard's count write is about to be sent: `messages` are inside the window. */
@@ -33,15 +46,34 @@ export class WindowGauge {
     Atomics.store(this.slots, vshard, Math.round(messages * SCALE));
   }
 
-  /** The shard's marker SETs are about to be sent: its window is closed. */
+  /**
+   * The shard's marker SETs are about to be sent: its window is closed, and
+   * its messages settle until the coordinator takes the batch's result.
+   */
   close(vshard: number): void {
+    const open = Atomics.load(this.slots, vshard);
+    if (open > 0) Atomics.store(this.slots, this.shards + vshard, open);
     Atomics.store(this.slots, vshard, 0);
+  }
+
+  /** The coordinator has the shard's batch result (or its failure): nothing of it settles any more. */
+  settled(vshard: number): void {
+    Atomics.store(this.slots, this.shards + vshard, 0);
   }
 
   /** Messages inside a window right now, over all shards. */
   messages(): number {
+    return this.sum(0);
+  }
+
+  /** Messages settling right now (markers sent, result not yet taken), over all shards. */
+  settling(): number {
+    return this.sum(this.shards);
+  }
+
+  private sum(from: number): number {
     let sum = 0;
-    for (let vshard = 0; vshard < this.slots.length; vshard++) sum += Atomics.load(this.slots, vshard);
+    for (let slot = from; slot < from + this.shards; slot++) sum += Atomics.load(this.slots, slot);
     return sum / SCALE;
   }
 }

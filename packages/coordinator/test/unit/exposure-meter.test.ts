@@ -91,4 +91,29 @@ describe('ExposureMeter', () => {
     expect(out.totals.get('loaded_ms')).to.equal(500);
     expect(out.totals.get('window_message_ms')).to.equal(50_000);
   });
+
+  it('counts a batch as occupied-but-unacked from the moment its marker SETs are sent, not from when its result arrives', () => {
+    const out = sink();
+    const gauge = WindowGauge.create(2);
+    const meter = new ExposureMeter(out, () => true, () => gauge.messages(), SECONDS, gauge);
+    const link = {};
+    meter.channelChanged(link);
+    meter.sample(0);
+    gauge.open(1, 100);
+    meter.sample(1000);
+    // The SETs leave: out of the window, not yet in the meter's occupied map (the result is on its way).
+    gauge.close(1);
+    meter.sample(2000);
+    expect(out.totals.get('window_message_ms')).to.equal(100_000);
+    expect(out.totals.get('occupied_unacked_message_ms')).to.equal(100_000);
+    // The result arrives: the same messages move to the occupied map, counted once.
+    meter.batchReturned(1);
+    meter.batchDone(Array.from({ length: 100 }, (_, i) => ({ link, tag: i + 1, parts: 1 })));
+    meter.sample(3000);
+    expect(out.totals.get('occupied_unacked_message_ms')).to.equal(200_000);
+    meter.acked(100);
+    meter.sample(4000);
+    expect(out.totals.get('occupied_unacked_message_ms')).to.equal(200_000);
+    expect(out.totals.get('loaded_ms')).to.equal(4000);
+  });
 });
