@@ -44,13 +44,17 @@ describe('faults: recovery slower than the marker TTL', function () {
       await publishAll(workload.publishes, { url: AMQP_URL, queue: space.queue });
       let longestRecoveryMs = 0;
       let idleKills = 0;
+      /** Wall-clock time from each victim's first half-full window to its kill: what the kills were drawn from. */
+      let livesMs = 0;
       for (let k = 0; k < kills; k++) {
         const readyAtStart = (await queueState(space.queue)).messageCount;
         const daemon = await fleet.start(space.env);
         // Under load once it holds half its prefetch window (what the meter calls loaded).
         await waitForReadyBelow(space.queue, readyAtStart - config.prefetch / 2, 60_000);
+        const loadedAt = performance.now();
         await sleep(-Math.log(1 - random()) * MEAN_LOADED_LIFE_MS);
         await fleet.kill(daemon);
+        livesMs += performance.now() - loadedAt;
         const down = performance.now();
         // Its unacked deliveries are back: anything more ready means it still had a backlog, so it was under load.
         if ((await queueState(space.queue)).messageCount <= config.prefetch) idleKills++;
@@ -84,7 +88,7 @@ describe('faults: recovery slower than the marker TTL', function () {
         note: `TTL ${config.markerTtlS} s, restart after ${restartDelayMs / 1000} s; measured ${measuredMessages.toFixed(0)} msgs, estimated ${estimate.expectedPerMonth.toFixed(0)} (W ${estimate.perCrash.window.toFixed(1)} + U ${estimate.perCrash.occupiedUnacked.toFixed(0)} per crash)`,
       });
       console.log(`      stats ${JSON.stringify(stats)}`);
-      console.log(`      measured ${check.overcountUnits} units = ${measuredMessages.toFixed(1)} messages; estimated ${estimate.expectedPerMonth.toFixed(1)} messages = ${kills} × (W ${estimate.perCrash.window.toFixed(1)} + P ${estimate.slowShare.expected} × U ${estimate.perCrash.occupiedUnacked.toFixed(1)}) over ${estimate.perCrash.loadedSeconds.toFixed(1)} s loaded; per kill measured ${(measuredMessages / kills).toFixed(1)}`);
+      console.log(`      measured ${check.overcountUnits} units = ${measuredMessages.toFixed(1)} messages; estimated ${estimate.expectedPerMonth.toFixed(1)} messages = ${kills} × (W ${estimate.perCrash.window.toFixed(1)} + P ${estimate.slowShare.expected} × U ${estimate.perCrash.occupiedUnacked.toFixed(1)}) over ${estimate.perCrash.loadedSeconds.toFixed(1)} s loaded (the victims lived ${(livesMs / 1000).toFixed(1)} s after their first half-full window); per kill measured ${(measuredMessages / kills).toFixed(1)}`);
 
       expect(fleet.violations, 'daemons that exited on their own').to.deep.equal([]);
       expect(idleKills, 'victims that had run out of backlog when killed').to.equal(0);
