@@ -17,7 +17,7 @@
  */
 import { setTimeout as sleep } from 'node:timers/promises';
 import amqp from 'amqplib';
-import { markerKey, shardOf } from '@tally/shared';
+import { bucketOf, layoutKey, markerBucketKey, markerDigest, shardOf, subBucketOf } from '@tally/shared';
 import type { BenchContext } from './context.js';
 import { contextRunFields, prefixName, queueName } from './context.js';
 import { isTally, startContender } from './contenders.js';
@@ -49,15 +49,45 @@ export interface LatencyPlan {
 }
 
 interface Probe {
-  readonly keys: string[];
+  /** The virtual shards the message touches: it has one marker on each. */
+  readonly shards: number[];
+  readonly digest: Buffer;
   readonly publishedAt: number;
 }
 
-/** The marker keys the daemon writes for one message: one per virtual shard its changes touch. */
-function probeKeys(ctx: BenchContext, prefix: string, body: Buffer, id: string): string[] {
+function probeFor(ctx: BenchContext, body: Buffer, id: string, publishedAt: number): Probe {
   const parsed = JSON.parse(body.toString('utf8')) as { changes: Array<{ sku: string }> };
   const shards = new Set(parsed.changes.map((c) => shardOf(c.sku, ctx.virtualShards)));
-  return [...shards].map((vshard) => markerKey(prefix, vshard, id));
+  return { shards: [...shards], digest: markerDigest(id), publishedAt };
+}
+
+/**
+ * Which probes have every marker done: HGET of each marker field in the
+ * bucket of now and the one before (a sampled message is marked within
+ * seconds, so no older bucket can hold it), one pipeline per poll.
+ */
+async function markedProbes(ctx: BenchContext, prefix: string, probes: readonly Probe[]): Promise<boolean[]> {
+  const [width, subBuckets] = (await ctx.redis.hmget(layoutKey(prefix), 'marker_bucket_s', 'marker_sub_buckets')).map(Number) as [number, number];
+  if (!(width >= 1) || !(subBuckets >= 1)) return probes.map(() => false);
+  const [seconds] = await ctx.redis.time();
+  const current = bucketOf(Number(seconds), width);
+  const pipeline = ctx.redis.pipeline();
+  for (const probe of probes) {
+    const sub = subBucketOf(probe.digest, subBuckets);
+    for (const vshard of probe.shards) {
+      for (const bucket of [current, current - 1]) pipeline.hget(markerBucketKey(prefix, vshard, bucket, sub), probe.digest as unknown as string);
+    }
+  }
+  const replies = (await pipeline.exec()) ?? [];
+  let at = 0;
+  return probes.map((probe) => {
+    let all = true;
+    for (let j = 0; j < probe.shards.length; j++) {
+      if (replies[at]?.[1] !== '1' && replies[at + 1]?.[1] !== '1') all = false;
+      at += 2;
+    }
+    return all;
+  });
 }
 
 function failedLatencyRecord(plan: LatencyPlan, problem: string): LatencyRecord {
@@ -106,17 +136,13 @@ export async function runLatency(ctx: BenchContext, plan: LatencyPlan): Promise<
           if (outstanding.length > 0) {
             // Take the batch out first: the publisher keeps appending while MGET is in flight.
             const batch = outstanding.splice(0, outstanding.length);
-            const values = await ctx.redis.mget(batch.flatMap((p) => p.keys));
+            const marked = await markedProbes(ctx, prefix, batch);
             const now = Date.now();
-            let k = 0;
             const still: Probe[] = [];
-            for (const probe of batch) {
-              let all = true;
-              for (let j = 0; j < probe.keys.length; j++) if (values[k + j] === null) all = false;
-              k += probe.keys.length;
-              if (all) latencies.push(now - probe.publishedAt);
+            batch.forEach((probe, i) => {
+              if (marked[i]) latencies.push(now - probe.publishedAt);
               else still.push(probe);
-            }
+            });
             outstanding.unshift(...still);
           }
           await sleep(pollMs);
@@ -137,7 +163,7 @@ export async function runLatency(ctx: BenchContext, plan: LatencyPlan): Promise<
             timestamp: now,
             ...(publish.messageId !== undefined ? { messageId: publish.messageId } : {}),
           });
-          if (tally && sent % every === 0 && publish.id !== undefined && now >= measureFrom) outstanding.push({ keys: probeKeys(ctx, prefix, publish.body, publish.id), publishedAt: now });
+          if (tally && sent % every === 0 && publish.id !== undefined && now >= measureFrom) outstanding.push(probeFor(ctx, publish.body, publish.id, now));
           sent++;
           if (!ok) await new Promise((resolve) => channel.once('drain', resolve));
         }

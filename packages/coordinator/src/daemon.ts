@@ -8,8 +8,11 @@
 import { metrics, trace, type Tracer } from '@opentelemetry/api';
 import type { MeterProvider } from '@opentelemetry/sdk-metrics';
 import type { ConsumeMessage } from 'amqplib';
+import { randomBytes } from 'node:crypto';
 import type { Redis } from 'ioredis';
 import {
+  PART_DONE,
+  PART_HELD,
   describeError,
   encodeBatchTask,
   formatReason,
@@ -39,6 +42,9 @@ import { HttpEndpoints } from './telemetry/http-endpoints.js';
 import { registerSafetyGauges } from './telemetry/safety-gauges.js';
 import { DaemonMetrics, timestampToMs } from './telemetry/metrics.js';
 import { createMetricsExport } from './telemetry/metrics-export.js';
+
+/** How long a part held by another daemon's claim waits before it is tried again. */
+const CLAIM_RETRY_MS = 200;
 
 export type DaemonState = 'created' | 'starting' | 'running' | 'stopping' | 'stopped';
 
@@ -112,6 +118,8 @@ export class Daemon {
   private readonly parseOptions: { readonly maxBytes: number };
   /** This daemon's id in its heartbeat key and mode lease. */
   readonly daemonId = newDaemonId();
+  /** Names this daemon's two-step claims (new at every start: a restarted daemon waits out its predecessor's claims like anyone's). */
+  private readonly claimToken = randomBytes(8).toString('hex');
 
   constructor(
     private readonly config: TallyConfig,
@@ -209,7 +217,13 @@ export class Daemon {
     try {
       const lease = { holder: this.daemonId, ttlMs: HEARTBEAT_TTL_BEATS * config.heartbeatMs };
       const layout = await this.untilRedis('layout check', () => ensureLayout(redis, config, lease));
-      log.info({ virtualShards: layout.virtualShards, created: layout.created, daemonId: this.daemonId }, 'shard layout verified');
+      log.info({ virtualShards: layout.virtualShards, created: layout.created, daemonId: this.daemonId, markers: layout.markers }, 'shard layout verified');
+      if (layout.markers.subBuckets !== config.markerSubBuckets) {
+        log.warn(
+          { recorded: layout.markers.subBuckets, configured: config.markerSubBuckets },
+          'TALLY_MARKER_SUB_BUCKETS differs from what the prefix recorded when it was laid out; the recorded value is used (every daemon of a prefix must agree)',
+        );
+      }
       // From the layout check on, not from the link: the beat renews the mode lease the check took (layout-guard.ts).
       const heartbeat = new Heartbeat(
         redis,
@@ -244,6 +258,10 @@ export class Daemon {
           markerTtlS: config.markerTtlS,
           countTtlS: config.countTtlS,
           logLevel: config.logLevel,
+          markerBucketS: layout.markers.bucketS,
+          markerSubBuckets: layout.markers.subBuckets,
+          claimToken: this.claimToken,
+          claimTtlMs: config.markerClaimTtlS * 1000,
         },
         config.workers,
         config.virtualShards,
@@ -428,14 +446,24 @@ export class Daemon {
     stats.add('write_retries', result.writeRetries);
     stats.add('count_errors', result.countErrors);
     exposure.batchDone(
-      parts.map((part) => part.delivery),
+      parts.filter((_, i) => result.marked[i] !== PART_HELD).map((part) => part.delivery),
       result.timings,
     );
+    let held = 0;
     for (let i = 0; i < parts.length; i++) {
       const delivery = parts[i]!.delivery;
-      if (result.marked[i] === 1) delivery.markedParts++;
+      if (result.marked[i] === PART_HELD) {
+        // Another daemon is counting a copy of this message right now: run
+        // this part again shortly; by then it is marked (a duplicate) or its
+        // claim has run out (that daemon died: counted here).
+        held++;
+        this.runtime.lanes.hold(vshard, parts[i]!, CLAIM_RETRY_MS);
+        continue;
+      }
+      if (result.marked[i] === PART_DONE) delivery.markedParts++;
       if (--delivery.remaining === 0) this.settle(delivery);
     }
+    if (held > 0) stats.add('claim_holds', held);
   }
 
   /** Every part of a delivery is written and marked: classify it and release its waiters. */

@@ -23,7 +23,7 @@ import {
   countKey,
   factsFromInfo,
   layoutKey,
-  markerKey,
+  markerBaseKey,
   plaintextPortProblem,
   receiptKey,
   RedisRequirementError,
@@ -65,6 +65,13 @@ for i = 1, #KEYS do
   redis.call('EXISTS', KEYS[i])
   redis.call('GET', KEYS[i])
   redis.call('SET', KEYS[i], '0', 'PX', 1)
+  redis.call('DEL', KEYS[i])
+  redis.call('HSET', KEYS[i], 'probe', '1')
+  redis.call('HGET', KEYS[i], 'probe')
+  redis.call('HDEL', KEYS[i], 'probe')
+  redis.call('HSET', KEYS[i], 'probe', '1')
+  redis.call('EXPIREAT', KEYS[i], tonumber(redis.call('TIME')[1]) + 1)
+  redis.call('PEXPIRE', KEYS[i], 1)
 end
 return #KEYS
 `;
@@ -157,10 +164,11 @@ export async function probeRedis(config: ProbeConfig, log: ProbeLog): Promise<Re
     if (fatal !== null) throw fatal;
 
     const id = `probe-${randomUUID()}`;
-    await attempt('MGET of a marker key', last, () => redis.mget(markerKey(config.prefix, 0, id)));
+    const markerProbeKey = `${markerBaseKey(config.prefix, 0)}:${id}`;
+    await attempt('HGET of a marker hash', last, () => redis.hget(markerProbeKey, 'probe'));
     await attempt('HGETALL of the layout key', last, () => redis.hgetall(layoutKey(config.prefix)));
     const sha = await attempt('SCRIPT LOAD', last, () => redis.script('LOAD', PROBE_SCRIPT) as Promise<string>);
-    const keys = [countKey(config.prefix, 0, id), markerKey(config.prefix, 0, id), receiptKey(config.prefix, 0, id)];
+    const keys = [countKey(config.prefix, 0, id), markerProbeKey, receiptKey(config.prefix, 0, id)];
     await attempt("EVALSHA of Tally's scripts", last, () => redis.evalsha(sha, keys.length, ...keys));
 
     for (const warning of assessment.warnings) log.warn({ code: warning.code }, warning.message);

@@ -15,6 +15,13 @@ export interface WorkerSettings {
   readonly markerTtlS: number;
   readonly countTtlS: number;
   readonly logLevel: string;
+  /** The prefix's marker bucket width and sub-bucket count, as recorded in its layout (markers.ts). */
+  readonly markerBucketS: number;
+  readonly markerSubBuckets: number;
+  /** Two-step: this daemon's claim token (hex), the same in all its threads, new at every start. */
+  readonly claimToken: string;
+  /** Two-step: a claim older than this is taken over (its daemon died or stalled). */
+  readonly claimTtlMs: number;
 }
 
 export interface BatchTask {
@@ -76,7 +83,11 @@ export function decodeBatchTask(wire: WireBatchTask): BatchTask {
 
 export interface BatchResult {
   readonly vshard: number;
-  /** Per part: 1 if its marker was already occupied (a duplicate), else 0. */
+  /**
+   * Per part: 0 new (counted now), 1 its marker was already occupied (a
+   * duplicate), 2 held: another daemon's live claim has it (two-step), so
+   * nothing of it was counted and the coordinator runs it again later.
+   */
   readonly marked: Uint8Array;
   /** Count writes that failed and were retried. */
   readonly writeRetries: number;

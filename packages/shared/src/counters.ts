@@ -14,6 +14,8 @@ export const COUNTERS = Object.freeze({
   empty: 'valid messages with no change left after filtering (zero deltas, unaccepted types)',
   write_retries: 'count writes retried after a Redis error (each resolved by its write receipt)',
   count_errors: 'count increments Redis refused (overflow or a foreign value in a count key)',
+  claim_holds:
+    'message parts held back because another daemon had claimed them (two-step: a copy of the message was being counted elsewhere at that instant); each is retried until that daemon marks it or its claim runs out',
   // Exposure: time integrals, not events, taken while the daemon is under
   // load. Divided by loaded_ms they give how many messages a crash under load
   // puts at risk; the deviation estimator (`tally deviation`) reads them.

@@ -17,8 +17,19 @@
  */
 import { randomUUID } from 'node:crypto';
 import type { Redis } from 'ioredis';
-import { countKey, describeError, retryUntilDone, markerKey, receiptKey, type BatchResult, type BatchTask, type WorkerSettings } from '@tally/shared';
-import { loadScript, runScript } from './lua-scripts.js';
+import {
+  countKey,
+  describeError,
+  markerBaseKey,
+  markerDigest,
+  parsePartFlags,
+  receiptKey,
+  retryUntilDone,
+  type BatchResult,
+  type BatchTask,
+  type WorkerSettings,
+} from '@tally/shared';
+import { loadScript, runScript, type ScriptArg } from './lua-scripts.js';
 import type { BatchLog } from './batch-log.js';
 import { batchTracer, inSpan } from './batch-tracing.js';
 
@@ -28,16 +39,17 @@ export const ATOMIC_BATCH_SHA = ATOMIC_BATCH.sha;
 
 /** The EVALSHA arguments of a batch after the command name: SHA, number of keys, keys, then ARGV as documented in the script. */
 export function atomicBatchArgs(
-  settings: Pick<WorkerSettings, 'prefix' | 'markerTtlS' | 'countTtlS'>,
+  settings: Pick<WorkerSettings, 'prefix' | 'markerTtlS' | 'countTtlS' | 'markerBucketS' | 'markerSubBuckets'>,
   task: BatchTask,
   batchId: string,
-): Array<string | number> {
+): ScriptArg[] {
   const { prefix, markerTtlS, countTtlS } = settings;
   const { vshard, ids, changes } = task;
   const skuIndex = new Map<string, number>();
-  const partArgs: Array<string | number> = [];
-  for (const part of changes) {
-    partArgs.push(part.length);
+  const partArgs: ScriptArg[] = [];
+  for (let i = 0; i < changes.length; i++) {
+    const part = changes[i]!;
+    partArgs.push(markerDigest(ids[i]!), part.length);
     for (const [sku, delta] of part) {
       let index = skuIndex.get(sku);
       if (index === undefined) {
@@ -49,10 +61,9 @@ export function atomicBatchArgs(
     }
   }
   // Built with push, not spread: a batch of 100,000 parts exceeds the arguments a call can take.
-  const args: Array<string | number> = [ATOMIC_BATCH_SHA, 1 + ids.length + skuIndex.size, receiptKey(prefix, vshard, batchId)];
-  for (const id of ids) args.push(markerKey(prefix, vshard, id));
+  const args: ScriptArg[] = [ATOMIC_BATCH_SHA, 2 + skuIndex.size, receiptKey(prefix, vshard, batchId), markerBaseKey(prefix, vshard)];
   for (const sku of skuIndex.keys()) args.push(countKey(prefix, vshard, sku));
-  args.push(markerTtlS, countTtlS, ids.length, skuIndex.size);
+  args.push(markerTtlS, countTtlS, ids.length, skuIndex.size, settings.markerBucketS, settings.markerSubBuckets);
   for (const value of partArgs) args.push(value);
   return args;
 }
@@ -86,9 +97,8 @@ async function runAtomicScript(redis: Redis, settings: WorkerSettings, task: Bat
     },
   })) as [string, number, number];
   const [flags, countErrors] = reply;
-  if (flags.length !== task.ids.length) throw new Error(`atomic batch: the script returned ${flags.length} flags for ${task.ids.length} parts`);
-  const marked = new Uint8Array(task.ids.length);
-  for (let i = 0; i < flags.length; i++) marked[i] = flags.charCodeAt(i) === 49 /* '1' */ ? 1 : 0;
+  // '0' new or '1' duplicate: atomic mode has no claims, so never '2'.
+  const marked = parsePartFlags(flags, task.ids.length);
   if (countErrors > 0) {
     log.error({ vshard: task.vshard, countErrors }, 'redis refused count increments (overflow or a non-integer value in a count key)');
   }

@@ -1,26 +1,47 @@
 /**
- * The two-step batch: pre-check markers, write counts, occupy markers.
+ * The two-step batch: claim markers, write counts, occupy markers.
  *
- *   MGET markers                               -> which parts are new
- *   EVALSHA write_counts (INCRBY/EXPIRE … receipt) -> counts written (all or none)
- *   EVALSHA occupy_markers (SET marker EX …)   -> markers occupied
+ *   EVALSHA claim_markers  (HGET live buckets, HSET claim)   -> which parts are new, held or done
+ *   EVALSHA write_counts   (INCRBY/EXPIRE … receipt)          -> counts written (all or none)
+ *   EVALSHA occupy_markers (HSET done)                        -> markers occupied
  *
  * The order is the point (invariant 2): a marker is occupied only after its
  * counts are written. A crash between the two double-counts on redelivery,
  * which the counters make visible; the reverse order would lose the counts
  * invisibly. The window between them is one per shard batch, not one per
  * message.
+ *
+ * The claim closes a race between daemons: two daemons handed copies of one
+ * message at the same instant both used to miss the marker and both count.
+ * Now the pre-check claims each new part in the same script that reads the
+ * markers, so the second daemon sees a live claim and holds its part back
+ * (PART_HELD) until the first has occupied the marker. A claim is not a
+ * marker: a crash after the claim and before the count write loses nothing,
+ * the claim runs out after the claim TTL and the redelivery counts it.
  */
 import { randomUUID } from 'node:crypto';
 import { SpanStatusCode, trace } from '@opentelemetry/api';
 import type { Redis } from 'ioredis';
-import { countKey, describeError, retryUntilDone, markerKey, receiptKey, type BatchResult, type BatchTask, type WorkerSettings } from '@tally/shared';
-import { aggregateNewParts, selectNewParts } from './aggregate.js';
+import {
+  countKey,
+  describeError,
+  markerBaseKey,
+  markerDigest,
+  parsePartFlags,
+  PART_NEW,
+  receiptKey,
+  retryUntilDone,
+  type BatchResult,
+  type BatchTask,
+  type WorkerSettings,
+} from '@tally/shared';
+import { aggregateNewParts } from './aggregate.js';
 import type { BatchHooks, BatchLog } from './batch-log.js';
 import { batchTracer, inSpan } from './batch-tracing.js';
 import { evalshaArgs, loadScript, runScript } from './lua-scripts.js';
 
-/** The count write and the marker occupation, their KEYS and ARGV documented in lua/*.lua. */
+/** The claim, the count write and the marker occupation, their KEYS and ARGV documented in lua/*.lua. */
+export const CLAIM_MARKERS = loadScript('claim_markers');
 export const WRITE_COUNTS = loadScript('write_counts');
 export const OCCUPY_MARKERS = loadScript('occupy_markers');
 
@@ -42,19 +63,24 @@ function untilDone<T>(step: string, task: BatchTask, log: BatchLog, run: () => P
 }
 
 export async function runTwoStepBatch(redis: Redis, settings: WorkerSettings, task: BatchTask, log: BatchLog, hooks: BatchHooks = {}): Promise<BatchResult> {
-  const { prefix, markerTtlS, countTtlS } = settings;
+  const { prefix, markerTtlS, countTtlS, markerBucketS, markerSubBuckets } = settings;
   const { vshard, ids, changes } = task;
-  const markerKeys = ids.map((id) => markerKey(prefix, vshard, id));
+  const markerBase = markerBaseKey(prefix, vshard);
+  const digests = ids.map(markerDigest);
+  const bucketArgs = [markerBucketS, markerTtlS, markerSubBuckets];
 
   const tracer = batchTracer();
   const t0 = performance.now();
-  const values = await inSpan(tracer, 'tally.precheck', { 'tally.shard': vshard, 'tally.markers': markerKeys.length }, () =>
-    untilDone('precheck', task, log, () => redis.mget(markerKeys)),
+  // Claims are retried with the same token: a claim this daemon made on an
+  // attempt whose reply was lost is its own, and is taken again.
+  const claimArgs = evalshaArgs(CLAIM_MARKERS, [markerBase], [...bucketArgs, settings.claimToken, settings.claimTtlMs, ...digests]);
+  const [flags, claimBucket] = await inSpan(tracer, 'tally.precheck', { 'tally.shard': vshard, 'tally.markers': ids.length }, () =>
+    untilDone('precheck', task, log, async () => (await runScript(redis, CLAIM_MARKERS, claimArgs, log)) as [string, number]),
   );
-  const marked = selectNewParts(ids, values);
+  const marked = parsePartFlags(flags, ids.length);
   const t1 = performance.now();
 
-  const sums = aggregateNewParts(changes, (i) => marked[i] === 0);
+  const sums = aggregateNewParts(changes, (i) => marked[i] === PART_NEW);
   // The window opens with the count write and closes when the markers are
   // occupied; its span is a sibling of the two step spans it spans.
   const crashWindow = tracer.startSpan('tally.crash_window', { attributes: { 'tally.shard': vshard } });
@@ -93,10 +119,10 @@ export async function runTwoStepBatch(redis: Redis, settings: WorkerSettings, ta
   await hooks.afterCountWrite?.(task);
 
   let occupationFailures = 0;
-  const newMarkers: string[] = [];
-  for (let i = 0; i < ids.length; i++) if (marked[i] === 0) newMarkers.push(markerKeys[i]!);
-  if (newMarkers.length > 0) {
-    const args = evalshaArgs(OCCUPY_MARKERS, newMarkers, [markerTtlS]);
+  const newDigests: Buffer[] = [];
+  for (let i = 0; i < ids.length; i++) if (marked[i] === PART_NEW) newDigests.push(digests[i]!);
+  if (newDigests.length > 0) {
+    const args = evalshaArgs(OCCUPY_MARKERS, [markerBase], [...bucketArgs, claimBucket, ...newDigests]);
     await inSpan(tracer, 'tally.occupy_markers', { 'tally.shard': vshard }, () =>
       untilDone(
         'occupy_markers',

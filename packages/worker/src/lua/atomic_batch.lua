@@ -5,13 +5,17 @@
 
   Input:
     KEYS[1]                the batch's receipt
-    KEYS[2 .. n+1]         the parts' markers
-    KEYS[n+2 .. n+m+1]     the batch's count keys
+    KEYS[2]                the shard's marker base, <prefix>mk:{<vshard>}; the
+                           script reads and writes <base>:<bucket>:<sub> (the
+                           same hash tag, so the same slot on a cluster)
+    KEYS[3 .. m+2]         the batch's count keys
     ARGV[1]                marker TTL, seconds (also the receipt's)
     ARGV[2]                count TTL, seconds
     ARGV[3]                n, the number of parts
     ARGV[4]                m, the number of count keys
-    ARGV[5 ..]             per part: k, then k pairs
+    ARGV[5]                bucket width, seconds
+    ARGV[6]                sub-buckets per bucket (a power of two)
+    ARGV[7 ..]             per part: its 16-byte digest, k, then k pairs
                            (count key index 1..m, delta as a decimal string)
 
   Output:
@@ -23,6 +27,10 @@
   Errors:
     TALLY_SCRIPT_ARGS  the keys and arguments disagree; nothing was written
 
+  - Markers are fields of time-bucketed hashes (shared/src/markers.ts): a
+    part is a duplicate when its digest is done ('1') in any live bucket.
+    New markers go to the bucket of now (TIME, the server's clock), whose
+    hashes expire at the bucket's end plus the marker TTL.
   - Everything that can fail for a bad argument is checked in the first
     pass, before any write: Redis does not roll back a script that errors
     halfway, so an error must come before the first write or not at all.
@@ -45,30 +53,49 @@ if done then
   local sep = string.find(done, ':', 1, true)
   return {string.sub(done, 1, sep - 1), tonumber(string.sub(done, sep + 1)), 1}
 end
+if redis.replicate_commands then redis.replicate_commands() end
 local markerTtl = ARGV[1]
 local countTtl = ARGV[2]
 local n = tonumber(ARGV[3])
 local m = tonumber(ARGV[4])
-if n == nil or m == nil or #KEYS ~= 1 + n + m then
+local width = tonumber(ARGV[5])
+local subs = tonumber(ARGV[6])
+if n == nil or m == nil or width == nil or subs == nil or #KEYS ~= 2 + m then
   return redis.error_reply('TALLY_SCRIPT_ARGS keys and part count disagree')
 end
+local base = KEYS[2]
+local nowS = tonumber(redis.call('TIME')[1])
+local current = math.floor(nowS / width)
+local oldest = math.floor((nowS - tonumber(markerTtl)) / width)
+local function subOf(digest)
+  return ':' .. ((string.byte(digest, 1) * 256 + string.byte(digest, 2)) % subs)
+end
+local function done(digest)
+  local sub = subOf(digest)
+  for bucket = current, oldest, -1 do
+    if redis.call('HGET', base .. ':' .. bucket .. sub, digest) == '1' then return true end
+  end
+  return false
+end
+local fresh = {}
 local SAFE = 9007199254740991
 local flags = {}
 local seen = {}
 local sums = {}
 local spills = {}
-local pos = 5
+local pos = 7
 for i = 1, n do
-  local marker = KEYS[1 + i]
-  local k = tonumber(ARGV[pos])
-  if k == nil then return redis.error_reply('TALLY_SCRIPT_ARGS part ' .. i .. ' has no change count') end
-  pos = pos + 1
-  if seen[marker] or redis.call('EXISTS', marker) == 1 then
+  local marker = ARGV[pos]
+  local k = tonumber(ARGV[pos + 1])
+  if marker == nil or #marker ~= 16 or k == nil then return redis.error_reply('TALLY_SCRIPT_ARGS part ' .. i .. ' has no digest or no change count') end
+  pos = pos + 2
+  if seen[marker] or done(marker) then
     flags[i] = '1'
     pos = pos + 2 * k
   else
     flags[i] = '0'
     seen[marker] = true
+    fresh[#fresh + 1] = marker
     for _ = 1, k do
       local index = tonumber(ARGV[pos])
       local delta = tonumber(ARGV[pos + 1])
@@ -91,17 +118,22 @@ end
 local countErrors = 0
 local function add(index, sum)
   if sum == 0 then sum = 0 end
-  local reply = redis.pcall('INCRBY', KEYS[1 + n + index], string.format('%.0f', sum))
+  local reply = redis.pcall('INCRBY', KEYS[2 + index], string.format('%.0f', sum))
   if type(reply) == 'table' and reply.err then countErrors = countErrors + 1 end
 end
 for _, spill in ipairs(spills) do add(spill[1], spill[2]) end
 for index, sum in pairs(sums) do
   add(index, sum)
-  redis.call('EXPIRE', KEYS[1 + n + index], countTtl)
+  redis.call('EXPIRE', KEYS[2 + index], countTtl)
 end
-for i = 1, n do
-  if flags[i] == '0' then redis.call('SET', KEYS[1 + i], '1', 'EX', markerTtl) end
+local touched = {}
+for _, digest in ipairs(fresh) do
+  local key = base .. ':' .. current .. subOf(digest)
+  redis.call('HSET', key, digest, '1')
+  touched[key] = true
 end
+local expiresAt = (current + 1) * width + tonumber(markerTtl)
+for key in pairs(touched) do redis.call('EXPIREAT', key, expiresAt) end
 local result = table.concat(flags)
 redis.call('SET', KEYS[1], result .. ':' .. countErrors, 'EX', markerTtl)
 return {result, countErrors, 0}

@@ -1,0 +1,47 @@
+/**
+ * Reads a prefix's markers straight from Redis, for tests and the bench:
+ * which message parts are marked done, which are only claimed. Scans every
+ * marker hash of the prefix (SCAN + HGETALL), so it sees markers of any
+ * bucket, whatever the clock.
+ */
+import type { Redis } from 'ioredis';
+import { markerDigest, markerScanPattern, parseMarkerBucketKey } from '@tally/shared';
+
+export interface MarkerSnapshot {
+  /** `<vshard>:<digest hex>` of every done marker. */
+  readonly done: ReadonlySet<string>;
+  /** `<vshard>:<digest hex>` of every claim (two-step: a part being counted), with its value. */
+  readonly claims: ReadonlyMap<string, string>;
+  /** Marker hashes scanned. */
+  readonly hashes: number;
+}
+
+/** The snapshot entry of a message's part on a shard. */
+export function markerEntry(vshard: number, id: string): string {
+  return `${vshard}:${markerDigest(id).toString('hex')}`;
+}
+
+export async function readMarkers(redis: Redis, prefix: string): Promise<MarkerSnapshot> {
+  const done = new Set<string>();
+  const claims = new Map<string, string>();
+  let hashes = 0;
+  let cursor = '0';
+  do {
+    const [next, keys] = await redis.scan(cursor, 'MATCH', markerScanPattern(prefix), 'COUNT', 2000);
+    cursor = next;
+    for (const key of keys) {
+      const parsed = parseMarkerBucketKey(prefix, key);
+      if (parsed === null) continue;
+      hashes++;
+      // As a flat array of Buffers: hgetallBuffer keys an object by the field decoded as UTF-8, which mangles binary digests.
+      const flat = (await redis.callBuffer('HGETALL', key)) as Buffer[];
+      for (let i = 0; i < flat.length; i += 2) {
+        const entry = `${parsed.vshard}:${flat[i]!.toString('hex')}`;
+        const text = flat[i + 1]!.toString('utf8');
+        if (text === '1') done.add(entry);
+        else claims.set(entry, text);
+      }
+    }
+  } while (cursor !== '0');
+  return { done, claims, hashes };
+}
