@@ -17,7 +17,7 @@
  */
 import { setTimeout as sleep } from 'node:timers/promises';
 import amqp from 'amqplib';
-import { bucketOf, layoutKey, markerBucketKey, markerDigest, shardOf, subBucketOf } from '@tally/shared';
+import { bucketOf, layoutKey, markerBucketKey, markerDigest, markerMetaKey, shardOf, subBucketOf } from '@tally/shared';
 import type { BenchContext } from './context.js';
 import { contextRunFields, prefixName, queueName } from './context.js';
 import { isTally, startContender } from './contenders.js';
@@ -67,15 +67,25 @@ function probeFor(ctx: BenchContext, body: Buffer, id: string, publishedAt: numb
  * seconds, so no older bucket can hold it), one pipeline per poll.
  */
 async function markedProbes(ctx: BenchContext, prefix: string, probes: readonly Probe[]): Promise<boolean[]> {
-  const [width, subBuckets] = (await ctx.redis.hmget(layoutKey(prefix), 'marker_bucket_s', 'marker_sub_buckets')).map(Number) as [number, number];
-  if (!(width >= 1) || !(subBuckets >= 1)) return probes.map(() => false);
+  const width = Number(await ctx.redis.hget(layoutKey(prefix), 'marker_bucket_s'));
+  if (!(width >= 1)) return probes.map(() => false);
   const [seconds] = await ctx.redis.time();
   const current = bucketOf(Number(seconds), width);
+  // Each shard's bucket has its own sub-bucket count, in its meta hash.
+  const shards = [...new Set(probes.flatMap((p) => p.shards))];
+  const metas = ctx.redis.pipeline();
+  for (const vshard of shards) for (const bucket of [current, current - 1]) metas.hget(markerMetaKey(prefix, vshard, bucket), 's');
+  const counts = ((await metas.exec()) ?? []).map(([, s]) => Number(s ?? 0));
+  const subsOf = new Map<string, number>();
+  shards.forEach((vshard, i) => [current, current - 1].forEach((bucket, j) => subsOf.set(`${vshard}:${bucket}`, counts[2 * i + j]!)));
   const pipeline = ctx.redis.pipeline();
   for (const probe of probes) {
-    const sub = subBucketOf(probe.digest, subBuckets);
     for (const vshard of probe.shards) {
-      for (const bucket of [current, current - 1]) pipeline.hget(markerBucketKey(prefix, vshard, bucket, sub), probe.digest as unknown as string);
+      for (const bucket of [current, current - 1]) {
+        const subs = subsOf.get(`${vshard}:${bucket}`)!;
+        // No meta: no marker in that bucket yet; ask for a key that cannot exist, keeping the reply positions.
+        pipeline.hget(subs >= 1 ? markerBucketKey(prefix, vshard, bucket, subBucketOf(probe.digest, subs)) : markerMetaKey(prefix, vshard, bucket), probe.digest as unknown as string);
+      }
     }
   }
   const replies = (await pipeline.exec()) ?? [];

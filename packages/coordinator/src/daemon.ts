@@ -218,12 +218,6 @@ export class Daemon {
       const lease = { holder: this.daemonId, ttlMs: HEARTBEAT_TTL_BEATS * config.heartbeatMs };
       const layout = await this.untilRedis('layout check', () => ensureLayout(redis, config, lease));
       log.info({ virtualShards: layout.virtualShards, created: layout.created, daemonId: this.daemonId, markers: layout.markers }, 'shard layout verified');
-      if (layout.markers.subBuckets !== config.markerSubBuckets) {
-        log.warn(
-          { recorded: layout.markers.subBuckets, configured: config.markerSubBuckets },
-          'TALLY_MARKER_SUB_BUCKETS differs from what the prefix recorded when it was laid out; the recorded value is used (every daemon of a prefix must agree)',
-        );
-      }
       // From the layout check on, not from the link: the beat renews the mode lease the check took (layout-guard.ts).
       const heartbeat = new Heartbeat(
         redis,
@@ -445,6 +439,7 @@ export class Daemon {
     stats.add('occupation_failures', result.occupationFailures);
     stats.add('write_retries', result.writeRetries);
     stats.add('count_errors', result.countErrors);
+    stats.add('claim_takeovers', result.claimTakeovers);
     exposure.batchDone(
       parts.filter((_, i) => result.marked[i] !== PART_HELD).map((part) => part.delivery),
       result.timings,

@@ -13,7 +13,7 @@ import type { Logger } from './logger.js';
  * would keep killing the daemon before its next flush. They are flushed
  * within URGENT_FLUSH_MS instead.
  */
-const URGENT: ReadonlySet<CounterName> = new Set(['occupation_failures', 'redelivered_unmarked', 'partial_duplicates', 'count_errors']);
+const URGENT: ReadonlySet<CounterName> = new Set(['occupation_failures', 'redelivered_unmarked', 'partial_duplicates', 'count_errors', 'claim_takeovers']);
 const URGENT_FLUSH_MS = 20;
 export class StatsRecorder {
   private readonly unflushed: CounterValues = zeroCounters();

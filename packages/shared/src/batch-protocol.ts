@@ -15,7 +15,7 @@ export interface WorkerSettings {
   readonly markerTtlS: number;
   readonly countTtlS: number;
   readonly logLevel: string;
-  /** The prefix's marker bucket width and sub-bucket count, as recorded in its layout (markers.ts). */
+  /** The prefix's marker bucket width and initial sub-bucket count, as recorded in its layout (markers.ts). */
   readonly markerBucketS: number;
   readonly markerSubBuckets: number;
   /** Two-step: this daemon's claim token (hex), the same in all its threads, new at every start. */
@@ -95,5 +95,7 @@ export interface BatchResult {
   readonly occupationFailures: number;
   /** Count increments Redis refused. */
   readonly countErrors: number;
+  /** Two-step: parts claimed over another daemon's expired claim (it died or stalled). */
+  readonly claimTakeovers: number;
   readonly timings: { readonly precheckMs: number; readonly writeMs: number; readonly occupyMs: number };
 }

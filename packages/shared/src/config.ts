@@ -34,9 +34,10 @@ export interface TallyConfig {
   readonly batchWaitMs: number;
   readonly markerTtlS: number;
   /**
-   * TALLY_MARKER_SUB_BUCKETS: marker hashes per virtual shard per time bucket
-   * (a power of two), used when a prefix is first laid out and recorded there
-   * (markers.ts). Sized so each hash stays a listpack: see docs/architecture.md.
+   * TALLY_MARKER_SUB_BUCKETS: marker hashes of a shard's time bucket when the
+   * bucket before it is unknown (a power of two); later buckets size
+   * themselves from the one before (markers.ts). Recorded when a prefix is
+   * first laid out.
    */
   readonly markerSubBuckets: number;
   /** TALLY_MARKER_CLAIM_TTL_S: a two-step claim older than this is taken over (its daemon died or stalled); longer than any batch. */
@@ -79,7 +80,7 @@ export const DEFAULTS = Object.freeze({
   batchWaitMs: 50,
   markerTtlS: 600,
   markerSubBuckets: 256,
-  markerClaimTtlS: 30,
+  markerClaimTtlS: 10,
   countTtlS: 2_592_000,
   virtualShards: 16,
   maxMessageBytes: 65_536,

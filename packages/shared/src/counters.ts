@@ -16,6 +16,8 @@ export const COUNTERS = Object.freeze({
   count_errors: 'count increments Redis refused (overflow or a foreign value in a count key)',
   claim_holds:
     'message parts held back because another daemon had claimed them (two-step: a copy of the message was being counted elsewhere at that instant); each is retried until that daemon marks it or its claim runs out',
+  claim_takeovers:
+    'message parts counted over another daemon\'s expired claim (two-step: that daemon died or stalled past TALLY_MARKER_CLAIM_TTL_S); if it had written their counts, they are counted again, as after a crash in the window',
   // Exposure: time integrals, not events, taken while the daemon is under
   // load. Divided by loaded_ms they give how many messages a crash under load
   // puts at risk; the deviation estimator (`tally deviation`) reads them.

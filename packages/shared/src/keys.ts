@@ -12,6 +12,7 @@
  *                                     (a daemon is counting it now). <bucket> = server time / bucket
  *                                     width, <sub> = digest bits; the hash expires at the bucket's end
  *                                     plus TALLY_MARKER_TTL_S (see markers.ts)
+ *   <prefix>mk:{<vshard>}:<bucket>:m  the bucket's meta hash: s = its sub-bucket count, n = markers written
  *   <prefix>w:{<vshard>}:<batch id>   write receipt: this batch's counts landed (TTL TALLY_MARKER_TTL_S)
  *   <prefix>stats                     hash of accumulated counters
  *   <prefix>layout                    hash: virtual shard count, hash function, mode, marker format

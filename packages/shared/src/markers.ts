@@ -4,6 +4,7 @@
  * own:
  *
  *   <prefix>mk:{<vshard>}:<bucket>:<sub>   hash  field: digest(id), 16 bytes   value: '1' (done) or a claim
+ *   <prefix>mk:{<vshard>}:<bucket>:m       hash  s: the bucket's sub-bucket count, n: markers written to it
  *
  * - digest: the first 16 bytes (128 bits) of SHA-256 of the message id. Two
  *   ids share a digest with probability about n^2 / 2^129: with 10^12 live
@@ -15,15 +16,21 @@
  *   a marker lives at least TALLY_MARKER_TTL_S and at most that plus one
  *   bucket width. The time is the Redis server's (TIME inside the scripts),
  *   so daemons on different machines agree on the bucket.
- * - sub: the digest's first two bytes modulo the sub-bucket count (a power of
- *   two), so each hash stays under `hash-max-listpack-entries` (128 by
- *   default) and Redis keeps it as a listpack: about 23 bytes per marker
- *   against about 133 for a `SET … EX` key of its own.
+ * - sub: the digest's first two bytes modulo the bucket's sub-bucket count (a
+ *   power of two), so each hash stays under `hash-max-listpack-entries` (128
+ *   by default) and Redis keeps it as a listpack: about 23 bytes per marker
+ *   against about 133 for a `SET … EX` key of its own. The count adapts to
+ *   the rate: the first script that writes to a shard's bucket fixes it in
+ *   the bucket's meta hash, from the markers the bucket before received
+ *   (about 64 per hash; subBucketsAfter), or the prefix's initial count when
+ *   that bucket is unknown. Readers take it from the meta hash, so every
+ *   daemon computes the same keys.
  *
  * A pre-check looks for a digest in every bucket still live, newest first:
- * ceil(ttl / width) + 1 of them. The bucket width and the sub-bucket count
- * are recorded in the layout when the prefix is created, so every daemon of a
- * prefix computes the same keys whatever its own settings.
+ * ceil(ttl / width) + 1 of them, skipping buckets without a meta hash (no
+ * marker there). The bucket width and the initial sub-bucket count are
+ * recorded in the layout when the prefix is created, so every daemon of a
+ * prefix uses the same.
  *
  * The scripts (packages/worker/src/lua) do this arithmetic themselves, on the
  * server's clock; these functions are the same arithmetic for tooling and
@@ -53,6 +60,23 @@ export function subBucketOf(digest: Uint8Array, subBuckets: number): number {
 
 export function isPowerOfTwo(n: number): boolean {
   return Number.isInteger(n) && n >= 1 && (n & (n - 1)) === 0;
+}
+
+/** Markers per hash a new bucket is sized for: half the listpack limit, so a rate that doubles within a bucket still fits. */
+export const MARKERS_PER_SUB_BUCKET = 64;
+export const MAX_SUB_BUCKETS = 65_536;
+
+/**
+ * A new bucket's sub-bucket count, as the scripts choose it: enough hashes
+ * for the markers the bucket before received at MARKERS_PER_SUB_BUCKET each,
+ * or `initial` when that bucket is unknown (the first of a shard, or after an
+ * idle spell longer than its life).
+ */
+export function subBucketsAfter(previousMarkers: number | null, initial: number): number {
+  if (previousMarkers === null) return initial;
+  let subs = 1;
+  while (subs < MAX_SUB_BUCKETS && subs * MARKERS_PER_SUB_BUCKET < previousMarkers) subs *= 2;
+  return subs;
 }
 
 /** The bucket a time (seconds) falls in. */
@@ -87,6 +111,11 @@ export function defaultBucketWidthS(markerTtlS: number): number {
 /** The marker hash a digest goes to in a bucket. */
 export function markerBucketKey(prefix: string, vshard: number, bucket: number, sub: number): string {
   return `${prefix}mk:{${vshard}}:${bucket}:${sub}`;
+}
+
+/** A bucket's meta hash: `s` its sub-bucket count, `n` the markers written to it. */
+export function markerMetaKey(prefix: string, vshard: number, bucket: number): string {
+  return `${prefix}mk:{${vshard}}:${bucket}:m`;
 }
 
 /** What the scripts get as their marker key: they append `:<bucket>:<sub>` themselves (same hash tag, same slot). */

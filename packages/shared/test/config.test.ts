@@ -66,7 +66,7 @@ describe('loadConfig', () => {
       batchWaitMs: 50,
       markerTtlS: 600,
       markerSubBuckets: 256,
-      markerClaimTtlS: 30,
+      markerClaimTtlS: 10,
       countTtlS: 2_592_000,
       acceptTypes: null,
       metricsPort: null,

@@ -14,6 +14,8 @@ import {
   parseMarkerBucketKey,
   parsePartFlags,
   subBucketOf,
+  subBucketsAfter,
+  markerMetaKey,
 } from '../src/markers.js';
 
 describe('marker digests', () => {
@@ -70,6 +72,22 @@ describe('bucket arithmetic', () => {
     expect(defaultBucketWidthS(1)).to.equal(1);
   });
 
+  it('sizes a new bucket from the one before: about 64 markers per hash, within 1..65536', () => {
+    expect(subBucketsAfter(null, 256), 'unknown: the initial count').to.equal(256);
+    expect(subBucketsAfter(0, 256)).to.equal(1);
+    expect(subBucketsAfter(64, 256)).to.equal(1);
+    expect(subBucketsAfter(65, 256)).to.equal(2);
+    expect(subBucketsAfter(12_200, 256)).to.equal(256);
+    expect(subBucketsAfter(1_462_500, 256), '20k msg/s, 300 s buckets, 3.9 shards of 16').to.equal(32_768);
+    expect(subBucketsAfter(1e12, 256)).to.equal(65_536);
+    for (let n = 1; n < 100_000; n = Math.ceil(n * 1.7)) {
+      const subs = subBucketsAfter(n, 1);
+      expect(n / subs, `${n} markers`).to.be.within(0, 64);
+      expect(isPowerOfTwo(subs)).to.equal(true);
+      if (subs > 1) expect(n / (subs / 2)).to.be.greaterThan(64);
+    }
+  });
+
   it('recognises powers of two', () => {
     expect([1, 2, 256, 65_536].every(isPowerOfTwo)).to.equal(true);
     expect([0, 3, 100, -2, 1.5].some(isPowerOfTwo)).to.equal(false);
@@ -82,6 +100,8 @@ describe('marker keys and values', () => {
     expect(key).to.equal('tally:mk:{12}:5678901:255');
     expect(key.startsWith(markerBaseKey('tally:', 12))).to.equal(true);
     expect(parseMarkerBucketKey('tally:', key)).to.deep.equal({ vshard: 12, bucket: 5_678_901, sub: 255 });
+    expect(markerMetaKey('tally:', 12, 5_678_901)).to.equal('tally:mk:{12}:5678901:m');
+    expect(parseMarkerBucketKey('tally:', markerMetaKey('tally:', 12, 5_678_901)), 'a meta hash is not a marker hash').to.equal(null);
     for (const bad of ['tally:mk:{x}:1:2', 'tally:mk:{1}:1', 'tally:m:{1}:id', 'other:mk:{1}:1:2', 'tally:mk:{1}:1:2:3']) {
       expect(parseMarkerBucketKey('tally:', bad), bad).to.equal(null);
     }

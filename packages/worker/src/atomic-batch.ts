@@ -112,6 +112,8 @@ async function runAtomicScript(redis: Redis, settings: WorkerSettings, task: Bat
     // by `tally stats` for an atomic prefix.
     occupationFailures: 0,
     countErrors,
+    // No claims in atomic mode: the script is the whole batch.
+    claimTakeovers: 0,
     // One step: it is the count write and the marker occupation at once.
     timings: { precheckMs: 0, writeMs: t1 - t0, occupyMs: 0 },
   };

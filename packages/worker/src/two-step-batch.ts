@@ -74,9 +74,10 @@ export async function runTwoStepBatch(redis: Redis, settings: WorkerSettings, ta
   // Claims are retried with the same token: a claim this daemon made on an
   // attempt whose reply was lost is its own, and is taken again.
   const claimArgs = evalshaArgs(CLAIM_MARKERS, [markerBase], [...bucketArgs, settings.claimToken, settings.claimTtlMs, ...digests]);
-  const [flags, claimBucket] = await inSpan(tracer, 'tally.precheck', { 'tally.shard': vshard, 'tally.markers': ids.length }, () =>
-    untilDone('precheck', task, log, async () => (await runScript(redis, CLAIM_MARKERS, claimArgs, log)) as [string, number]),
+  const [flags, claimBucket, claimTakeovers] = await inSpan(tracer, 'tally.precheck', { 'tally.shard': vshard, 'tally.markers': ids.length }, () =>
+    untilDone('precheck', task, log, async () => (await runScript(redis, CLAIM_MARKERS, claimArgs, log)) as [string, number, number]),
   );
+  if (claimTakeovers > 0) log.warn({ vshard, claimTakeovers }, "took over parts whose claim by another daemon had run out (it died or stalled); counted here");
   const marked = parsePartFlags(flags, ids.length);
   const t1 = performance.now();
 
@@ -152,6 +153,7 @@ export async function runTwoStepBatch(redis: Redis, settings: WorkerSettings, ta
     writeRetries,
     occupationFailures,
     countErrors,
+    claimTakeovers,
     timings: { precheckMs: t1 - t0, writeMs: t2 - t1, occupyMs: t3 - t2 },
   };
 }

@@ -3,7 +3,7 @@ import { randomBytes } from 'node:crypto';
 import { fileURLToPath } from 'node:url';
 import { expect } from 'chai';
 import { Redis } from 'ioredis';
-import { bucketOf, countKey, markerBucketKey, markerDigest, subBucketOf, type BatchTask, type WorkerSettings } from '@tally/shared';
+import { bucketOf, countKey, markerBucketKey, markerDigest, markerMetaKey, subBucketOf, subBucketsAfter, type BatchTask, type WorkerSettings } from '@tally/shared';
 import { createRedisClient } from '@tally/runtime';
 import type { BatchLog } from '../src/batch-log.js';
 import { runAtomicBatch } from '../src/atomic-batch.js';
@@ -172,6 +172,7 @@ describe('two-step batch against a real Redis', function () {
       // redelivery finds no marker and counts again: double, never zero.
       await new Promise((resolve) => setTimeout(resolve, 1_600));
       const redelivery = await runTwoStepBatch(client, settingsFor(prefix, { claimToken: 'b2', claimTtlMs: 1_500 }), task, quiet);
+      expect(redelivery.claimTakeovers, 'every dead claim taken over, and said so').to.equal(task.ids.length);
       expect([...redelivery.marked].every((m) => m === 0)).to.equal(true);
       const doubled = new Map([...expectedCounts(task)].map(([sku, n]) => [sku, 2 * n]));
       expect(await countsIn(redis, prefix, task)).to.deep.equal(doubled);
@@ -345,6 +346,46 @@ describe('two-step batch against a real Redis', function () {
         const expired = await run(client, settings, task, quiet);
         expect([...expired.marked], 'markers expired with their buckets').to.deep.equal(task.ids.map(() => 0));
         expect((await readMarkers(redis, prefix)).hashes, 'only the live bucket is left').to.be.greaterThan(0);
+      } finally {
+        client.disconnect();
+      }
+    });
+  }
+
+  for (const mode of ['two-step', 'atomic'] as const) {
+    it(`${mode}: sizes each bucket's sub-buckets from the bucket before, and finds markers across buckets of different sizes`, async function () {
+      this.timeout(30_000);
+      const run = mode === 'atomic' ? runAtomicBatch : runTwoStepBatch;
+      const settings = settingsFor(prefix, { mode, markerTtlS: 6, markerBucketS: 2, markerSubBuckets: 16 });
+      const client = createRedisClient(REDIS_URL, 'test-subs');
+      try {
+        const bucketNow = async () => bucketOf(Number((await redis.time())[0]), settings.markerBucketS);
+        // Start right after a bucket boundary, so both batches below land in consecutive buckets.
+        const start = await bucketNow();
+        while ((await bucketNow()) === start) await new Promise((resolve) => setTimeout(resolve, 20));
+        const big = taskFor(`${runId}-${mode}-big`, 4, 700);
+        await run(client, settings, big, quiet);
+        const first = await bucketNow();
+        expect(await redis.hget(markerMetaKey(prefix, 4, first), 's'), 'first bucket: the initial count').to.equal('16');
+        expect(await redis.hget(markerMetaKey(prefix, 4, first), 'n')).to.equal('700');
+        while ((await bucketNow()) === first) await new Promise((resolve) => setTimeout(resolve, 20));
+        const small = taskFor(`${runId}-${mode}-small`, 4, 10);
+        await run(client, settings, small, quiet);
+        const second = await bucketNow();
+        expect(second, 'the next bucket').to.equal(first + 1);
+        expect(Number(await redis.hget(markerMetaKey(prefix, 4, second), 's')), 'sized for 700 markers').to.equal(subBucketsAfter(700, 16));
+        expect(subBucketsAfter(700, 16)).to.equal(16); // 700 / 64 -> 16: same as the initial here; the third bucket shrinks
+        while ((await bucketNow()) === second) await new Promise((resolve) => setTimeout(resolve, 20));
+        const tiny = taskFor(`${runId}-${mode}-tiny`, 4, 3);
+        await run(client, settings, tiny, quiet);
+        expect(await redis.hget(markerMetaKey(prefix, 4, second + 1), 's'), 'sized for 10 markers').to.equal('1');
+        // Every marker of the three buckets is still found: copies of all three batches are duplicates.
+        for (const task of [big, small, tiny]) {
+          const again = await run(client, settings, task, quiet);
+          expect([...again.marked].every((m) => m === 1), `${task.ids[0]} found again`).to.equal(true);
+        }
+        const listpacks = await readMarkers(redis, prefix);
+        expect(listpacks.done.size).to.equal(713);
       } finally {
         client.disconnect();
       }

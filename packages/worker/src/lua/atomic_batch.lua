@@ -14,7 +14,8 @@
     ARGV[3]                n, the number of parts
     ARGV[4]                m, the number of count keys
     ARGV[5]                bucket width, seconds
-    ARGV[6]                sub-buckets per bucket (a power of two)
+    ARGV[6]                sub-buckets of a shard's bucket when the bucket
+                           before it is unknown (a power of two)
     ARGV[7 ..]             per part: its 16-byte digest, k, then k pairs
                            (count key index 1..m, delta as a decimal string)
 
@@ -30,7 +31,10 @@
   - Markers are fields of time-bucketed hashes (shared/src/markers.ts): a
     part is a duplicate when its digest is done ('1') in any live bucket.
     New markers go to the bucket of now (TIME, the server's clock), whose
-    hashes expire at the bucket's end plus the marker TTL.
+    hashes expire at the bucket's end plus the marker TTL. Each bucket's
+    meta hash <base>:<bucket>:m holds its sub-bucket count `s` (fixed by the
+    first script that writes to it, from `n` of the bucket before) and `n`,
+    the markers written to it (as in claim_markers.lua).
   - Everything that can fail for a bad argument is checked in the first
     pass, before any write: Redis does not roll back a script that errors
     halfway, so an error must come before the first write or not at all.
@@ -59,21 +63,27 @@ local countTtl = ARGV[2]
 local n = tonumber(ARGV[3])
 local m = tonumber(ARGV[4])
 local width = tonumber(ARGV[5])
-local subs = tonumber(ARGV[6])
-if n == nil or m == nil or width == nil or subs == nil or #KEYS ~= 2 + m then
+local initialSubs = tonumber(ARGV[6])
+if n == nil or m == nil or width == nil or initialSubs == nil or #KEYS ~= 2 + m then
   return redis.error_reply('TALLY_SCRIPT_ARGS keys and part count disagree')
 end
 local base = KEYS[2]
 local nowS = tonumber(redis.call('TIME')[1])
 local current = math.floor(nowS / width)
 local oldest = math.floor((nowS - tonumber(markerTtl)) / width)
-local function subOf(digest)
-  return ':' .. ((string.byte(digest, 1) * 256 + string.byte(digest, 2)) % subs)
+local expiresAt = (current + 1) * width + tonumber(markerTtl)
+local function keyOf(bucket, subs, digest)
+  return base .. ':' .. bucket .. ':' .. ((string.byte(digest, 1) * 256 + string.byte(digest, 2)) % subs)
+end
+-- Sub-bucket count per live bucket (false: the bucket holds no marker).
+local subsOf = {}
+for bucket = current, oldest, -1 do
+  subsOf[bucket] = tonumber(redis.call('HGET', base .. ':' .. bucket .. ':m', 's')) or false
 end
 local function done(digest)
-  local sub = subOf(digest)
   for bucket = current, oldest, -1 do
-    if redis.call('HGET', base .. ':' .. bucket .. sub, digest) == '1' then return true end
+    local subs = subsOf[bucket]
+    if subs and redis.call('HGET', keyOf(bucket, subs, digest), digest) == '1' then return true end
   end
   return false
 end
@@ -126,14 +136,28 @@ for index, sum in pairs(sums) do
   add(index, sum)
   redis.call('EXPIRE', KEYS[2 + index], countTtl)
 end
-local touched = {}
-for _, digest in ipairs(fresh) do
-  local key = base .. ':' .. current .. subOf(digest)
-  redis.call('HSET', key, digest, '1')
-  touched[key] = true
+if #fresh > 0 then
+  local meta = base .. ':' .. current .. ':m'
+  local subs = subsOf[current]
+  if not subs then
+    local before = tonumber(redis.call('HGET', base .. ':' .. (current - 1) .. ':m', 'n'))
+    subs = initialSubs
+    if before then
+      subs = 1
+      while subs < 65536 and subs * 64 < before do subs = subs * 2 end
+    end
+    redis.call('HSET', meta, 's', subs)
+    redis.call('EXPIREAT', meta, expiresAt)
+  end
+  local touched = {}
+  for _, digest in ipairs(fresh) do
+    local key = keyOf(current, subs, digest)
+    redis.call('HSET', key, digest, '1')
+    touched[key] = true
+  end
+  for key in pairs(touched) do redis.call('EXPIREAT', key, expiresAt) end
+  redis.call('HINCRBY', meta, 'n', #fresh)
 end
-local expiresAt = (current + 1) * width + tonumber(markerTtl)
-for key in pairs(touched) do redis.call('EXPIREAT', key, expiresAt) end
 local result = table.concat(flags)
 redis.call('SET', KEYS[1], result .. ':' .. countErrors, 'EX', markerTtl)
 return {result, countErrors, 0}
