@@ -72,20 +72,54 @@ local nowS = tonumber(redis.call('TIME')[1])
 local current = math.floor(nowS / width)
 local oldest = math.floor((nowS - tonumber(markerTtl)) / width)
 local expiresAt = (current + 1) * width + tonumber(markerTtl)
-local function keyOf(bucket, subs, digest)
-  return base .. ':' .. bucket .. ':' .. ((string.byte(digest, 1) * 256 + string.byte(digest, 2)) % subs)
+local CHUNK = 1000
+-- Groups digests by the hash they fall in: {key -> {digests}}, keys in first-seen order.
+local function groupBy(subs, bucket, digests)
+  local order, groups = {}, {}
+  local prefix = base .. ':' .. bucket .. ':'
+  for _, digest in ipairs(digests) do
+    local key = prefix .. ((string.byte(digest, 1) * 256 + string.byte(digest, 2)) % subs)
+    local group = groups[key]
+    if group == nil then
+      group = {}
+      groups[key] = group
+      order[#order + 1] = key
+    end
+    group[#group + 1] = digest
+  end
+  return order, groups
 end
--- Sub-bucket count per live bucket (false: the bucket holds no marker).
-local subsOf = {}
+-- Which digests are done in any live bucket: one HMGET per hash and bucket, in chunks.
+local all = {}
+local walk = 7
+for i = 1, n do
+  local digest = ARGV[walk]
+  local k = tonumber(ARGV[walk + 1])
+  if digest == nil or #digest ~= 16 or k == nil then return redis.error_reply('TALLY_SCRIPT_ARGS part ' .. i .. ' has no digest or no change count') end
+  all[#all + 1] = digest
+  walk = walk + 2 + 2 * k
+end
+local doneSet = {}
+local currentSubs = false
 for bucket = current, oldest, -1 do
-  subsOf[bucket] = tonumber(redis.call('HGET', base .. ':' .. bucket .. ':m', 's')) or false
+  local subs = tonumber(redis.call('HGET', base .. ':' .. bucket .. ':m', 's'))
+  if bucket == current then currentSubs = subs or false end
+  if subs then
+    local order, groups = groupBy(subs, bucket, all)
+    for _, key in ipairs(order) do
+      local group = groups[key]
+      for from = 1, #group, CHUNK do
+        local to = math.min(from + CHUNK - 1, #group)
+        local values = redis.call('HMGET', key, unpack(group, from, to))
+        for j = from, to do
+          if values[j - from + 1] == '1' then doneSet[group[j]] = true end
+        end
+      end
+    end
+  end
 end
 local function done(digest)
-  for bucket = current, oldest, -1 do
-    local subs = subsOf[bucket]
-    if subs and redis.call('HGET', keyOf(bucket, subs, digest), digest) == '1' then return true end
-  end
-  return false
+  return doneSet[digest] == true
 end
 local fresh = {}
 local SAFE = 9007199254740991
@@ -138,7 +172,7 @@ for index, sum in pairs(sums) do
 end
 if #fresh > 0 then
   local meta = base .. ':' .. current .. ':m'
-  local subs = subsOf[current]
+  local subs = currentSubs
   if not subs then
     local before = tonumber(redis.call('HGET', base .. ':' .. (current - 1) .. ':m', 'n'))
     subs = initialSubs
@@ -149,13 +183,19 @@ if #fresh > 0 then
     redis.call('HSET', meta, 's', subs)
     redis.call('EXPIREAT', meta, expiresAt)
   end
-  local touched = {}
-  for _, digest in ipairs(fresh) do
-    local key = keyOf(current, subs, digest)
-    redis.call('HSET', key, digest, '1')
-    touched[key] = true
+  local order, groups = groupBy(subs, current, fresh)
+  for _, key in ipairs(order) do
+    local group = groups[key]
+    for from = 1, #group, CHUNK do
+      local args = {}
+      for j = from, math.min(from + CHUNK - 1, #group) do
+        args[#args + 1] = group[j]
+        args[#args + 1] = '1'
+      end
+      redis.call('HSET', key, unpack(args))
+    end
+    redis.call('EXPIREAT', key, expiresAt)
   end
-  for key in pairs(touched) do redis.call('EXPIREAT', key, expiresAt) end
   redis.call('HINCRBY', meta, 'n', #fresh)
 end
 local result = table.concat(flags)
