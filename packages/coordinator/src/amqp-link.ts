@@ -14,6 +14,7 @@ import { brokerRefusal } from './broker-refusal.js';
 import type { ChannelLink } from './delivery.js';
 import type { Logger } from './logger.js';
 import { declareTallyQueues } from './queue-declaration.js';
+import { within, TIMED_OUT } from './deadline.js';
 
 export interface AmqpLinkOptions {
   readonly url: string;
@@ -222,11 +223,15 @@ export class AmqpLink {
     }
   }
 
-  /** Acks every delivery up to `tag` on `link`; a dead link's deliveries are left to redelivery. */
-  ack(link: ChannelLink, tag: number): boolean {
+  /**
+   * Acks `tag` on `link`: with `multiple`, every outstanding delivery up to
+   * it (the normal path); without, that one delivery only (behind a stalled
+   * head, see ack-tracker.ts). A dead link's deliveries are left to redelivery.
+   */
+  ack(link: ChannelLink, tag: number, multiple = true): boolean {
     if (!link.alive) return false;
     try {
-      link.channel.ack({ fields: { deliveryTag: tag } } as Message, true);
+      link.channel.ack({ fields: { deliveryTag: tag } } as Message, multiple);
       return true;
     } catch (error) {
       this.log.warn({ err: describeError(error), tag }, 'ack failed; the broker will redeliver');
@@ -274,33 +279,54 @@ export class AmqpLink {
     });
   }
 
-  /** Stops new deliveries; what is in flight stays acknowledgeable. */
-  async stopConsuming(): Promise<void> {
+  /** Stops new deliveries; what is in flight stays acknowledgeable. Waits at most `timeoutMs` for the broker's cancel-ok. */
+  async stopConsuming(timeoutMs = 1_000): Promise<void> {
     this.state = 'stopping';
     const link = this.link;
     const tag = this.consumerTag;
     this.consumerTag = null;
     if (link?.alive && tag) {
-      await link.channel.cancel(tag).catch((error) => this.log.warn({ err: describeError(error) }, 'cancel failed'));
+      const cancelled = await within(
+        timeoutMs,
+        link.channel.cancel(tag).catch((error) => this.log.warn({ err: describeError(error) }, 'cancel failed')),
+      );
+      if (cancelled === TIMED_OUT) this.log.warn({ timeoutMs }, 'the broker did not confirm the cancel in time; going on with the stop');
     }
   }
 
-  async close(): Promise<void> {
+  /** Whether close() was called: a channel closing after it is the stop, not a loss. */
+  get closing(): boolean {
+    return this.state === 'closed';
+  }
+
+  /**
+   * Closes the channel, then the connection, each waiting at most
+   * `timeoutMs` for the broker; a broker that does not answer gets its
+   * socket destroyed. Unacked deliveries are requeued by the broker either way.
+   */
+  async close(timeoutMs = 1_000): Promise<void> {
     if (this.state === 'closed') return;
     this.state = 'closed';
     const link = this.link;
-    if (link?.alive) {
-      try {
-        await link.channel.close();
-      } catch (error) {
-        this.log.warn({ err: describeError(error) }, 'closing the amqp channel failed');
-      }
-    }
-    try {
-      await this.model?.close();
-    } catch (error) {
-      this.log.debug({ err: describeError(error) }, 'closing the amqp connection failed');
-    }
+    const model = this.model;
     this.model = null;
+    const started = performance.now();
+    const left = () => Math.max(0, timeoutMs - (performance.now() - started));
+    if (link?.alive) {
+      const closed = await within(
+        left(),
+        link.channel.close().catch((error: unknown) => this.log.warn({ err: describeError(error) }, 'closing the amqp channel failed')),
+      );
+      if (closed === TIMED_OUT) this.log.warn({ timeoutMs }, 'the broker did not confirm the channel close in time');
+    }
+    if (model === null) return;
+    const closed = await within(
+      left(),
+      model.close().catch((error: unknown) => this.log.debug({ err: describeError(error) }, 'closing the amqp connection failed')),
+    );
+    if (closed === TIMED_OUT) {
+      this.log.warn({ timeoutMs }, 'the broker did not confirm the connection close in time; dropping the socket');
+      (model.connection as unknown as { stream?: { destroy(): void } }).stream?.destroy();
+    }
   }
 }

@@ -15,10 +15,13 @@ import {
   PART_HELD,
   describeError,
   encodeBatchTask,
+  describeRefusal,
   formatReason,
+  isServerRefusal,
   isTallyError,
   parseMessage,
   redactUrl,
+  RedisRequirementError,
   retryUntilDone,
   RETRY_STOPPED,
   splitByShard,
@@ -37,6 +40,9 @@ import { StatsRecorder } from './stats-recorder.js';
 import { WorkerPools } from './worker-pools.js';
 import { BadMessageLog } from './bad-message-log.js';
 import { ExposureMeter } from './exposure-meter.js';
+import { within, TIMED_OUT } from './deadline.js';
+import { judgeReadiness, type ReadinessVerdict } from './readiness.js';
+import { RedisHealth } from './redis-health.js';
 import { endBatchSpan, failBatchSpan, recordDeadLetter, startBatchSpan } from './telemetry/batch-span.js';
 import { HttpEndpoints } from './telemetry/http-endpoints.js';
 import { registerSafetyGauges } from './telemetry/safety-gauges.js';
@@ -66,6 +72,8 @@ interface Runtime {
   /** What the start-up probe found (docs/redis-requirements.md). */
   readonly redisProbe: RedisProbeReport;
   readonly redis: Redis;
+  /** Whether Redis refuses writes right now, as every writer sees it (redis-health.ts). */
+  readonly health: RedisHealth;
   /** Renews this daemon's heartbeat key and the mode lease its layout check took. */
   readonly heartbeat: Heartbeat;
   readonly stats: StatsRecorder;
@@ -77,28 +85,57 @@ interface Runtime {
   readonly link: AmqpLink;
 }
 
-/** One step of a shutdown: run in order, each on its own, a failure logged by name and the next one run anyway. */
+/**
+ * One step of a shutdown: run in order, each on its own, a failure logged by
+ * name and the next one run anyway. A step with `timeoutMs` is waited for at
+ * most that long (and never past the stop's closing deadline); `force` then
+ * cuts what it was waiting for.
+ */
 interface ShutdownStep {
   readonly name: string;
   run(): unknown;
+  readonly timeoutMs?: number;
+  force?(): void;
 }
 
-async function runSteps(steps: readonly ShutdownStep[], log: Logger): Promise<void> {
+/**
+ * Time the closing steps may take after the grace period, in total. Every
+ * step that waits on a server is bounded by it, so a stop ends within
+ * TALLY_SHUTDOWN_GRACE_MS plus this whatever Redis or RabbitMQ do; main.ts's
+ * backstop (SHUTDOWN_MARGIN_MS) is a little longer still.
+ */
+export const CLOSE_BUDGET_MS = 2_500;
+/** The most one closing step waits for its server. */
+const STEP_TIMEOUT_MS = 1_000;
+
+async function runSteps(steps: readonly ShutdownStep[], log: Logger, progress: (step: string | null) => void, deadlineAt = Infinity): Promise<void> {
   for (const step of steps) {
+    progress(step.name);
     try {
-      await step.run();
+      const work = Promise.resolve().then(() => step.run());
+      if (step.timeoutMs === undefined) await work;
+      else {
+        const budget = Math.max(0, Math.min(step.timeoutMs, deadlineAt - performance.now()));
+        if ((await within(budget, work)) === TIMED_OUT) {
+          log.warn({ step: step.name, waitedMs: Math.round(budget) }, `${step.name}: no answer in time; going on`);
+          step.force?.();
+        }
+      }
     } catch (error) {
       log.warn({ step: step.name, err: describeError(error) }, `${step.name} failed`);
     }
   }
+  progress(null);
 }
 
-async function closeRedis(redis: Redis): Promise<void> {
-  try {
-    await redis.quit();
-  } catch {
-    redis.disconnect();
-  }
+/** QUIT, or a plain disconnect when the server does not answer it in time (a hung Redis never would). */
+function closeRedisStep(redis: Redis): ShutdownStep {
+  return {
+    name: 'closing redis',
+    timeoutMs: 500,
+    run: () => redis.quit().catch(() => redis.disconnect()),
+    force: () => redis.disconnect(),
+  };
 }
 
 export class Daemon {
@@ -109,6 +146,12 @@ export class Daemon {
   /** Ack bookkeeping of the live channel; replaced on every reconnect. */
   private acks: { link: ChannelLink; tracker: AckTracker } | null = null;
   private ackScheduled = false;
+  /** Checks for a stalled head (invariant 10); runs while the daemon does. */
+  private stallTimer: NodeJS.Timeout | null = null;
+  /** Since when (epoch ms) the head has been stalled and single acks are going out; null when it is not. */
+  private stalledSince: number | null = null;
+  /** The shutdown step running now, for main.ts's backstop to name. */
+  private stopStep: string | null = null;
   /** Message ids with parts in flight: a second delivery of one waits for the first. */
   private readonly inFlight = new Map<string, Delivery>();
   /** Dead-letter publishes not yet confirmed (or given up with their channel). */
@@ -148,23 +191,43 @@ export class Daemon {
     consuming: boolean;
     redisReady: boolean;
     inFlight: number;
+    oldestUnackedS: number | null;
     redis: RedisProbeReport | null;
     amqp: AmqpBrokerState | null;
   } {
+    const ageMs = this.acks?.tracker.oldestUnackedAgeMs() ?? null;
     return {
       state: this.state,
       consuming: this.built?.link.consuming ?? false,
       redisReady: this.built?.redis.status === 'ready',
       inFlight: this.inFlight.size,
+      oldestUnackedS: ageMs === null ? null : Math.round(ageMs) / 1000,
       redis: this.built?.redisProbe ?? null,
       amqp: this.built?.link.brokerState ?? null,
     };
   }
 
-  /** Ready: running, connected to both servers, consuming. What /readyz answers. */
-  get ready(): boolean {
+  /** What /readyz answers: running, connected, consuming, Redis accepting writes, no stalled head (readiness.ts). */
+  get readiness(): ReadinessVerdict {
     const status = this.status;
-    return status.state === 'running' && status.consuming && status.redisReady;
+    return judgeReadiness({
+      state: status.state,
+      consuming: status.consuming,
+      redisConnected: status.redisReady,
+      refusal: this.built?.health.current() ?? null,
+      oldestUnackedMs: this.acks?.tracker.oldestUnackedAgeMs() ?? null,
+      stallMs: this.config.stallMs,
+      nowMs: Date.now(),
+    });
+  }
+
+  get ready(): boolean {
+    return this.readiness.ready;
+  }
+
+  /** The shutdown step running now (null before and after the stop): what main.ts's backstop names. */
+  get pendingStopStep(): string | null {
+    return this.stopStep;
   }
 
   async start(): Promise<void> {
@@ -191,6 +254,9 @@ export class Daemon {
     this.built = await this.openRuntime();
     await this.built.link.start();
     this.state = 'running';
+    // Often enough to ack behind a stalled head within a second of the threshold; cheap when nothing stalls.
+    this.stallTimer = setInterval(() => this.sendAcks(), Math.min(1_000, Math.max(50, this.config.stallMs / 4)));
+    this.stallTimer.unref();
     void this.built.heartbeat.beatOnce(); // show "consuming" now, not at the next interval
   }
 
@@ -213,7 +279,10 @@ export class Daemon {
     redis.on('error', () => {});
     redis.on('ready', () => log.info({ redis: redactUrl(config.redisUrl) }, 'redis ready'));
     redis.on('end', () => log.warn('redis connection ended'));
-    const opened: ShutdownStep[] = [{ name: 'closing redis', run: () => closeRedis(redis) }];
+    const opened: ShutdownStep[] = [closeRedisStep(redis)];
+    const health = new RedisHealth(log);
+    health.listen();
+    opened.push({ name: 'closing the health channel', run: () => health.close() });
     try {
       const lease = { holder: this.daemonId, ttlMs: HEARTBEAT_TTL_BEATS * config.heartbeatMs };
       const layout = await this.untilRedis('layout check', () => ensureLayout(redis, config, lease));
@@ -229,7 +298,13 @@ export class Daemon {
       heartbeat.start();
       opened.unshift({ name: 'stopping the heartbeat', run: () => heartbeat.stop() });
 
-      const stats = new StatsRecorder(redis, config.prefix, log);
+      const stats = new StatsRecorder(redis, config.prefix, log, (error) => {
+        if (error === null || error === undefined) health.recovered('stats flush');
+        else {
+          const refusal = describeRefusal(error);
+          if (isServerRefusal(refusal.failureClass)) health.refused('stats flush', refusal.errorType, refusal.failureClass, refusal.message);
+        }
+      });
       stats.start();
       const exposure = new ExposureMeter(stats, () => (this.acks?.tracker.unacked ?? 0) * 2 >= config.prefetch, config.mode === 'two-step');
       exposure.start();
@@ -241,7 +316,7 @@ export class Daemon {
           return stats.flush();
         },
       });
-      const telemetry = await this.startMetrics(stats, redis, redisProbe);
+      const telemetry = await this.startMetrics(stats, redis, redisProbe, health);
       if (telemetry !== null) opened.unshift({ name: 'closing the metrics endpoint', run: () => closeTelemetry(telemetry) });
 
       const pools = new WorkerPools(
@@ -278,20 +353,28 @@ export class Daemon {
             exposure.channelChanged(link);
           },
           onLinkDown: (link, reason) => {
+            const unacked = this.acks?.link === link ? this.acks.tracker.unacked : null;
             if (this.acks?.link === link) this.acks = null;
-            log.warn({ reason, generation: link.generation }, 'deliveries of the lost channel are left to redelivery');
+            // Closing the channel is the last step of a stop: only what is still unacked goes back.
+            if (this.built?.link.closing === true || (this.state === 'stopping' && unacked === 0)) {
+              if (unacked !== null && unacked > 0)
+                log.warn({ unacked, generation: link.generation }, 'channel closed with unacked deliveries; the broker redelivers them');
+              else log.info({ generation: link.generation }, 'channel closed');
+              return;
+            }
+            log.warn({ reason, unacked, generation: link.generation }, 'deliveries of the lost channel are left to redelivery');
           },
         },
       );
-      return { redisProbe, redis, heartbeat, stats, exposure, telemetry, pools, lanes, link };
+      return { redisProbe, redis, health, heartbeat, stats, exposure, telemetry, pools, lanes, link };
     } catch (error) {
-      await runSteps(opened, log);
+      await runSteps(opened, log, () => {});
       throw error;
     }
   }
 
   /** Metrics and the HTTP endpoint, when TALLY_METRICS_PORT is set. */
-  private async startMetrics(stats: StatsRecorder, redis: Redis, redisProbe: RedisProbeReport): Promise<Telemetry | null> {
+  private async startMetrics(stats: StatsRecorder, redis: Redis, redisProbe: RedisProbeReport, health: RedisHealth): Promise<Telemetry | null> {
     const { config } = this;
     if (config.metricsPort === null) return null;
     const { exporter, provider: meterProvider } = await createMetricsExport();
@@ -305,11 +388,9 @@ export class Daemon {
         // Lanes and link exist once start() has built the runtime; a scrape before that sees none.
         shardDepths: () => this.built?.lanes.depths() ?? [],
         connections: () => ({ amqp: (this.built?.link.current ?? null) !== null, redis: redis.status === 'ready' }),
-        // Map order is arrival order: the first delivery with parts in flight is the oldest one holding the acks back.
-        oldestUnackedAgeSeconds: () => {
-          const oldest = this.inFlight.values().next().value;
-          return oldest === undefined ? 0 : (performance.now() - oldest.receivedAt) / 1000;
-        },
+        // The one source of this figure, also in the heartbeat and /readyz's stall: the AckTracker's lowest unacked tag.
+        oldestUnackedAgeSeconds: () => (this.acks?.tracker.oldestUnackedAgeMs() ?? 0) / 1000,
+        redisRefusals: health,
       },
     );
     registerSafetyGauges(
@@ -321,19 +402,34 @@ export class Daemon {
         unroutableDeadLetters: () => this.built?.link.brokerState.unroutableDeadLetters ?? 0,
       },
     );
-    const endpoints = new HttpEndpoints(exporter, () => ({ ready: this.ready, detail: this.status }));
+    const endpoints = new HttpEndpoints(exporter, () => {
+      const verdict = this.readiness;
+      return { ready: verdict.ready, detail: { reason: verdict.reason, since: verdict.since, ...this.status } };
+    });
     const port = await endpoints.listen(config.metricsPort, config.metricsHost);
     this.log.info({ host: config.metricsHost, port, paths: ['/metrics', '/healthz', '/readyz'] }, 'http endpoint listening');
     return { metrics: daemonMetrics, meterProvider, endpoints, port };
   }
 
   /** Startup steps wait for Redis like everything else (invariant 8), but fatal errors still stop the start. */
-  private untilRedis<T>(what: string, step: () => Promise<T>): Promise<T> {
+  private async untilRedis<T>(what: string, step: () => Promise<T>): Promise<T> {
+    try {
+      return await this.retryRedis(what, step);
+    } catch (error) {
+      if (isTallyError(error)) throw error;
+      throw new RedisRequirementError(
+        'TALLY_REDIS_NOPERM',
+        `Redis refused the ${what}: ${describeError(error)}; grant the user what docs/redis-requirements.md lists (ACL SETUSER <user> ~<TALLY_PREFIX>* +@read +@write +@scripting +@connection +info +time)`,
+      );
+    }
+  }
+
+  private retryRedis<T>(what: string, step: () => Promise<T>): Promise<T> {
     return retryUntilDone(step, {
-      // Only Tally's own refusals (layout, mode) stop the start today; a
-      // `fatal` server refusal (failureClass) is where "Never silently wrong"
-      // stops it too.
-      giveUp: (_failureClass, error) => isTallyError(error),
+      // Outages wait (invariant 8); a refusal no retry can fix (an ACL that
+      // forbids a command, a wrong password) stops the start with one line
+      // naming it instead of looping on "redis unavailable".
+      giveUp: (failureClass, error) => isTallyError(error) || failureClass === 'fatal',
       onAttemptFailed: ({ error, attempt, delayMs, failureClass }) =>
         this.log.warn({ what, attempt, delayMs, failureClass, err: describeError(error) }, 'redis unavailable; retrying'),
     });
@@ -426,6 +522,8 @@ export class Daemon {
     // failure is retried too for now: "Never silently wrong" isolates and
     // dead-letters it here (giveUp on 'data', then split the batch).
     const result = await retryUntilDone(() => pools.run(task), {
+      // Stopping: the threads were terminated; the deliveries stay unacked and go back to the broker.
+      stopWhen: () => pools.stopped,
       onAttemptFailed: ({ error, attempt, delayMs, failureClass }) => {
         failBatchSpan(span, error);
         this.log.error(
@@ -434,6 +532,10 @@ export class Daemon {
         );
       },
     });
+    if (result === RETRY_STOPPED) {
+      span.end();
+      return;
+    }
     endBatchSpan(span, result);
     metrics?.recordBatch(parts.length, performance.now() - started, result);
     stats.add('occupation_failures', result.occupationFailures);
@@ -496,13 +598,44 @@ export class Daemon {
     });
   }
 
+  /**
+   * The normal path: one multiple-ack for the finished run at the head. Then,
+   * when the head has been unfinished for TALLY_STALL_MS, the finished
+   * deliveries behind it one by one (ack-tracker.ts): they must not wait for
+   * it until consumer_timeout closes the channel and they are counted again.
+   */
   private sendAcks(): void {
     const acks = this.acks;
     if (acks === null) return;
+    const { link, exposure } = this.runtime;
     const upTo = acks.tracker.takeAckable();
-    if (upTo === null) return;
-    this.runtime.link.ack(acks.link, upTo);
-    this.runtime.exposure.acked(upTo);
+    if (upTo !== null) {
+      link.ack(acks.link, upTo);
+      exposure.acked(upTo);
+    }
+    const single = acks.tracker.takeStalledAcks(this.config.stallMs);
+    for (const tag of single) {
+      link.ack(acks.link, tag, false);
+      exposure.ackedOne(tag);
+    }
+    this.noteStall(acks.tracker, single.length);
+  }
+
+  /** One log line when a stall begins (and each time it acks around it, at debug), one when it ends. */
+  private noteStall(tracker: AckTracker, singleAcks: number): void {
+    const ageMs = tracker.oldestUnackedAgeMs();
+    const stalled = ageMs !== null && ageMs >= this.config.stallMs && tracker.inProgress > 0;
+    if (stalled && this.stalledSince === null) {
+      this.stalledSince = Date.now();
+      this.log.warn(
+        { oldestUnackedS: Math.round(ageMs) / 1000, stallMs: this.config.stallMs, singleAcks, inProgress: tracker.inProgress },
+        'stalled: the oldest unacked delivery has not finished; acking the finished ones behind it one by one',
+      );
+    } else if (stalled && singleAcks > 0) this.log.debug({ singleAcks }, 'acked finished deliveries behind the stalled one');
+    else if (!stalled && this.stalledSince !== null) {
+      this.log.info({ stalledMs: Date.now() - this.stalledSince }, 'stall over: the oldest unacked delivery finished');
+      this.stalledSince = null;
+    }
   }
 
   /** Nothing waits in a lane, no batch runs, no dead letter is unconfirmed, no delivery is unsettled. */
@@ -556,45 +689,68 @@ export class Daemon {
   private async stopOnce(graceMs: number): Promise<void> {
     const { log } = this;
     this.state = 'stopping';
+    if (this.stallTimer) clearInterval(this.stallTimer);
     log.info({ graceMs }, 'stopping: no new deliveries, finishing what is in flight');
+    const graceEndsAt = performance.now() + graceMs;
     const runtime = this.built;
     if (runtime !== null) {
-      const { link, lanes, stats, exposure, pools, heartbeat, redis, telemetry } = runtime;
+      const { link, lanes, stats, exposure, pools, heartbeat, redis, health, telemetry } = runtime;
+      const progress = (step: string | null) => {
+        this.stopStep = step;
+      };
+      // Within the grace period: stop the flow, finish and ack what can be.
       await runSteps(
         [
-          { name: 'stop consuming', run: () => link.stopConsuming() },
+          { name: 'stop consuming', run: () => link.stopConsuming(Math.min(STEP_TIMEOUT_MS, graceMs)) },
           {
             name: 'finishing in-flight deliveries',
             run: async () => {
               lanes.flushAll();
-              if (!(await this.drainWithin(runtime, graceMs))) {
+              if (!(await this.drainWithin(runtime, Math.max(0, graceEndsAt - performance.now())))) {
                 log.warn({ inFlight: this.inFlight.size, ...lanes.load }, 'grace period over; unfinished deliveries stay unacked and will be redelivered');
               }
             },
           },
           { name: 'final ack', run: () => this.sendAcks() },
           { name: 'closing the shard lanes', run: () => lanes.close() },
+        ],
+        log,
+        progress,
+      );
+      // After it: every step that waits on a server is bounded, in total by CLOSE_BUDGET_MS.
+      // The threads stop first: a batch still writing after the channel closed
+      // (and the broker handed its deliveries to another daemon) could count
+      // them a second time; a terminated thread writes nothing more.
+      const closeBy = Math.max(performance.now(), graceEndsAt) + CLOSE_BUDGET_MS;
+      await runSteps(
+        [
+          { name: 'flushing worker spans', timeoutMs: 500, run: () => pools.flushTelemetry() },
+          {
+            name: 'stopping worker threads',
+            timeoutMs: STEP_TIMEOUT_MS,
+            run: async () => {
+              await pools.destroy();
+              log.info('worker threads stopped');
+            },
+          },
           {
             name: 'final stats flush',
+            timeoutMs: STEP_TIMEOUT_MS,
             run: () => {
               exposure.stop();
               stats.stop();
               return stats.flush();
             },
           },
-          { name: 'closing amqp', run: () => link.close() },
-          {
-            name: 'stopping worker threads',
-            run: async () => {
-              await pools.flushTelemetry();
-              await pools.destroy();
-            },
-          },
-          { name: 'stopping the heartbeat', run: () => heartbeat.stop() },
-          { name: 'closing redis', run: () => closeRedis(redis) },
-          ...(telemetry === null ? [] : [{ name: 'closing the metrics endpoint', run: () => closeTelemetry(telemetry) }]),
+          { name: 'closing amqp', timeoutMs: STEP_TIMEOUT_MS + 100, run: () => link.close(STEP_TIMEOUT_MS) },
+          { name: 'stopping the heartbeat', timeoutMs: 500, run: () => heartbeat.stop() },
+          closeRedisStep(redis),
+          { name: 'closing the health channel', run: () => health.close() },
+          ...(telemetry === null ? [] : [{ name: 'closing the metrics endpoint', timeoutMs: 500, run: () => closeTelemetry(telemetry) }]),
         ],
         log,
+        progress,
+        closeBy,
       );
     }
     this.state = 'stopped';

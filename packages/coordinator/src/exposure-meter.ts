@@ -101,6 +101,15 @@ export class ExposureMeter {
     if (this.occupiedByTag.size === 0) this.occupiedUnacked = 0;
   }
 
+  /** One tag above the contiguous run was acked on its own (behind a stalled head). */
+  ackedOne(tag: number): void {
+    const share = this.occupiedByTag.get(tag);
+    if (share === undefined) return;
+    this.occupiedByTag.delete(tag);
+    this.occupiedUnacked -= share;
+    if (this.occupiedByTag.size === 0) this.occupiedUnacked = 0;
+  }
+
   /** Integrates the occupied-unacked figure and loaded time since the last sample. */
   sample(now = performance.now()): void {
     const elapsed = now - this.lastSample;

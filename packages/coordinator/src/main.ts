@@ -1,13 +1,29 @@
 #!/usr/bin/env node
 /**
  * The daemon's entry point: the one place that reads the environment and
- * handles signals. Exit codes: 0 clean stop, 1 fatal runtime or start error,
- * 2 configuration error (with a one-line reason naming the variable).
+ * handles signals. Exit codes (docs/operations.md, "Exit codes"):
+ *
+ *   0   stopped by a signal; whatever did not finish in the grace period stays
+ *       unacked and is redelivered
+ *   1   start refused (a Redis or broker that cannot keep the promise, a
+ *       layout or mode mismatch) or a fatal error while running
+ *   2   configuration error (one line naming the variable)
+ *   70  forced exit: the stop did not end within TALLY_SHUTDOWN_GRACE_MS plus
+ *       SHUTDOWN_MARGIN_MS, or a second signal; unfinished work stays unacked
  */
 import { isTallyError, loadConfig, type TallyConfig } from '@tally/shared';
 import { startTracing } from '@tally/runtime';
-import { Daemon } from './daemon.js';
+import { CLOSE_BUDGET_MS, Daemon } from './daemon.js';
 import { createLogger } from './logger.js';
+
+/** Exit codes, as documented above. */
+const EXIT = Object.freeze({ stopped: 0, fatal: 1, config: 2, forced: 70 });
+/**
+ * The backstop after the grace period: the daemon's own closing steps are
+ * bounded by CLOSE_BUDGET_MS in total; this is the last resort if something
+ * unbounded (a bug, a blocked event loop) still holds the stop.
+ */
+const SHUTDOWN_MARGIN_MS = CLOSE_BUDGET_MS + 1_500;
 
 function fail(code: number, line: string): never {
   process.stderr.write(`tally: ${line}\n`);
@@ -18,7 +34,7 @@ let config: TallyConfig;
 try {
   config = loadConfig(process.env);
 } catch (error) {
-  fail(2, `configuration error: ${error instanceof Error ? error.message : String(error)}`);
+  fail(EXIT.config, `configuration error: ${error instanceof Error ? error.message : String(error)}`);
 }
 
 const log = createLogger(config.logLevel, { component: 'coordinator' });
@@ -43,16 +59,25 @@ let signalled = false;
 function onSignal(signal: NodeJS.Signals): void {
   if (signalled) {
     // A second signal means "now": whatever is unacked is redelivered later.
-    log.warn({ signal }, 'second signal: exiting without finishing in-flight work');
-    process.exit(1);
+    log.warn({ signal, pendingStep: daemon.pendingStopStep }, 'second signal: exiting without finishing in-flight work');
+    process.exit(EXIT.forced);
   }
   signalled = true;
   log.info({ signal }, 'signal received');
+  // Whatever Redis or RabbitMQ do, the process is gone by grace + margin.
+  const limitMs = config.shutdownGraceMs + SHUTDOWN_MARGIN_MS;
+  setTimeout(() => {
+    log.fatal(
+      { limitMs, pendingStep: daemon.pendingStopStep, status: daemon.status },
+      'stop did not finish within the grace period plus margin; exiting, unacked work is redelivered',
+    );
+    process.exit(EXIT.forced);
+  }, limitMs);
   stopAll().then(
-    () => process.exit(0),
+    () => process.exit(EXIT.stopped),
     (error) => {
       log.error({ err: error instanceof Error ? error.message : String(error) }, 'stop failed');
-      process.exit(1);
+      process.exit(EXIT.fatal);
     },
   );
 }
@@ -61,7 +86,7 @@ process.on('SIGINT', onSignal);
 process.on('unhandledRejection', (reason) => {
   // Unacked work is redelivered, so dying loudly is safer than limping on.
   log.fatal({ err: reason instanceof Error ? reason.stack : String(reason) }, 'unhandled rejection');
-  process.exit(1);
+  process.exit(EXIT.fatal);
 });
 
 try {
@@ -70,5 +95,5 @@ try {
   const message = error instanceof Error ? error.message : String(error);
   log.fatal({ err: message, code: isTallyError(error) ? error.code : undefined }, 'start failed');
   await daemon.stop(0).catch(() => {});
-  fail(1, `start failed: ${message}`);
+  fail(EXIT.fatal, `start failed: ${message}`);
 }

@@ -27,6 +27,8 @@ export class StatsRecorder {
     private readonly redis: Redis,
     private readonly prefix: string,
     private readonly log: Logger,
+    /** Told the outcome of every flush that wrote something: null on success, else the error (RedisHealth watches it). */
+    private readonly onFlushOutcome: (error: unknown) => void = () => {},
   ) {}
 
   add(name: CounterName, amount = 1): void {
@@ -71,11 +73,17 @@ export class StatsRecorder {
     for (const [name, delta] of deltas) pipeline.hincrby(statsKey(this.prefix), name, delta);
     try {
       const results = await pipeline.exec();
+      let refusal: unknown = null;
       for (let i = 0; i < deltas.length; i++) {
         const [name, delta] = deltas[i]!;
-        if (results?.[i]?.[0] == null) this.unflushed[name] -= delta;
+        const error = results?.[i]?.[0];
+        if (error == null) this.unflushed[name] -= delta;
+        else refusal ??= error;
       }
+      this.onFlushOutcome(refusal);
+      if (refusal !== null) this.log.warn({ err: refusal instanceof Error ? refusal.message : String(refusal) }, 'stats flush refused; will retry');
     } catch (error) {
+      this.onFlushOutcome(error);
       this.log.warn({ err: error instanceof Error ? error.message : String(error) }, 'stats flush failed; will retry');
     }
   }

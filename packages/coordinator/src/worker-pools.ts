@@ -33,7 +33,15 @@ export class WorkerPools {
     );
   }
 
+  private destroyed = false;
+
+  /** True once destroy() began: no batch runs any more, a retry loop should stop. */
+  get stopped(): boolean {
+    return this.destroyed;
+  }
+
   run(task: WireBatchTask): Promise<BatchResult> {
+    if (this.destroyed) return Promise.reject(new Error('worker threads stopped'));
     const pool = this.pools[ownerOf(task.vshard, this.pools.length)]!;
     return pool.run(task) as Promise<BatchResult>;
   }
@@ -43,7 +51,14 @@ export class WorkerPools {
     await Promise.allSettled(this.pools.map((pool) => pool.run(null, { name: 'flushTelemetry' })));
   }
 
+  /**
+   * Terminates every thread, a batch in the middle of a Redis call
+   * included: piscina rejects its task and the thread's connection closes.
+   * The daemon calls this before the channel closes, so no thread is still
+   * writing once the broker hands the deliveries to another consumer.
+   */
   async destroy(): Promise<void> {
+    this.destroyed = true;
     await Promise.allSettled(this.pools.map((pool) => pool.destroy()));
   }
 }

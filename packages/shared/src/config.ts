@@ -52,6 +52,13 @@ export interface TallyConfig {
   readonly virtualShards: number;
   readonly maxMessageBytes: number;
   readonly shutdownGraceMs: number;
+  /**
+   * TALLY_STALL_MS: once the oldest unacked delivery has been unfinished this
+   * long, the finished ones behind it are acked one by one instead of waiting
+   * for it, and /readyz reports the stall. Keep it well below the broker's
+   * consumer_timeout and the marker TTL (docs/faults-and-deviation.md).
+   */
+  readonly stallMs: number;
   readonly logLevel: LogLevel;
   /**
    * TALLY_ALLOW_EVICTION: start even when Redis's maxmemory-policy may evict
@@ -85,6 +92,7 @@ export const DEFAULTS = Object.freeze({
   virtualShards: 16,
   maxMessageBytes: 65_536,
   shutdownGraceMs: 30_000,
+  stallMs: 30_000,
   logLevel: 'info' as LogLevel,
   metricsHost: '127.0.0.1',
   allowEviction: false,
@@ -106,6 +114,7 @@ export const LIMITS = Object.freeze({
   virtualShards: [1, 1024],
   maxMessageBytes: [64, 16_777_216],
   shutdownGraceMs: [0, 600_000],
+  stallMs: [100, 3_600_000],
   redisWaitReplicas: [0, 16],
   // WAIT 0 blocks forever: a stalled ack nobody sees. One minute is already
   // longer than any replica that is keeping up needs.
@@ -295,6 +304,7 @@ export function loadConfig(env: Env = process.env): TallyConfig {
     virtualShards,
     maxMessageBytes: integer(env, 'TALLY_MAX_MESSAGE_BYTES', DEFAULTS.maxMessageBytes, LIMITS.maxMessageBytes),
     shutdownGraceMs: integer(env, 'TALLY_SHUTDOWN_GRACE_MS', DEFAULTS.shutdownGraceMs, LIMITS.shutdownGraceMs),
+    stallMs: integer(env, 'TALLY_STALL_MS', DEFAULTS.stallMs, LIMITS.stallMs),
     logLevel: logLevel(env, 'TALLY_LOG_LEVEL'),
     allowEviction: flag(env, 'TALLY_ALLOW_EVICTION', DEFAULTS.allowEviction),
     redisWaitReplicas: integer(env, 'TALLY_REDIS_WAIT_REPLICAS', DEFAULTS.redisWaitReplicas, LIMITS.redisWaitReplicas),

@@ -13,3 +13,4 @@ export * from './batch-protocol.js';
 export * from './deviation.js';
 export * from './redis-requirements.js';
 export * from './dead-letter.js';
+export * from './redis-health.js';

@@ -217,7 +217,7 @@ export function classifyRedisFailure(error: RedisFailure | null | undefined, ste
       code: 'TALLY_REDIS_NOPERM',
       message:
         `Redis ACL refused ${step} (${message}); grant Tally's user what it needs, e.g. ` +
-        'ACL SETUSER <user> ~<TALLY_PREFIX>* +@read +@write +@scripting +@connection +info (see docs/redis-requirements.md)',
+        'ACL SETUSER <user> ~<TALLY_PREFIX>* +@read +@write +@scripting +@connection +info +time (see docs/redis-requirements.md)',
     };
   }
   if (/^ERR unknown command '(eval|evalsha|script)'/i.test(message) || /scripting is disabled|lua.*disabled/i.test(message)) {

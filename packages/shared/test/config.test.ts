@@ -37,6 +37,7 @@ const BAD_VALUES: ReadonlyArray<readonly [variable: string, values: readonly str
   ['TALLY_VIRTUAL_SHARDS', ['0', '1025', 'sixteen', '16.0', '-16']],
   ['TALLY_MAX_MESSAGE_BYTES', ['63', '16777217', '64k']],
   ['TALLY_SHUTDOWN_GRACE_MS', ['-1', '600001', '30s']],
+  ['TALLY_STALL_MS', ['99', '3600001', '30s', '1.5']],
   ['TALLY_LOG_LEVEL', ['loud', 'verbose', 'INFO', 'warning']],
   ['TALLY_ALLOW_EVICTION', ['maybe', '2', 'on', 'y']],
   ['TALLY_REDIS_WAIT_REPLICAS', ['-1', '17', 'all', '1.0']],
@@ -74,6 +75,7 @@ describe('loadConfig', () => {
       virtualShards: 16,
       maxMessageBytes: 65_536,
       shutdownGraceMs: 30_000,
+      stallMs: 30_000,
       logLevel: 'info',
       allowEviction: false,
       redisWaitReplicas: 0,
@@ -126,7 +128,7 @@ describe('loadConfig', () => {
       const read = new Set([...source.matchAll(/'(TALLY_[A-Z_]+)'/g)].map((m) => m[1]!));
       const covered = new Set(BAD_VALUES.map(([name]) => name));
       expect([...covered].sort()).to.deep.equal([...read].sort());
-      expect(covered.size).to.equal(26);
+      expect(covered.size).to.equal(27);
     });
 
     it('names the accepted range for integers', () => {
@@ -211,6 +213,7 @@ describe('loadConfig', () => {
         TALLY_METRICS_PORT: 'metricsPort',
         TALLY_MAX_MESSAGE_BYTES: 'maxMessageBytes',
         TALLY_SHUTDOWN_GRACE_MS: 'shutdownGraceMs',
+        TALLY_STALL_MS: 'stallMs',
         TALLY_REDIS_WAIT_REPLICAS: 'redisWaitReplicas',
         TALLY_REDIS_WAIT_TIMEOUT_MS: 'redisWaitTimeoutMs',
       };

@@ -30,6 +30,7 @@ import {
   type WorkerSettings,
 } from '@tally/shared';
 import { loadScript, runScript, type ScriptArg } from './lua-scripts.js';
+import { reportingHealth } from './health-report.js';
 import type { BatchLog } from './batch-log.js';
 import { batchTracer, inSpan } from './batch-tracing.js';
 
@@ -83,7 +84,8 @@ async function runAtomicScript(redis: Redis, settings: WorkerSettings, task: Bat
   // the receipt the first attempt left and gets its answer back.
   const args = atomicBatchArgs(settings, task, randomUUID());
   let writeRetries = 0;
-  const reply = (await retryUntilDone(() => runScript(redis, ATOMIC_BATCH, args, log), {
+  const runOnce = reportingHealth(task.vshard, () => runScript(redis, ATOMIC_BATCH, args, log));
+  const reply = (await retryUntilDone(runOnce, {
     // A `fatal` or `data` reply (a bad argument, NOPERM, a bug) would fail
     // the same way here: it goes to the coordinator, which logs it, retries
     // the batch and acks nothing of it meanwhile. Nothing was written: the

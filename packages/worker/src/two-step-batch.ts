@@ -39,6 +39,7 @@ import { aggregateNewParts } from './aggregate.js';
 import type { BatchHooks, BatchLog } from './batch-log.js';
 import { batchTracer, inSpan } from './batch-tracing.js';
 import { evalshaArgs, loadScript, runScript } from './lua-scripts.js';
+import { reportingHealth } from './health-report.js';
 
 /** The claim, the count write and the marker occupation, their KEYS and ARGV documented in lua/*.lua. */
 export const CLAIM_MARKERS = loadScript('claim_markers');
@@ -51,7 +52,7 @@ export const OCCUPY_MARKERS = loadScript('occupy_markers');
  * too, but each is logged with its class.
  */
 function untilDone<T>(step: string, task: BatchTask, log: BatchLog, run: () => Promise<T>, onFailure?: () => void): Promise<T> {
-  return retryUntilDone(run, {
+  return retryUntilDone(reportingHealth(task.vshard, run), {
     onAttemptFailed: ({ error, attempt, delayMs, failureClass }) => {
       onFailure?.();
       const span = trace.getActiveSpan();

@@ -4,7 +4,8 @@
  * exposing them is an operator's choice, e.g. TALLY_METRICS_HOST=0.0.0.0):
  *   /metrics  Prometheus text format
  *   /healthz  200 while the process lives
- *   /readyz   200 only while connected to RabbitMQ and Redis and consuming, else 503
+ *   /readyz   200 while running, consuming, connected, Redis accepting writes and no
+ *             delivery stalled; else 503 with `reason` and `since` (readiness.ts)
  */
 import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
@@ -43,7 +44,7 @@ export class HttpEndpoints {
         const { ready, detail } = this.readiness();
         response
           .writeHead(ready ? 200 : 503, { 'content-type': 'application/json' })
-          .end(`${JSON.stringify({ status: ready ? 'ready' : 'not ready', ...detail })}\n`);
+          .end(`${JSON.stringify({ ready, status: ready ? 'ready' : 'not ready', ...detail })}\n`);
         return;
       }
       response.writeHead(404, { 'content-type': 'text/plain' }).end('not found: try /metrics, /healthz, /readyz\n');

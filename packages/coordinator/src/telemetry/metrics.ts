@@ -31,6 +31,13 @@ export interface MetricSources {
   readonly connections: () => { amqp: boolean; redis: boolean };
   /** Seconds since the oldest delivery still unacked arrived; 0 when none is (or the daemon cannot tell). */
   readonly oldestUnackedAgeSeconds?: () => number;
+  /** Redis refusals as RedisHealth tracks them (redis-health.ts). */
+  readonly redisRefusals?: {
+    /** Error types refused right now (`OOM`, `READONLY`, `unavailable`, …). */
+    refusingTypes(): ReadonlySet<string>;
+    /** Refused attempts since start, by error type. */
+    readonly attemptsByType: ReadonlyMap<string, number>;
+  };
 }
 
 const SIZE_BUCKETS = [1, 10, 50, 100, 200, 500, 1000, 2000, 5000, 10000];
@@ -102,7 +109,9 @@ export class DaemonMetrics {
         .addCallback((result) => result.observe(sources.counters()[name] * instrument.scale, base));
     }
     meter
-      .createObservableGauge('tally.info', { description: 'Constant 1, labelled with the mode and the layout; in atomic mode occupation failures cannot happen and are not exported' })
+      .createObservableGauge('tally.info', {
+        description: 'Constant 1, labelled with the mode and the layout; in atomic mode occupation failures cannot happen and are not exported',
+      })
       .addCallback((result) =>
         result.observe(1, {
           ...base,
@@ -117,17 +126,42 @@ export class DaemonMetrics {
     meter
       .createObservableGauge('tally.shard.queue_depth', { description: 'Parts waiting in each virtual shard lane', unit: '{part}' })
       .addCallback((result) => sources.shardDepths().forEach((depth, shard) => result.observe(depth, { ...base, 'tally.shard': shard })));
-    meter
-      .createObservableGauge('tally.connection.up', { description: '1 while the connection to the server is usable, else 0' })
-      .addCallback((result) => {
-        const { amqp, redis } = sources.connections();
-        result.observe(amqp ? 1 : 0, { ...base, 'server.type': 'rabbitmq' });
-        result.observe(redis ? 1 : 0, { ...base, 'server.type': 'redis' });
-      });
+    meter.createObservableGauge('tally.connection.up', { description: '1 while the connection to the server is usable, else 0' }).addCallback((result) => {
+      const { amqp, redis } = sources.connections();
+      result.observe(amqp ? 1 : 0, { ...base, 'server.type': 'rabbitmq' });
+      result.observe(redis ? 1 : 0, { ...base, 'server.type': 'redis' });
+    });
     // Invariant 10: a delivery that cannot finish shows here long before anyone reads a log.
     meter
       .createObservableGauge('tally.oldest_unacked_age', { description: 'Seconds since the oldest delivery still unacked arrived; 0 when none is', unit: 's' })
       .addCallback((result) => result.observe(Math.max(0, sources.oldestUnackedAgeSeconds?.() ?? 0), base));
+
+    // Invariant 11: a Redis that refuses writes (OOM, READONLY, MASTERDOWN,
+    // LOADING) or does not answer is waited out; these make the wait visible.
+    const refusals = sources.redisRefusals;
+    if (refusals !== undefined) {
+      const seen = new Set<string>();
+      meter
+        .createObservableGauge('tally.redis.refusing', {
+          description:
+            '1 while Redis refuses (or does not answer) the writes of a batch step, by error.type (OOM, READONLY, MASTERDOWN, LOADING, unavailable, …); 0 otherwise',
+        })
+        .addCallback((result) => {
+          const now = refusals.refusingTypes();
+          for (const type of now) seen.add(type);
+          // One series per type ever seen, so a cleared refusal reads 0 rather than vanishing; a bare 0 until then.
+          if (seen.size === 0) result.observe(0, base);
+          for (const type of seen) result.observe(now.has(type) ? 1 : 0, { ...base, 'error.type': type });
+        });
+      meter
+        .createObservableCounter('tally.redis.refused_attempts', {
+          description: 'Redis calls refused or unanswered and retried, by error.type',
+          unit: '{attempt}',
+        })
+        .addCallback((result) => {
+          for (const [type, count] of refusals.attemptsByType) result.observe(count, { ...base, 'error.type': type });
+        });
+    }
 
     this.batchSize = meter.createHistogram('tally.batch.size', {
       description: 'Parts per shard batch',

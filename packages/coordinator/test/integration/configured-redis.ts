@@ -17,6 +17,8 @@ export interface ConfiguredRedis {
   readonly dir: string;
   /** A client for the test's own set-up (ACL SETUSER, INFO), as the server's admin. */
   admin(): Redis;
+  /** Sends a signal to the server process (SIGSTOP: a Redis that answers nothing; SIGCONT: back). */
+  signal(signal: NodeJS.Signals): void;
   stop(): Promise<void>;
 }
 
@@ -63,6 +65,9 @@ export async function startConfiguredRedis(settings: RedisSettings = {}): Promis
     client.on('error', () => {});
     return client;
   };
+  const signal = (name: NodeJS.Signals): void => {
+    if (child.exitCode === null && child.signalCode === null) child.kill(name);
+  };
   const stop = async (): Promise<void> => {
     if (child.exitCode === null && child.signalCode === null) {
       const exited = new Promise((resolve) => child.once('exit', resolve));
@@ -91,7 +96,7 @@ export async function startConfiguredRedis(settings: RedisSettings = {}): Promis
     }
     await sleep(50);
   }
-  return { port, dir, admin, stop };
+  return { port, dir, admin, signal, stop };
 }
 
 /** Runs `work` with an admin client of `server`, then disconnects it. */

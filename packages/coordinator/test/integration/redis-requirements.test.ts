@@ -173,6 +173,14 @@ describe('redis start-up probe (integration: private redis-servers, the real dae
       expectOneLineRefusal(result, 'TALLY_REDIS_NOPERM', 'NOPERM', '+@scripting', 'SCRIPT LOAD');
     });
 
+    it('an ACL user without TIME (the layout check reads it for mode leases): TALLY_REDIS_NOPERM before anything runs', async () => {
+      const redis = await server({});
+      await asAdmin(redis, (admin) => admin.call('ACL', 'SETUSER', 'notime', 'on', '>pw', '~*', '+@all', '-time'));
+      const space = testSpace('acl', { TALLY_REDIS_URL: redisUrl(redis, 'notime:pw@') });
+      const result = await startFails(space.env);
+      expectOneLineRefusal(result, 'TALLY_REDIS_NOPERM', 'ACL SETUSER', '+time');
+    });
+
     it("an ACL user whose key patterns miss the prefix: TALLY_REDIS_NOPERM naming the keys", async () => {
       const redis = await server({});
       await asAdmin(redis, (admin) => admin.call('ACL', 'SETUSER', 'narrow', 'on', '>pw', '~other:*', '+@all'));
@@ -193,7 +201,7 @@ describe('redis start-up probe (integration: private redis-servers, the real dae
       const redis = await server({});
       const space = testSpace('acl-ok');
       await asAdmin(redis, (admin) =>
-        admin.call('ACL', 'SETUSER', 'tally', 'on', '>pw', `~${space.prefix}*`, '+@read', '+@write', '+@scripting', '+@connection', '+info'),
+        admin.call('ACL', 'SETUSER', 'tally', 'on', '>pw', `~${space.prefix}*`, '+@read', '+@write', '+@scripting', '+@connection', '+info', '+time'),
       );
       const env = { ...space.env, TALLY_REDIS_URL: redisUrl(redis, 'tally:pw@') };
       try {

@@ -26,7 +26,10 @@ function receiveUpTo(tracker: AckTracker, n: number): void {
   for (let tag = 1; tag <= n; tag++) tracker.received(tag);
 }
 
-describe('AckTracker', () => {
+describe('AckTracker', function () {
+  // The property tests run thousands of steps: well under a second alone, but the machine is shared.
+  this.timeout(30_000);
+
   it('has nothing to ack when nothing was received', () => {
     const tracker = new AckTracker();
     expect(tracker.takeAckable()).to.equal(null);
@@ -215,5 +218,117 @@ describe('AckTracker', () => {
     expect(tracker.oldestUnackedAgeMs(1_000)).to.equal(700);
     expect(tracker.takeAckable()).to.equal(3);
     expect(tracker.oldestUnackedAgeMs(1_000)).to.equal(null);
+  });
+
+  describe('a stalled head (invariant 10)', () => {
+    it('hands out nothing before the head has been unfinished for stallMs', () => {
+      const tracker = new AckTracker();
+      for (let tag = 1; tag <= 4; tag++) tracker.received(tag, 0);
+      tracker.finish(2);
+      tracker.finish(3);
+      expect(tracker.takeStalledAcks(1_000, 999)).to.deep.equal([]);
+      expect(tracker.unacked).to.equal(4);
+    });
+
+    it('single-acks every finished tag behind a stuck head, in order, once', () => {
+      const tracker = new AckTracker();
+      for (let tag = 1; tag <= 6; tag++) tracker.received(tag, 0);
+      tracker.finish(5);
+      tracker.finish(2);
+      tracker.finish(3);
+      expect(tracker.takeStalledAcks(1_000, 1_000)).to.deep.equal([2, 3, 5]);
+      expect(tracker.takeStalledAcks(1_000, 2_000), 'nothing twice').to.deep.equal([]);
+      expect([tracker.unacked, tracker.inProgress]).to.deep.equal([3, 3]);
+      expect(tracker.takeAckable(), 'the head is still unfinished').to.equal(null);
+      // Finishing a singly acked tag again is a bug.
+      expect(() => tracker.finish(3)).to.throw(RangeError);
+      tracker.finish(6);
+      expect(tracker.takeStalledAcks(1_000, 2_000), 'newly finished behind the same stuck head').to.deep.equal([6]);
+      expect(tracker.oldestUnackedAgeMs(2_000), 'the stuck head is still the oldest').to.equal(2_000);
+    });
+
+    it('ends the later multiple-ack on an outstanding tag, skipping the singly acked ones', () => {
+      const tracker = new AckTracker();
+      for (let tag = 1; tag <= 6; tag++) tracker.received(tag, 0);
+      for (const tag of [2, 3, 5]) tracker.finish(tag);
+      expect(tracker.takeStalledAcks(1_000, 1_000)).to.deep.equal([2, 3, 5]);
+      tracker.finish(1);
+      // 1 outstanding, 2 and 3 acked, 4 unfinished: the multiple-ack names 1.
+      expect(tracker.takeAckable()).to.equal(1);
+      tracker.finish(4);
+      tracker.finish(6);
+      // 4 outstanding, 5 acked, 6 outstanding: one multiple-ack on 6 covers 4 and 6.
+      expect(tracker.takeAckable()).to.equal(6);
+      expect([tracker.unacked, tracker.inProgress]).to.deep.equal([0, 0]);
+      expect(tracker.oldestUnackedAgeMs(5_000)).to.equal(null);
+    });
+
+    it('returns null when the run past the head holds only singly acked tags after the head (never names an acked tag)', () => {
+      const tracker = new AckTracker();
+      for (let tag = 1; tag <= 3; tag++) tracker.received(tag, 0);
+      tracker.finish(2);
+      tracker.finish(3);
+      expect(tracker.takeStalledAcks(10, 10)).to.deep.equal([2, 3]);
+      tracker.finish(1);
+      expect(tracker.takeAckable(), 'only 1 is outstanding').to.equal(1);
+      expect(tracker.takeAckable()).to.equal(null);
+      expect(tracker.unacked).to.equal(0);
+    });
+
+    it('property: random interleavings of receive, finish, stalled acks and multiple-acks never ack a tag twice or an unfinished one, and ack all in the end', () => {
+      const random = mulberry32(0x57a11);
+      for (let run = 0; run < 300; run++) {
+        const n = 1 + Math.floor(random() * 300);
+        const stallMs = 50;
+        const tracker = new AckTracker();
+        // The broker's view: outstanding tags; an ack must name an outstanding tag.
+        const outstanding = new Set<number>();
+        const finished = new Set<number>();
+        const acked = new Set<number>();
+        let now = 0;
+        let received = 0;
+        const order = shuffled(n, random);
+        const ackOne = (tag: number): void => {
+          if (!outstanding.has(tag)) expect.fail(`run ${run}: single ack of ${tag}, not outstanding`);
+          if (!finished.has(tag)) expect.fail(`run ${run}: single ack of unfinished ${tag}`);
+          outstanding.delete(tag);
+          acked.add(tag);
+        };
+        const ackUpTo = (tag: number): void => {
+          if (!outstanding.has(tag)) expect.fail(`run ${run}: multiple ack names ${tag}, not outstanding`);
+          for (const t of [...outstanding]) {
+            if (t > tag) continue;
+            if (!finished.has(t)) expect.fail(`run ${run}: multiple ack ${tag} covers unfinished ${t}`);
+            outstanding.delete(t);
+            acked.add(t);
+          }
+        };
+        const maybeAck = (): void => {
+          if (random() < 0.3) {
+            const tag = tracker.takeAckable();
+            if (tag !== null) ackUpTo(tag);
+          }
+          if (random() < 0.3) for (const tag of tracker.takeStalledAcks(stallMs, now)) ackOne(tag);
+          expect(tracker.unacked, `run ${run}`).to.equal(outstanding.size);
+          expect(tracker.inProgress, `run ${run}`).to.equal(received - finished.size);
+        };
+        for (const tag of order) {
+          while (received < tag) {
+            tracker.received(++received, now);
+            outstanding.add(received);
+            maybeAck();
+          }
+          now += Math.floor(random() * 20);
+          tracker.finish(tag);
+          finished.add(tag);
+          maybeAck();
+        }
+        const last = tracker.takeAckable();
+        if (last !== null) ackUpTo(last);
+        expect(outstanding.size, `run ${run}: everything acked at the end`).to.equal(0);
+        expect(acked.size).to.equal(n);
+        expect(tracker.unacked).to.equal(0);
+      }
+    });
   });
 });

@@ -1,0 +1,53 @@
+/**
+ * What /readyz answers: ready, or not ready with the reasons an operator can
+ * act on (joined by "; ", the cause first: a Redis that refuses every write
+ * explains the stall it causes) and when the earliest began. Pure: the
+ * daemon gathers the facts, this words them.
+ */
+import type { RedisRefusalState } from './redis-health.js';
+import { describeKind } from './redis-health.js';
+
+export interface ReadinessFacts {
+  readonly state: string;
+  readonly consuming: boolean;
+  readonly redisConnected: boolean;
+  readonly refusal: RedisRefusalState | null;
+  /** Age of the oldest unacked delivery, ms; null when nothing is unacked. */
+  readonly oldestUnackedMs: number | null;
+  readonly stallMs: number;
+  /** Epoch ms now, to date a stall. */
+  readonly nowMs: number;
+}
+
+export interface ReadinessVerdict {
+  readonly ready: boolean;
+  readonly reason: string | null;
+  /** ISO time the reason began, when known. */
+  readonly since: string | null;
+}
+
+const READY: ReadinessVerdict = Object.freeze({ ready: true, reason: null, since: null });
+
+export function judgeReadiness(facts: ReadinessFacts): ReadinessVerdict {
+  if (facts.state !== 'running') return { ready: false, reason: `daemon ${facts.state}`, since: null };
+  const reasons: Array<{ text: string; sinceMs: number | null }> = [];
+  if (facts.refusal !== null) {
+    reasons.push({ text: `${describeKind(facts.refusal.errorType)}: ${facts.refusal.message}`, sinceMs: facts.refusal.sinceMs });
+  }
+  if (!facts.redisConnected) reasons.push({ text: 'redis connection down', sinceMs: null });
+  if (!facts.consuming) reasons.push({ text: 'not consuming from RabbitMQ', sinceMs: null });
+  if (facts.oldestUnackedMs !== null && facts.oldestUnackedMs >= facts.stallMs) {
+    // Also when a refusal explains it: the stall is what the broker's consumer_timeout and the markers' TTL run against.
+    reasons.push({
+      text: `stalled: oldest unacked delivery ${Math.floor(facts.oldestUnackedMs / 1000)} s old`,
+      sinceMs: facts.nowMs - facts.oldestUnackedMs + facts.stallMs,
+    });
+  }
+  if (reasons.length === 0) return READY;
+  const dated = reasons.filter((reason) => reason.sinceMs !== null).map((reason) => reason.sinceMs!);
+  return {
+    ready: false,
+    reason: reasons.map((reason) => reason.text).join('; '),
+    since: dated.length === 0 ? null : new Date(Math.min(...dated)).toISOString(),
+  };
+}

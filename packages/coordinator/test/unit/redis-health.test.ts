@@ -1,0 +1,82 @@
+import { expect } from 'chai';
+import { BroadcastChannel } from 'node:worker_threads';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { REDIS_HEALTH_CHANNEL, describeRefusal } from '@tally/shared';
+import { RedisHealth, REFUSAL_STALE_MS } from '../../src/redis-health.js';
+
+function recordingLog() {
+  const lines: Array<{ level: string; fields: Record<string, unknown>; message: string }> = [];
+  const at = (level: string) => (fields: Record<string, unknown>, message: string) => lines.push({ level, fields, message });
+  return { lines, log: { warn: at('warn'), info: at('info'), error: at('error'), debug: at('debug'), fatal: at('fatal') } as never };
+}
+
+describe('RedisHealth', () => {
+  it('logs one line when refusals start and one when the last source recovers', () => {
+    let now = 1_000;
+    const { lines, log } = recordingLog();
+    const health = new RedisHealth(log, () => now);
+    expect(health.current()).to.equal(null);
+    health.refused('shard 1', 'OOM', 'transient', 'OOM command not allowed');
+    now += 500;
+    health.refused('shard 2', 'OOM', 'transient', 'OOM command not allowed');
+    health.refused('shard 1', 'OOM', 'transient', 'OOM command not allowed');
+    expect(lines.filter((l) => l.level === 'warn')).to.have.length(1);
+    expect(lines[0]!.message).to.match(/^redis refusing writes: OOM command not allowed/);
+    const state = health.current()!;
+    expect(state).to.include({ errorType: 'OOM', sinceMs: 1_000 });
+    expect(state.sources).to.have.members(['shard 1', 'shard 2']);
+    expect(health.attemptsByType.get('OOM')).to.equal(3);
+    health.recovered('shard 1');
+    expect(health.current(), 'shard 2 still refused').to.not.equal(null);
+    now += 2_000;
+    health.recovered('shard 2');
+    expect(health.current()).to.equal(null);
+    const cleared = lines.filter((l) => l.level === 'info');
+    expect(cleared).to.have.length(1);
+    expect(cleared[0]!.fields.lastedMs).to.equal(2_500);
+  });
+
+  it('forgets a source that stopped reporting (a thread that died mid-retry)', () => {
+    let now = 0;
+    const { lines, log } = recordingLog();
+    const health = new RedisHealth(log, () => now);
+    health.refused('shard 4', 'READONLY', 'transient', "READONLY You can't write against a read only replica.");
+    now += REFUSAL_STALE_MS + 1;
+    expect(health.current()).to.equal(null);
+    expect(lines.some((l) => l.message === 'redis accepts writes again')).to.equal(true);
+  });
+
+  it("receives the worker threads' events over the BroadcastChannel", async () => {
+    const { log } = recordingLog();
+    const health = new RedisHealth(log);
+    health.listen();
+    const sender = new BroadcastChannel(REDIS_HEALTH_CHANNEL);
+    try {
+      sender.postMessage({
+        kind: 'refused',
+        source: 'shard 0',
+        errorType: 'MASTERDOWN',
+        failureClass: 'transient',
+        message: 'MASTERDOWN Link with MASTER is down',
+      });
+      for (let i = 0; i < 100 && health.current() === null; i++) await sleep(5);
+      expect(health.current()?.errorType).to.equal('MASTERDOWN');
+      sender.postMessage({ kind: 'recovered', source: 'shard 0' });
+      for (let i = 0; i < 100 && health.current() !== null; i++) await sleep(5);
+      expect(health.current()).to.equal(null);
+    } finally {
+      sender.close();
+      health.close();
+    }
+  });
+
+  it('describeRefusal keeps the reply word and class, which a thread boundary would lose', () => {
+    const reply = Object.assign(new Error("OOM command not allowed when used memory > 'maxmemory'."), { name: 'ReplyError' });
+    expect(describeRefusal(reply)).to.deep.equal({ errorType: 'OOM', failureClass: 'transient', message: reply.message });
+    const loading = Object.assign(new Error('LOADING Redis is loading the dataset in memory'), { name: 'ReplyError' });
+    expect(describeRefusal(loading).errorType).to.equal('LOADING');
+    const noperm = Object.assign(new Error('NOPERM No permissions to access a key'), { name: 'ReplyError' });
+    expect(describeRefusal(noperm)).to.include({ errorType: 'NOPERM', failureClass: 'fatal' });
+    expect(describeRefusal(new Error('Connection is closed.'))).to.include({ errorType: 'unavailable', failureClass: 'transient' });
+  });
+});

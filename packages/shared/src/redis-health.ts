@@ -1,0 +1,51 @@
+/**
+ * Redis health as the worker threads see it, told to the coordinator.
+ *
+ * Nearly every write Tally makes runs inside a worker thread, and a batch
+ * step that Redis refuses (OOM under noeviction, READONLY after a failover,
+ * MASTERDOWN, LOADING, or no answer at all) is retried there, quietly from
+ * the coordinator's point of view: the batch simply takes longer. So each
+ * thread posts an event on a BroadcastChannel (worker_threads supports it
+ * between the threads of one process) when a step fails and when a step of
+ * the same shard succeeds again. Why this way:
+ *
+ * - reliable: it reports the very writes that are refused, not a probe that
+ *   might pass while the scripts fail (or the reverse);
+ * - fast: the first failed attempt is on the coordinator's event loop within
+ *   milliseconds, well inside /readyz's one-second target;
+ * - cheap: nothing is sent on the normal path. Events are posted only on a
+ *   failed attempt (spaced by the retry backoff) and on the first success
+ *   after one.
+ *
+ * A Redis ReplyError that crossed a thread boundary would arrive as a plain
+ * Error without its name, so the thread classifies the failure itself and
+ * sends the class and the reply's first word explicitly.
+ */
+import { classifyError, isRedisReplyError, type FailureClass } from './failure-class.js';
+
+export const REDIS_HEALTH_CHANNEL = 'tally.redis-health';
+
+export type RedisHealthEvent =
+  | {
+      readonly kind: 'refused';
+      /** Where the refusal was seen: `shard <n>` for a worker's batch step, a name for the coordinator's own calls. */
+      readonly source: string;
+      /** The reply's first word (`OOM`, `READONLY`, `MASTERDOWN`, `LOADING`, `NOPERM`, …) or `unavailable` for no reply at all. */
+      readonly errorType: string;
+      readonly failureClass: FailureClass;
+      readonly message: string;
+    }
+  | { readonly kind: 'recovered'; readonly source: string };
+
+/** What a failed Redis call says about the server, in a form that survives postMessage. */
+export function describeRefusal(error: unknown): { errorType: string; failureClass: FailureClass; message: string } {
+  const failureClass = classifyError(error);
+  const message = error instanceof Error ? error.message : String(error);
+  if (isRedisReplyError(error)) return { errorType: /^[A-Z][A-Z_]*/.exec(message)?.[0] ?? 'ERR', failureClass, message };
+  return { errorType: 'unavailable', failureClass, message };
+}
+
+/** Whether a failure is the server's state (worth /readyz and the gauge) rather than the data's, which is dead-lettered. */
+export function isServerRefusal(failureClass: FailureClass): boolean {
+  return failureClass !== 'data';
+}
