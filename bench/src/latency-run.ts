@@ -88,12 +88,31 @@ async function markedProbes(ctx: BenchContext, prefix: string, probes: readonly 
       }
     }
   }
-  const replies = (await pipeline.exec()) ?? [];
+  const replies = ((await pipeline.exec()) ?? []).map(([, value]) => value as string | null);
+  // A two-step marker holds its batch's number: done once the batch's record in the bucket's meta hash is '1'.
+  const records = ctx.redis.pipeline();
+  const asked: number[] = [];
   let at = 0;
+  for (const probe of probes) {
+    for (const vshard of probe.shards) {
+      for (const bucket of [current, current - 1]) {
+        const value = replies[at];
+        if (value !== null && value !== undefined && value !== '1') {
+          records.hget(markerMetaKey(prefix, vshard, bucket), `b${value}`);
+          asked.push(at);
+        }
+        at++;
+      }
+    }
+  }
+  const resolved = asked.length > 0 ? ((await records.exec()) ?? []) : [];
+  const done = replies.map((value) => value === '1');
+  asked.forEach((position, i) => (done[position] = resolved[i]?.[1] === '1'));
+  at = 0;
   return probes.map((probe) => {
     let all = true;
     for (let j = 0; j < probe.shards.length; j++) {
-      if (replies[at]?.[1] !== '1' && replies[at + 1]?.[1] !== '1') all = false;
+      if (!done[at] && !done[at + 1]) all = false;
       at += 2;
     }
     return all;

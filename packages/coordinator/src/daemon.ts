@@ -19,6 +19,7 @@ import {
   formatReason,
   isServerRefusal,
   isTallyError,
+  markerDigest,
   parseMessage,
   redactUrl,
   RedisRequirementError,
@@ -459,6 +460,7 @@ export class Daemon {
       tag,
       link,
       id: parsed.message.id,
+      digest: markerDigest(parsed.message.id),
       redelivered: message.fields.redelivered,
       remaining: parts.size,
       parts: parts.size,
@@ -512,7 +514,12 @@ export class Daemon {
       traceparents: parts.map((part) => part.delivery.traceparent as string | undefined),
       distinctSkus: () => new Set(parts.flatMap((part) => part.changes.map(([sku]) => sku))).size,
     });
-    const task = encodeBatchTask(vshard, parts.length, (i) => ({ id: parts[i]!.delivery.id, changes: parts[i]!.changes }), traceparent);
+    const task = encodeBatchTask(
+      vshard,
+      parts.length,
+      (i) => ({ digest: parts[i]!.delivery.digest, changes: parts[i]!.changes }),
+      traceparent,
+    );
     const started = performance.now();
     const { pools, exposure, stats, telemetry } = this.runtime;
     const metrics = telemetry?.metrics;

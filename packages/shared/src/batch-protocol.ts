@@ -5,6 +5,7 @@
  * nothing here is ever sent per message.
  */
 import type { TallyMode } from './config.js';
+import { MARKER_DIGEST_BYTES } from './markers.js';
 import type { PartChanges } from './shards.js';
 
 /** Fixed for the life of a thread: passed as piscina's workerData. */
@@ -26,8 +27,14 @@ export interface WorkerSettings {
 
 export interface BatchTask {
   readonly vshard: number;
-  /** Message id of each part, parallel to `changes`. */
-  readonly ids: readonly string[];
+  /**
+   * The marker digest of each part's message id (markers.ts), parallel to
+   * `changes`; computed once per message by the coordinator. When absent
+   * (tests), the worker computes them from `ids`.
+   */
+  readonly digests?: readonly Uint8Array[];
+  /** Message id of each part, parallel to `changes`: only tests build tasks with ids and no digests; the wire carries digests only. */
+  readonly ids?: readonly string[];
   readonly changes: readonly PartChanges[];
   /** W3C traceparent of the coordinator's `tally.batch` span, when tracing is on. */
   readonly traceparent?: string;
@@ -35,50 +42,60 @@ export interface BatchTask {
 
 /**
  * A BatchTask as it crosses the thread boundary: one flat array of
- * primitives, `id, k, sku1, delta1, …, skuk, deltak` per part. Structured
- * cloning copies every nested array as an object; a flat array of strings
- * and numbers costs about a third, and the main thread is the one that pays.
+ * primitives, `k, sku1, delta1, …, skuk, deltak` per part, and the parts'
+ * marker digests back to back in one byte array (the ids themselves stay in
+ * the coordinator: the threads only need their digests). Structured cloning
+ * copies every nested array as an object; a flat array of strings and
+ * numbers costs about a third, and one byte array for all the digests is
+ * one copy, where a Buffer per part would be one object each. The main
+ * thread is the one that pays.
  */
 export interface WireBatchTask {
   readonly vshard: number;
   readonly parts: number;
   readonly flat: ReadonlyArray<string | number>;
+  /** MARKER_DIGEST_BYTES per part, in part order. */
+  readonly digests: Uint8Array;
   readonly traceparent?: string;
 }
 
-/** Flattens parts into a wire task; `partOf(i)` gives part i's id and changes. */
+/** Flattens parts into a wire task; `partOf(i)` gives part i's message's marker digest and its changes. */
 export function encodeBatchTask(
   vshard: number,
   parts: number,
-  partOf: (index: number) => { readonly id: string; readonly changes: PartChanges },
+  partOf: (index: number) => { readonly digest: Uint8Array; readonly changes: PartChanges },
   traceparent?: string,
 ): WireBatchTask {
   const flat: Array<string | number> = [];
+  const digests = new Uint8Array(parts * MARKER_DIGEST_BYTES);
   for (let i = 0; i < parts; i++) {
-    const { id, changes } = partOf(i);
-    flat.push(id, changes.length);
+    const { digest, changes } = partOf(i);
+    flat.push(changes.length);
     for (const [sku, delta] of changes) flat.push(sku, delta);
+    digests.set(digest, i * MARKER_DIGEST_BYTES);
   }
-  return traceparent === undefined ? { vshard, parts, flat } : { vshard, parts, flat, traceparent };
+  return traceparent === undefined ? { vshard, parts, flat, digests } : { vshard, parts, flat, digests, traceparent };
 }
 
 /** The inverse of encodeBatchTask, run in the worker thread. Throws on a malformed task (a bug, not input). */
 export function decodeBatchTask(wire: WireBatchTask): BatchTask {
-  const ids: string[] = new Array(wire.parts);
   const changes: PartChanges[] = new Array(wire.parts);
+  const digests: Buffer[] = new Array(wire.parts);
   const { flat } = wire;
+  if (wire.digests.length !== wire.parts * MARKER_DIGEST_BYTES) throw new TypeError(`malformed batch task: ${wire.digests.length} digest bytes for ${wire.parts} parts`);
   let at = 0;
   for (let i = 0; i < wire.parts; i++) {
-    const id = flat[at++];
     const count = flat[at++];
-    if (typeof id !== 'string' || typeof count !== 'number') throw new TypeError(`malformed batch task at part ${i}`);
+    if (typeof count !== 'number') throw new TypeError(`malformed batch task at part ${i}`);
     const part: PartChanges = new Array(count);
     for (let c = 0; c < count; c++) part[c] = [flat[at++] as string, flat[at++] as number];
-    ids[i] = id;
     changes[i] = part;
+    // A view, not a copy: ioredis sends it as the 16 bytes it covers.
+    digests[i] = Buffer.from(wire.digests.buffer, wire.digests.byteOffset + i * MARKER_DIGEST_BYTES, MARKER_DIGEST_BYTES);
   }
   if (at !== flat.length) throw new TypeError(`malformed batch task: ${flat.length - at} values left over`);
-  return wire.traceparent === undefined ? { vshard: wire.vshard, ids, changes } : { vshard: wire.vshard, ids, changes, traceparent: wire.traceparent };
+  const task = { vshard: wire.vshard, digests, changes };
+  return wire.traceparent === undefined ? task : { ...task, traceparent: wire.traceparent };
 }
 
 export interface BatchResult {

@@ -53,6 +53,13 @@ export function markerDigest(id: string): Buffer {
   return hash('sha256', id, 'buffer').subarray(0, MARKER_DIGEST_BYTES);
 }
 
+/** The digests of a batch task's parts: the coordinator's, or computed from the ids (tests build tasks without them). */
+export function taskDigests(task: { readonly digests?: readonly Uint8Array[]; readonly ids?: readonly string[] }): readonly Uint8Array[] {
+  if (task.digests !== undefined) return task.digests;
+  if (task.ids === undefined) throw new TypeError('a batch task needs digests or ids');
+  return task.ids.map(markerDigest);
+}
+
 /** Which sub-bucket a digest falls in: its first two bytes, big-endian, modulo a power of two. */
 export function subBucketOf(digest: Uint8Array, subBuckets: number): number {
   return ((digest[0]! << 8) | digest[1]!) & (subBuckets - 1);

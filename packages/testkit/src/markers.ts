@@ -5,12 +5,12 @@
  * bucket, whatever the clock.
  */
 import type { Redis } from 'ioredis';
-import { markerDigest, markerScanPattern, parseMarkerBucketKey } from '@tally/shared';
+import { markerDigest, markerMetaKey, markerScanPattern, parseMarkerBucketKey } from '@tally/shared';
 
 export interface MarkerSnapshot {
   /** `<vshard>:<digest hex>` of every done marker. */
   readonly done: ReadonlySet<string>;
-  /** `<vshard>:<digest hex>` of every claim (two-step: a part being counted), with its value. */
+  /** `<vshard>:<digest hex>` of every claim (two-step: a part being counted), with its batch's claim record. */
   readonly claims: ReadonlyMap<string, string>;
   /** Marker hashes scanned. */
   readonly hashes: number;
@@ -35,13 +35,18 @@ export async function readMarkers(redis: Redis, prefix: string): Promise<MarkerS
       hashes++;
       // As a flat array of Buffers: hgetallBuffer keys an object by the field decoded as UTF-8, which mangles binary digests.
       const flat = (await redis.callBuffer('HGETALL', key)) as Buffer[];
+      // A value is '1' (done) or the number of the two-step batch that claimed it: its record in the bucket's meta hash says which.
+      const records = await redis.hgetall(markerMetaKey(prefix, parsed.vshard, parsed.bucket));
       for (let i = 0; i < flat.length; i += 2) {
         const entry = `${parsed.vshard}:${flat[i]!.toString('hex')}`;
-        const text = flat[i + 1]!.toString('utf8');
-        if (text === '1') done.add(entry);
-        else claims.set(entry, text);
+        const value = flat[i + 1]!.toString('utf8');
+        const state = value === '1' ? '1' : (records[`b${value}`] ?? `batch ${value} without a record`);
+        if (state === '1') done.add(entry);
+        else if (!done.has(entry)) claims.set(entry, state);
       }
     }
   } while (cursor !== '0');
+  // Done in one bucket wins over a claim left in another.
+  for (const entry of done) claims.delete(entry);
   return { done, claims, hashes };
 }

@@ -21,7 +21,7 @@ import {
   countKey,
   describeError,
   markerBaseKey,
-  markerDigest,
+  taskDigests,
   parsePartFlags,
   receiptKey,
   retryUntilDone,
@@ -45,12 +45,13 @@ export function atomicBatchArgs(
   batchId: string,
 ): ScriptArg[] {
   const { prefix, markerTtlS, countTtlS } = settings;
-  const { vshard, ids, changes } = task;
+  const { vshard, changes } = task;
   const skuIndex = new Map<string, number>();
   const partArgs: ScriptArg[] = [];
+  const digests = taskDigests(task);
   for (let i = 0; i < changes.length; i++) {
     const part = changes[i]!;
-    partArgs.push(markerDigest(ids[i]!), part.length);
+    partArgs.push(digests[i] as Buffer, part.length);
     for (const [sku, delta] of part) {
       let index = skuIndex.get(sku);
       if (index === undefined) {
@@ -64,7 +65,7 @@ export function atomicBatchArgs(
   // Built with push, not spread: a batch of 100,000 parts exceeds the arguments a call can take.
   const args: ScriptArg[] = [ATOMIC_BATCH_SHA, 2 + skuIndex.size, receiptKey(prefix, vshard, batchId), markerBaseKey(prefix, vshard)];
   for (const sku of skuIndex.keys()) args.push(countKey(prefix, vshard, sku));
-  args.push(markerTtlS, countTtlS, ids.length, skuIndex.size, settings.markerBucketS, settings.markerSubBuckets);
+  args.push(markerTtlS, countTtlS, changes.length, skuIndex.size, settings.markerBucketS, settings.markerSubBuckets);
   for (const value of partArgs) args.push(value);
   return args;
 }
@@ -100,7 +101,7 @@ async function runAtomicScript(redis: Redis, settings: WorkerSettings, task: Bat
   })) as [string, number, number];
   const [flags, countErrors] = reply;
   // '0' new or '1' duplicate: atomic mode has no claims, so never '2'.
-  const marked = parsePartFlags(flags, task.ids.length);
+  const marked = parsePartFlags(flags, task.changes.length);
   if (countErrors > 0) {
     log.error({ vshard: task.vshard, countErrors }, 'redis refused count increments (overflow or a non-integer value in a count key)');
   }

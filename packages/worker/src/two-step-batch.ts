@@ -1,9 +1,9 @@
 /**
  * The two-step batch: claim markers, write counts, occupy markers.
  *
- *   EVALSHA claim_markers  (HGET live buckets, HSET claim)   -> which parts are new, held or done
- *   EVALSHA write_counts   (INCRBY/EXPIRE … receipt)          -> counts written (all or none)
- *   EVALSHA occupy_markers (HSET done)                        -> markers occupied
+ *   EVALSHA claim_markers  (HMGET live buckets, HSET batch no.) -> which parts are new, held or done
+ *   EVALSHA write_counts   (INCRBY/EXPIRE … receipt)            -> counts written (all or none)
+ *   EVALSHA occupy_markers (the batch's record -> done)         -> markers occupied
  *
  * The order is the point (invariant 2): a marker is occupied only after its
  * counts are written. A crash between the two double-counts on redelivery,
@@ -26,7 +26,7 @@ import {
   countKey,
   describeError,
   markerBaseKey,
-  markerDigest,
+  taskDigests,
   parsePartFlags,
   PART_NEW,
   receiptKey,
@@ -65,9 +65,9 @@ function untilDone<T>(step: string, task: BatchTask, log: BatchLog, run: () => P
 
 export async function runTwoStepBatch(redis: Redis, settings: WorkerSettings, task: BatchTask, log: BatchLog, hooks: BatchHooks = {}): Promise<BatchResult> {
   const { prefix, markerTtlS, countTtlS, markerBucketS, markerSubBuckets } = settings;
-  const { vshard, ids, changes } = task;
+  const { vshard, changes } = task;
   const markerBase = markerBaseKey(prefix, vshard);
-  const digests = ids.map(markerDigest);
+  const digests = taskDigests(task) as Buffer[];
   const bucketArgs = [markerBucketS, markerTtlS, markerSubBuckets];
 
   const tracer = batchTracer();
@@ -75,11 +75,11 @@ export async function runTwoStepBatch(redis: Redis, settings: WorkerSettings, ta
   // Claims are retried with the same token: a claim this daemon made on an
   // attempt whose reply was lost is its own, and is taken again.
   const claimArgs = evalshaArgs(CLAIM_MARKERS, [markerBase], [...bucketArgs, settings.claimToken, settings.claimTtlMs, ...digests]);
-  const [flags, claimBucket, claimTakeovers] = await inSpan(tracer, 'tally.precheck', { 'tally.shard': vshard, 'tally.markers': ids.length }, () =>
-    untilDone('precheck', task, log, async () => (await runScript(redis, CLAIM_MARKERS, claimArgs, log)) as [string, number, number]),
+  const [flags, claimBucket, claimTakeovers, claimBatch] = await inSpan(tracer, 'tally.precheck', { 'tally.shard': vshard, 'tally.markers': changes.length }, () =>
+    untilDone('precheck', task, log, async () => (await runScript(redis, CLAIM_MARKERS, claimArgs, log)) as [string, number, number, number]),
   );
   if (claimTakeovers > 0) log.warn({ vshard, claimTakeovers }, "took over parts whose claim by another daemon had run out (it died or stalled); counted here");
-  const marked = parsePartFlags(flags, ids.length);
+  const marked = parsePartFlags(flags, changes.length);
   const t1 = performance.now();
 
   const sums = aggregateNewParts(changes, (i) => marked[i] === PART_NEW);
@@ -121,17 +121,20 @@ export async function runTwoStepBatch(redis: Redis, settings: WorkerSettings, ta
   await hooks.afterCountWrite?.(task);
 
   let occupationFailures = 0;
-  const newDigests: Buffer[] = [];
-  for (let i = 0; i < ids.length; i++) if (marked[i] === PART_NEW) newDigests.push(digests[i]!);
-  if (newDigests.length > 0) {
-    const args = evalshaArgs(OCCUPY_MARKERS, [markerBase], [...bucketArgs, claimBucket, ...newDigests]);
+  if (claimBatch > 0) {
+    // The batch's record turns done in one write; the digests travel only
+    // when time has moved to a later bucket and the markers must follow (-1).
+    const args = evalshaArgs(OCCUPY_MARKERS, [markerBase], [...bucketArgs, claimBucket, claimBatch]);
     await inSpan(tracer, 'tally.occupy_markers', { 'tally.shard': vshard }, () =>
       untilDone(
         'occupy_markers',
         task,
         log,
         async () => {
-          await runScript(redis, OCCUPY_MARKERS, args, log);
+          if ((await runScript(redis, OCCUPY_MARKERS, args, log)) !== -1) return;
+          const newDigests: Buffer[] = [];
+          for (let i = 0; i < changes.length; i++) if (marked[i] === PART_NEW) newDigests.push(digests[i]!);
+          await runScript(redis, OCCUPY_MARKERS, evalshaArgs(OCCUPY_MARKERS, [markerBase], [...bucketArgs, claimBucket, claimBatch, ...newDigests]), log);
         },
         () => {
           // The counts are written and the markers are not: the crash window

@@ -8,6 +8,9 @@ import { createRedisClient } from '@tally/runtime';
 import type { BatchLog } from '../src/batch-log.js';
 import { runTwoStepBatch } from '../src/two-step-batch.js';
 
+
+/** Tasks built by the tests carry the ids (the coordinator sends digests only). */
+type TestTask = BatchTask & { readonly ids: readonly string[] };
 const REDIS_URL = process.env.TALLY_REDIS_URL ?? 'redis://127.0.0.1:6379';
 const quiet: BatchLog = { warn() {}, error() {} };
 
@@ -26,7 +29,7 @@ function settingsFor(prefix: string, mode: WorkerSettings['mode'] = 'atomic', cl
   };
 }
 
-function taskFor(runId: string, vshard = 5, parts = 60): BatchTask {
+function taskFor(runId: string, vshard = 5, parts = 60): TestTask {
   const ids: string[] = [];
   const changes: Array<Array<[string, number]>> = [];
   for (let i = 0; i < parts; i++) {
@@ -39,7 +42,7 @@ function taskFor(runId: string, vshard = 5, parts = 60): BatchTask {
   return { vshard, ids, changes };
 }
 
-function expectedCounts(task: BatchTask, counted: (i: number) => boolean = () => true): Map<string, bigint> {
+function expectedCounts(task: TestTask, counted: (i: number) => boolean = () => true): Map<string, bigint> {
   const sums = new Map<string, bigint>();
   task.changes.forEach((part, i) => {
     if (!counted(i)) return;
@@ -48,7 +51,7 @@ function expectedCounts(task: BatchTask, counted: (i: number) => boolean = () =>
   return sums;
 }
 
-async function countsIn(redis: Redis, prefix: string, task: BatchTask): Promise<Map<string, bigint>> {
+async function countsIn(redis: Redis, prefix: string, task: TestTask): Promise<Map<string, bigint>> {
   const result = new Map<string, bigint>();
   for (const part of task.changes) {
     for (const [sku] of part) {
@@ -59,7 +62,7 @@ async function countsIn(redis: Redis, prefix: string, task: BatchTask): Promise<
   return result;
 }
 
-async function markersIn(redis: Redis, prefix: string, task: BatchTask): Promise<number> {
+async function markersIn(redis: Redis, prefix: string, task: TestTask): Promise<number> {
   const { done } = await readMarkers(redis, prefix);
   return task.ids.filter((id) => done.has(markerEntry(task.vshard, id))).length;
 }
@@ -123,7 +126,7 @@ describe('atomic batch against a real Redis', function () {
     const task = taskFor(runId, 2, 20);
     // Parts 0..4 were counted before; part 7 appears again at the end of the batch.
     await runAtomicBatch(client, settingsFor(prefix), { vshard: 2, ids: task.ids.slice(0, 5), changes: task.changes.slice(0, 5).map(() => []) }, quiet);
-    const withRepeat: BatchTask = { vshard: 2, ids: [...task.ids, task.ids[7]!], changes: [...task.changes, task.changes[7]!] };
+    const withRepeat: TestTask = { vshard: 2, ids: [...task.ids, task.ids[7]!], changes: [...task.changes, task.changes[7]!] };
     const result = await runAtomicBatch(client, settingsFor(prefix), withRepeat, quiet);
     const expectedMarked = withRepeat.ids.map((_, i) => (i < 5 || i === 20 ? 1 : 0));
     expect([...result.marked]).to.deep.equal(expectedMarked);
@@ -132,7 +135,7 @@ describe('atomic batch against a real Redis', function () {
 
   it('adds a SKU exactly across several new parts, past 2^53, with deltas of both signs', async () => {
     const max = Number.MAX_SAFE_INTEGER;
-    const task: BatchTask = {
+    const task: TestTask = {
       vshard: 9,
       ids: ['a', 'b', 'c', 'd', 'e'].map((s) => `${runId}-${s}`),
       changes: [
@@ -168,13 +171,13 @@ describe('atomic batch against a real Redis', function () {
     const result = await runAtomicBatch(client, settingsFor(prefix), task, quiet);
     expect(result.countErrors).to.equal(1);
     expect(await redis.type(countKey(prefix, 4, 'S0')), 'the foreign value is left alone').to.equal('hash');
-    const withoutS0: BatchTask = { ...task, changes: task.changes.map((part) => part.filter(([sku]) => sku !== 'S0')) };
+    const withoutS0: TestTask = { ...task, changes: task.changes.map((part) => part.filter(([sku]) => sku !== 'S0')) };
     expect(await countsIn(redis, prefix, withoutS0)).to.deep.equal(expectedCounts(withoutS0));
     expect(await markersIn(redis, prefix, task)).to.equal(task.ids.length);
   });
 
   it('fails the whole batch on a script refusal and writes nothing: no count, no marker', async () => {
-    const task: BatchTask = { vshard: 1, ids: [`${runId}-ok`, `${runId}-bad`], changes: [[['OK', 2]], [['BAD', 1.5]]] };
+    const task: TestTask = { vshard: 1, ids: [`${runId}-ok`, `${runId}-bad`], changes: [[['OK', 2]], [['BAD', 1.5]]] };
     let thrown: unknown = null;
     try {
       await runAtomicBatch(client, settingsFor(prefix), task, quiet);
@@ -253,7 +256,7 @@ describe('atomic batch against a real Redis', function () {
           const task = taskFor(`${runId}-${mode}-${r}`, 3, 50);
           const run = mode === 'atomic' ? runAtomicBatch : runTwoStepBatch;
           const skuPrefix = `${mode}-${r}-`;
-          const renamed: BatchTask = { ...task, changes: task.changes.map((part) => part.map(([sku, d]) => [skuPrefix + sku, d] as [string, number])) };
+          const renamed: TestTask = { ...task, changes: task.changes.map((part) => part.map(([sku, d]) => [skuPrefix + sku, d] as [string, number])) };
           // Two daemons: two claim tokens.
           const [a, b] = await Promise.all([run(client, settingsFor(prefix, mode, 'a1'), renamed, quiet), run(other, settingsFor(prefix, mode, 'b2'), renamed, quiet)]);
           const counts = await countsIn(redis, prefix, renamed);

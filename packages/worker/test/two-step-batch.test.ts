@@ -10,6 +10,9 @@ import { runAtomicBatch } from '../src/atomic-batch.js';
 import { runTwoStepBatch, WRITE_COUNTS } from '../src/two-step-batch.js';
 import { markerEntry, readMarkers, startPrivateRedis, startProxy } from '@tally/testkit';
 
+
+/** Tasks built by the tests carry the ids (the coordinator sends digests only). */
+type TestTask = BatchTask & { readonly ids: readonly string[] };
 const REDIS_URL = process.env.TALLY_REDIS_URL ?? 'redis://127.0.0.1:6379';
 const quiet: BatchLog = process.env.TEST_VERBOSE
   ? { warn: (f, m) => console.log(Date.now() % 100000, m, JSON.stringify(f)), error: (f, m) => console.log(m, f) }
@@ -31,7 +34,7 @@ function settingsFor(prefix: string, over: Partial<WorkerSettings> = {}): Worker
   };
 }
 
-function taskFor(runId: string, vshard = 3, parts = 50): BatchTask {
+function taskFor(runId: string, vshard = 3, parts = 50): TestTask {
   const ids: string[] = [];
   const changes: Array<Array<[string, number]>> = [];
   for (let i = 0; i < parts; i++) {
@@ -44,26 +47,26 @@ function taskFor(runId: string, vshard = 3, parts = 50): BatchTask {
   return { vshard, ids, changes };
 }
 
-function expectedCounts(task: BatchTask): Map<string, number> {
+function expectedCounts(task: TestTask): Map<string, number> {
   const sums = new Map<string, number>();
   for (const part of task.changes) for (const [sku, delta] of part) sums.set(sku, (sums.get(sku) ?? 0) + delta);
   return sums;
 }
 
-async function countsIn(redis: Redis, prefix: string, task: BatchTask): Promise<Map<string, number>> {
+async function countsIn(redis: Redis, prefix: string, task: TestTask): Promise<Map<string, number>> {
   const result = new Map<string, number>();
   for (const sku of expectedCounts(task).keys()) result.set(sku, Number(await redis.get(countKey(prefix, task.vshard, sku))));
   return result;
 }
 
 /** Parts of the task whose marker is done. */
-async function markersIn(redis: Redis, prefix: string, task: BatchTask): Promise<number> {
+async function markersIn(redis: Redis, prefix: string, task: TestTask): Promise<number> {
   const { done } = await readMarkers(redis, prefix);
   return task.ids.filter((id) => done.has(markerEntry(task.vshard, id))).length;
 }
 
 /** Parts of the task that are claimed and not done. */
-async function claimsIn(redis: Redis, prefix: string, task: BatchTask): Promise<number> {
+async function claimsIn(redis: Redis, prefix: string, task: TestTask): Promise<number> {
   const { claims } = await readMarkers(redis, prefix);
   return task.ids.filter((id) => claims.has(markerEntry(task.vshard, id))).length;
 }
@@ -117,7 +120,9 @@ describe('two-step batch against a real Redis', function () {
       if (!args[0] || !args[1]?.startsWith(prefix)) return;
       const command = args[0].toLowerCase();
       // A marker HSET is a claim (value c<token>:<ms>) or an occupation (value 1).
-      if (command === 'hset') seen.push(`${args[3] === '1' ? 'occupy' : 'claim'} ${args[1]}`);
+      // A claim writes the batch's number into the marker hashes; the occupation turns the batch's record in the meta hash to '1'.
+      if (command === 'hset' && args[1].endsWith(':m') && args[2]?.startsWith('b')) seen.push(`${args[3] === '1' ? 'occupy' : 'record'} ${args[1]}`);
+      else if (command === 'hset' && !args[1].endsWith(':m')) seen.push(`${args[3] === '1' ? 'occupy' : 'claim'} ${args[1]}`);
       else seen.push(`${command} ${args[1]}`);
     });
     const client = createRedisClient(REDIS_URL, 'test');
@@ -386,9 +391,45 @@ describe('two-step batch against a real Redis', function () {
         }
         const listpacks = await readMarkers(redis, prefix);
         expect(listpacks.done.size).to.equal(713);
+        // Every marker hash and meta hash carries its expiry (set once, when the hash was created).
+        const keys = await redis.keys(`${prefix}mk:*`);
+        expect(keys.length).to.be.greaterThan(3);
+        for (const key of keys) expect(await redis.ttl(key), key).to.be.within(1, 8);
       } finally {
         client.disconnect();
       }
     });
   }
+
+  it('moves the markers to the bucket of now when the occupation comes a bucket after the claim, so they live the TTL from then', async function () {
+    this.timeout(20_000);
+    const settings = settingsFor(prefix, { markerTtlS: 4, markerBucketS: 2 });
+    const client = createRedisClient(REDIS_URL, 'test-move');
+    try {
+      const bucketNow = async () => bucketOf(Number((await redis.time())[0]), settings.markerBucketS);
+      const task = taskFor(`${runId}-move`, 6, 25);
+      let claimedIn = -1;
+      await runTwoStepBatch(client, settings, task, quiet, {
+        // Inside the window: wait for the next bucket before the occupation runs.
+        afterCountWrite: async () => {
+          claimedIn = await bucketNow();
+          while ((await bucketNow()) === claimedIn) await new Promise((resolve) => setTimeout(resolve, 20));
+        },
+      });
+      const occupiedIn = await bucketNow();
+      expect(occupiedIn, 'occupied a bucket later').to.be.greaterThan(claimedIn);
+      // Every marker is done, and written as done to the later bucket's hashes.
+      expect(await markersIn(redis, prefix, task)).to.equal(task.ids.length);
+      const subs = Number(await redis.hget(markerMetaKey(prefix, 6, occupiedIn), 's'));
+      const digest = markerDigest(task.ids[0]!);
+      const later = markerBucketKey(prefix, 6, occupiedIn, subBucketOf(digest, subs));
+      expect(await redis.hget(later, digest as unknown as string)).to.equal('1');
+      expect(await redis.ttl(later), 'the later bucket lives the TTL from its end').to.be.within(4, 6);
+      const again = await runTwoStepBatch(client, settings, task, quiet);
+      expect([...again.marked]).to.deep.equal(task.ids.map(() => 1));
+      expect(await countsIn(redis, prefix, task)).to.deep.equal(expectedCounts(task));
+    } finally {
+      client.disconnect();
+    }
+  });
 });

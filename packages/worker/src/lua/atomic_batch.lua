@@ -30,11 +30,14 @@
 
   - Markers are fields of time-bucketed hashes (shared/src/markers.ts): a
     part is a duplicate when its digest is done ('1') in any live bucket.
+    (A two-step marker holds its batch's number instead; a prefix switches
+    mode only once no marker is live, so atomic mode never meets one.)
     New markers go to the bucket of now (TIME, the server's clock), whose
     hashes expire at the bucket's end plus the marker TTL. Each bucket's
     meta hash <base>:<bucket>:m holds its sub-bucket count `s` (fixed by the
     first script that writes to it, from `n` of the bucket before) and `n`,
-    the markers written to it (as in claim_markers.lua).
+    the markers written to it, and `x`, which of its hashes already carry
+    their expiry (as in claim_markers.lua).
   - Everything that can fail for a bad argument is checked in the first
     pass, before any write: Redis does not roll back a script that errors
     halfway, so an error must come before the first write or not at all.
@@ -74,11 +77,47 @@ local oldest = math.floor((nowS - tonumber(markerTtl)) / width)
 local expiresAt = (current + 1) * width + tonumber(markerTtl)
 local CHUNK = 1000
 -- Groups digests by the hash they fall in: {key -> {digests}}, keys in first-seen order.
+-- Which of the bucket's hashes already carry their expiry: a bitmap by
+-- sub-bucket in the meta field `x`, so a batch sets EXPIREAT only on the
+-- hashes it creates instead of on every hash it touches (one call per hash
+-- per batch otherwise).
+local function expiring(meta)
+  local bitmap = redis.call('HGET', meta, 'x') or ''
+  local added = {}
+  local api = {}
+  function api.ensure(sub, key, expiresAt)
+    local index = math.floor(sub / 8) + 1
+    local bit = 2 ^ (sub % 8)
+    local byte = added[index] or string.byte(bitmap, index) or 0
+    if math.floor(byte / bit) % 2 == 1 then return end
+    redis.call('EXPIREAT', key, expiresAt)
+    added[index] = byte + bit
+  end
+  function api.save()
+    if next(added) == nil then return end
+    local bytes = {}
+    local length = #bitmap
+    for index in pairs(added) do if index > length then length = index end end
+    for index = 1, length do bytes[index] = added[index] or string.byte(bitmap, index) or 0 end
+    local parts = {}
+    for from = 1, length, 4000 do parts[#parts + 1] = string.char(unpack(bytes, from, math.min(from + 3999, length))) end
+    redis.call('HSET', meta, 'x', table.concat(parts))
+  end
+  return api
+end
+
+-- Key strings are made once per sub-bucket (number formatting is what costs).
 local function groupBy(subs, bucket, digests)
-  local order, groups = {}, {}
+  local order, groups, keyOfSub, subOfKey = {}, {}, {}, {}
   local prefix = base .. ':' .. bucket .. ':'
   for _, digest in ipairs(digests) do
-    local key = prefix .. ((string.byte(digest, 1) * 256 + string.byte(digest, 2)) % subs)
+    local sub = (string.byte(digest, 1) * 256 + string.byte(digest, 2)) % subs
+    local key = keyOfSub[sub]
+    if key == nil then
+      key = prefix .. sub
+      keyOfSub[sub] = key
+      subOfKey[key] = sub
+    end
     local group = groups[key]
     if group == nil then
       group = {}
@@ -87,7 +126,7 @@ local function groupBy(subs, bucket, digests)
     end
     group[#group + 1] = digest
   end
-  return order, groups
+  return order, groups, subOfKey
 end
 -- Which digests are done in any live bucket: one HMGET per hash and bucket, in chunks.
 local all = {}
@@ -183,7 +222,8 @@ if #fresh > 0 then
     redis.call('HSET', meta, 's', subs)
     redis.call('EXPIREAT', meta, expiresAt)
   end
-  local order, groups = groupBy(subs, current, fresh)
+  local order, groups, subOfKey = groupBy(subs, current, fresh)
+  local expiry = expiring(meta)
   for _, key in ipairs(order) do
     local group = groups[key]
     for from = 1, #group, CHUNK do
@@ -194,8 +234,9 @@ if #fresh > 0 then
       end
       redis.call('HSET', key, unpack(args))
     end
-    redis.call('EXPIREAT', key, expiresAt)
+    expiry.ensure(subOfKey[key], key, expiresAt)
   end
+  expiry.save()
   redis.call('HINCRBY', meta, 'n', #fresh)
 end
 local result = table.concat(flags)

@@ -17,12 +17,14 @@
     ARGV[6 ..]  one 16-byte digest per part
 
   Output:
-    {flags, bucket, takeovers}
+    {flags, bucket, takeovers, batch}
       flags      one character per part: '0' new (now claimed by this
                  daemon), '1' done (a duplicate: its marker is occupied, or
                  an earlier part of this batch has the same digest), '2' held
                  (another daemon's live claim: leave it for later)
       bucket     the bucket the claims went to, for occupy_markers
+      batch      this batch's number in that bucket (0 when nothing was
+                 claimed), for occupy_markers
       takeovers  parts claimed over another daemon's expired claim (that
                  daemon died or stalled: if it had written the counts, the
                  part is counted again, as after a crash in the window)
@@ -31,14 +33,21 @@
   - Each bucket of a shard has a meta hash <base>:<bucket>:m: `s`, its
     sub-bucket count, fixed by the first script that writes to the bucket
     (from `n` of the bucket before: about 64 markers per hash, so each stays
-    a listpack), and `n`, the markers written to it. A bucket without meta
+    a listpack), `n`, the markers written to it, `b`, the last batch number
+    given out, and one field `b<number>` per two-step batch: 'c<token>:<ms>'
+    while the batch is claimed, '1' once it is done. A bucket without meta
     holds no marker and is not read.
-  - A claim is 'c<token>:<ms>'. One of this daemon's (a retry of this
-    batch after a lost reply) or one older than the claim TTL (its daemon
-    died or stalled) is taken over; a live one of another daemon holds the
-    part back, so two daemons never count one message at the same instant.
-  - Each hash written gets its expiry once per call: the bucket's end plus
-    the marker TTL, so a marker lives at least the marker TTL.
+  - A marker's value is '1' (done: atomic mode, or moved by occupy_markers)
+    or the number (>= 2) of the two-step batch that claimed it: the part is
+    done when that batch is. So occupying a whole batch is one HSET of its
+    `b<number>` field, not one write per part.
+  - A claim of this daemon's (a retry of this batch after a lost reply) or
+    one older than the claim TTL (its daemon died or stalled) is taken over;
+    a live one of another daemon holds the part back, so two daemons never
+    count one message at the same instant.
+  - Each hash gets its expiry when it is created: the bucket's end plus the
+    marker TTL, so a marker lives at least the marker TTL. The meta field
+    `x` (a bitmap by sub-bucket) says which already have it.
   - Reads and writes are grouped by hash: one HMGET per hash and bucket,
     one HSET per hash, in chunks of 1,000 fields (unpack's limit is the Lua
     C stack). A call costs far more than a field, and a batch of 500 parts
@@ -64,11 +73,18 @@ local oldest = math.floor((nowS - ttl) / width)
 local expiresAt = (current + 1) * width + ttl
 
 -- Groups digests by the hash they fall in: {key -> {digests}}, keys in first-seen order.
+-- Key strings are made once per sub-bucket (number formatting is what costs).
 local function groupBy(subs, bucket, digests)
-  local order, groups = {}, {}
+  local order, groups, keyOfSub, subOfKey = {}, {}, {}, {}
   local prefix = base .. ':' .. bucket .. ':'
   for _, digest in ipairs(digests) do
-    local key = prefix .. ((string.byte(digest, 1) * 256 + string.byte(digest, 2)) % subs)
+    local sub = (string.byte(digest, 1) * 256 + string.byte(digest, 2)) % subs
+    local key = keyOfSub[sub]
+    if key == nil then
+      key = prefix .. sub
+      keyOfSub[sub] = key
+      subOfKey[key] = sub
+    end
     local group = groups[key]
     if group == nil then
       group = {}
@@ -77,7 +93,36 @@ local function groupBy(subs, bucket, digests)
     end
     group[#group + 1] = digest
   end
-  return order, groups
+  return order, groups, subOfKey
+end
+
+-- Which of the bucket's hashes already carry their expiry: a bitmap by
+-- sub-bucket in the meta field `x`, so a batch sets EXPIREAT only on the
+-- hashes it creates instead of on every hash it touches (one call per hash
+-- per batch otherwise).
+local function expiring(meta)
+  local bitmap = redis.call('HGET', meta, 'x') or ''
+  local added = {}
+  local api = {}
+  function api.ensure(sub, key, expiresAt)
+    local index = math.floor(sub / 8) + 1
+    local bit = 2 ^ (sub % 8)
+    local byte = added[index] or string.byte(bitmap, index) or 0
+    if math.floor(byte / bit) % 2 == 1 then return end
+    redis.call('EXPIREAT', key, expiresAt)
+    added[index] = byte + bit
+  end
+  function api.save()
+    if next(added) == nil then return end
+    local bytes = {}
+    local length = #bitmap
+    for index in pairs(added) do if index > length then length = index end end
+    for index = 1, length do bytes[index] = added[index] or string.byte(bitmap, index) or 0 end
+    local parts = {}
+    for from = 1, length, 4000 do parts[#parts + 1] = string.char(unpack(bytes, from, math.min(from + 3999, length))) end
+    redis.call('HSET', meta, 'x', table.concat(parts))
+  end
+  return api
 end
 
 -- The distinct digests of the batch; a repeat within the batch is a duplicate of its first copy.
@@ -92,6 +137,27 @@ for i = FIRST, #ARGV do
     seen[digest] = '0'
     distinct[#distinct + 1] = digest
   end
+end
+
+-- What a marker value says: 'done', 'held' (another daemon's live claim) or 'free' (no claim that counts).
+local batchStates = {}
+local function stateOf(bucket, value)
+  if value == '1' then return 'done' end
+  local cacheKey = bucket .. ':' .. value
+  local state = batchStates[cacheKey]
+  if state == nil then
+    local record = redis.call('HGET', base .. ':' .. bucket .. ':m', 'b' .. value)
+    if record == '1' then
+      state = 'done'
+    elseif record and string.sub(record, 1, #mine) ~= mine then
+      local at = tonumber(string.match(record, ':(%d+)$'))
+      state = (at ~= nil and at + claimTtl > nowMs) and 'held' or 'expired'
+    else
+      state = 'free'
+    end
+    batchStates[cacheKey] = state
+  end
+  return state
 end
 
 -- Every live bucket that holds markers, newest first: done wins; a live claim of another daemon holds.
@@ -111,11 +177,13 @@ for bucket = current, oldest, -1 do
           local value = values[j - from + 1]
           if value then
             local digest = group[j]
-            if value == '1' then
+            local state = stateOf(bucket, value)
+            if state == 'done' then
               seen[digest] = '1'
-            elseif seen[digest] == '0' and string.sub(value, 1, #mine) ~= mine then
-              local at = tonumber(string.match(value, ':(%d+)$'))
-              if at ~= nil and at + claimTtl > nowMs then seen[digest] = '2' else expired[digest] = true end
+            elseif state == 'held' then
+              if seen[digest] == '0' then seen[digest] = '2' end
+            elseif state == 'expired' then
+              expired[digest] = true
             end
           end
         end
@@ -124,7 +192,7 @@ for bucket = current, oldest, -1 do
   end
 end
 
--- Claim the new ones in the bucket of now, opening it if this is its first write.
+-- Claim the new ones for a new batch number in the bucket of now, opening the bucket if this is its first write.
 local fresh = {}
 local takeovers = 0
 for _, digest in ipairs(distinct) do
@@ -133,6 +201,7 @@ for _, digest in ipairs(distinct) do
     if expired[digest] then takeovers = takeovers + 1 end
   end
 end
+local batch = 0
 if #fresh > 0 then
   local meta = base .. ':' .. current .. ':m'
   if not currentSubs then
@@ -145,24 +214,28 @@ if #fresh > 0 then
     redis.call('HSET', meta, 's', currentSubs)
     redis.call('EXPIREAT', meta, expiresAt)
   end
-  local claim = mine .. nowMs
-  local order, groups = groupBy(currentSubs, current, fresh)
+  batch = redis.call('HINCRBY', meta, 'b', 1) + 1
+  redis.call('HSET', meta, 'b' .. batch, mine .. nowMs)
+  redis.call('HINCRBY', meta, 'n', #fresh)
+  local value = tostring(batch)
+  local order, groups, subOfKey = groupBy(currentSubs, current, fresh)
+  local expiry = expiring(meta)
   for _, key in ipairs(order) do
     local group = groups[key]
     for from = 1, #group, CHUNK do
       local args = {}
       for j = from, math.min(from + CHUNK - 1, #group) do
         args[#args + 1] = group[j]
-        args[#args + 1] = claim
+        args[#args + 1] = value
       end
       redis.call('HSET', key, unpack(args))
     end
-    redis.call('EXPIREAT', key, expiresAt)
+    expiry.ensure(subOfKey[key], key, expiresAt)
   end
-  redis.call('HINCRBY', meta, 'n', #fresh)
+  expiry.save()
 end
 
 for i = FIRST, #ARGV do
   if flags[i - FIRST + 1] == nil then flags[i - FIRST + 1] = seen[ARGV[i]] end
 end
-return {table.concat(flags), current, takeovers}
+return {table.concat(flags), current, takeovers, batch}
