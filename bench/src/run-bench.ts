@@ -12,6 +12,7 @@ import { isTally } from './contenders.js';
 import { startTraceSink } from './trace-sink.js';
 import { runDrain } from './drain.js';
 import { runLatency } from './latency-run.js';
+import { runMarkerTtlSweep } from './marker-ttl-sweep.js';
 import type { BenchOptions } from './options.js';
 import { parseInfo, startPrivateRedis, type PrivateRedis } from '@tally/testkit';
 import {
@@ -20,6 +21,7 @@ import {
   type DrainRecord,
   type LatencyRecord,
   type MarkerMemoryRecord,
+  type MarkerTtlRecord,
   type SweepRecord,
 } from './results.js';
 import { median } from './stats.js';
@@ -160,6 +162,13 @@ export async function runBench(options: BenchOptions, log: (line: string) => voi
       }
     }
 
+    let markerTtl: MarkerTtlRecord[] = [];
+    if (options.markerTtls.length > 0 && contenders.includes('tally-two-step')) {
+      log(`marker TTL sweep: ${options.markerTtls.join(', ')} s at ${options.markerTtlRate} msg/s`);
+      markerTtl = await runMarkerTtlSweep(ctx, { ttls: options.markerTtls, rate: options.markerTtlRate, workload: workloadOptions });
+      for (const r of markerTtl) if (r.problem) problems.push(`marker TTL sweep ${r.ttlS} s: ${r.problem}`);
+    }
+
     // Rounds are 0-based; sweep drains use round -1 and stay out of the medians.
     const summary = summarize(contenders, drains.filter((d) => d.round >= 0), latencies, memory, options.rounds);
     for (const s of summary) if (s.rounds === 0 && options.rounds > 0) problems.push(`${s.contender} did not run`);
@@ -185,6 +194,7 @@ export async function runBench(options: BenchOptions, log: (line: string) => voi
       drains,
       latencies,
       markerMemory: memory,
+      markerTtl,
       sweeps,
       problems,
     };
