@@ -40,21 +40,4 @@ export default tseslint.config(
       '@typescript-eslint/no-unused-expressions': 'off',
     },
   },
-  {
-    // Findings in code that other branches were rewriting when lint was
-    // introduced, left for them rather than edited under their feet. Each
-    // file is listed with what it has; delete its entry once fixed, and this
-    // block once it is empty. The rules stay errors everywhere else.
-    files: [
-      'bench/src/bench.ts', // unused import BenchUsageError
-      'bench/src/consumers/ceiling.ts', // `parsed` is counted but never read
-    ],
-    rules: { '@typescript-eslint/no-unused-vars': 'off' },
-  },
-  {
-    files: [
-      'bench/src/latency-run.ts', // `achievedRate = Number.NaN` is overwritten before any read
-    ],
-    rules: { 'no-useless-assignment': 'off' },
-  },
 );

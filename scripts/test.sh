@@ -26,6 +26,7 @@ run_step pnpm lint
 run_step pnpm test
 run_step pnpm test:faults
 run_step pnpm bench --quick
+run_step pnpm bench --scale-out --quick
 # One closing line over every mocha summary.
 # (grep finds nothing when nothing failed: under pipefail that must not end the script)
 passed=$({ grep -oE '[0-9]+ passing' "$LOG" || true; } | awk '{s+=$1} END {print s+0}')

@@ -1,5 +1,6 @@
 /** What every drain and latency run of one bench invocation shares. */
 import type { Redis } from 'ioredis';
+import type { BenchOptions } from './options.js';
 
 export interface BenchContext {
   readonly amqpUrl: string;
@@ -39,5 +40,21 @@ export function contextRunFields(ctx: BenchContext) {
     ackEvery: ctx.ackEvery,
     ackWaitMs: ctx.ackWaitMs,
     traceSinkUrl: ctx.traceSinkUrl,
+  };
+}
+
+/** The context of one invocation: the run's own resources, the rest from the command line. */
+export function benchContext(
+  options: BenchOptions,
+  run: Pick<BenchContext, 'redisUrl' | 'redisPrivate' | 'redis' | 'runId' | 'traceSinkUrl' | 'log'>,
+): BenchContext {
+  return {
+    ...run,
+    amqpUrl: options.amqpUrl,
+    prefetch: options.prefetch,
+    ackEvery: options.ackEvery,
+    ackWaitMs: options.ackWaitMs,
+    virtualShards: 16,
+    tallyEnv: options.tallyEnv,
   };
 }

@@ -134,7 +134,7 @@ export async function runLatency(ctx: BenchContext, plan: LatencyPlan): Promise<
   const connection = await amqp.connect(ctx.amqpUrl, { clientProperties: { connection_name: 'tally-bench-latency' } });
   let problem: string | undefined;
   const latencies: number[] = [];
-  let achievedRate = Number.NaN;
+  let achievedRate: number;
   const tally = isTally(contender);
   try {
     await ensureQueue(connection, queue);

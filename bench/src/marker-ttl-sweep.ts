@@ -15,7 +15,7 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import amqp from 'amqplib';
 import { escapeGlob } from '@tally/shared';
-import { parseInfo } from '@tally/testkit';
+import { parseInfo } from '@tally/shared';
 import { ensureQueue, generateWorkload, type WorkloadOptions } from '@tally/workload';
 import type { BenchContext } from './context.js';
 import { contextRunFields, prefixName, queueName } from './context.js';

@@ -6,7 +6,7 @@
 import { parseArgs } from 'node:util';
 import { CONTENDERS, type ContenderName, type SweepName } from './results.js';
 
-export type BenchCommand = 'run' | 'profile' | 'summarize-profiles' | 'help';
+export type BenchCommand = 'run' | 'profile' | 'summarize-profiles' | 'scale-out' | 'help';
 
 export interface BenchOptions {
   readonly command: BenchCommand;
@@ -46,6 +46,19 @@ export interface BenchOptions {
   readonly tallyEnv: Readonly<Record<string, string>>;
 }
 
+/** The workload flags of the command line, as the workload generator takes them. */
+export function workloadShape(options: BenchOptions) {
+  return {
+    messages: options.messages,
+    skus: options.skus,
+    zipf: options.zipf,
+    minChanges: options.minChanges,
+    maxChanges: options.maxChanges,
+    duplicateRate: options.duplicateRate,
+    seed: options.seed,
+  };
+}
+
 export class BenchUsageError extends Error {
   readonly code = 'BENCH_USAGE';
 }
@@ -73,6 +86,8 @@ const QUICK = {
 export const USAGE = `usage: pnpm bench [--quick] [flags]
        pnpm bench --profile [--profile-dir DIR]      drain once with Tally under --cpu-prof and summarize
        pnpm bench --summarize-profiles DIR          summarize existing .cpuprofile files
+       pnpm bench --scale-out [--quick]             Tally atomic on a standalone Redis vs a 3-master cluster,
+                                                    1, 2, 3 daemons (quick: 1, 2) on one queue, pair by pair
 
 workload:  --messages N (50000; quick 4000)  --skus N (10000)  --zipf S (1)  --changes MIN-MAX (1-8)
            --duplicate-rate R (0.02)  --seed N (1)
@@ -125,6 +140,7 @@ export function parseBenchArgs(argv: readonly string[], env: Readonly<Record<str
         quick: { type: 'boolean' },
         help: { type: 'boolean', short: 'h' },
         profile: { type: 'boolean' },
+        'scale-out': { type: 'boolean' },
         'profile-dir': { type: 'string' },
         'summarize-profiles': { type: 'string' },
         rounds: { type: 'string' },
@@ -160,7 +176,15 @@ export function parseBenchArgs(argv: readonly string[], env: Readonly<Record<str
   const quick = v.quick === true;
   const base = quick ? QUICK : FULL;
   const [minChanges, maxChanges] = v.changes === undefined ? [1, 8] : range('changes', v.changes);
-  const command: BenchCommand = v.help ? 'help' : v['summarize-profiles'] !== undefined ? 'summarize-profiles' : v.profile ? 'profile' : 'run';
+  const command: BenchCommand = v.help
+    ? 'help'
+    : v['summarize-profiles'] !== undefined
+      ? 'summarize-profiles'
+      : v.profile
+        ? 'profile'
+        : v['scale-out']
+          ? 'scale-out'
+          : 'run';
   const contenders = list('contenders', v.contenders, CONTENDERS, (c) => {
     if (!(CONTENDERS as readonly string[]).includes(c)) throw new BenchUsageError(`--contenders accepts ${CONTENDERS.join(', ')}; got ${JSON.stringify(c)}`);
     return c as ContenderName;

@@ -6,9 +6,9 @@
 import { mkdir, readdir, readFile, rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { Redis } from 'ioredis';
-import type { BenchContext } from './context.js';
+import { benchContext } from './context.js';
 import { runDrain } from './drain.js';
-import type { BenchOptions } from './options.js';
+import { workloadShape, type BenchOptions } from './options.js';
 import { startPrivateRedis } from '@tally/testkit';
 import { renderProfileSummary, summarizeProfile, type CpuProfile } from './profile-summary.js';
 import { generateWorkload } from '@tally/workload';
@@ -38,31 +38,16 @@ export async function runProfile(options: BenchOptions, dir: string, log: (line:
   const redisUrl = options.redisUrl ?? server!.url;
   const redis = new Redis(redisUrl, { connectionName: 'tally-bench-profile' });
   try {
-    const ctx: BenchContext = {
-      amqpUrl: options.amqpUrl,
+    const ctx = benchContext(options, {
       redisUrl,
       redisPrivate: server !== null,
       redis,
       runId: `prof${Date.now().toString(36)}`,
-      prefetch: options.prefetch,
-      ackEvery: options.ackEvery,
-      ackWaitMs: options.ackWaitMs,
-      virtualShards: 16,
-      tallyEnv: options.tallyEnv,
       // The profile run drains with the untraced daemon only.
       traceSinkUrl: 'http://127.0.0.1:4318',
       log,
-    };
-    const workload = generateWorkload({
-      messages: options.messages,
-      skus: options.skus,
-      zipf: options.zipf,
-      minChanges: options.minChanges,
-      maxChanges: options.maxChanges,
-      duplicateRate: options.duplicateRate,
-      seed: options.seed,
-      idPrefix: 'prof',
     });
+    const workload = generateWorkload({ ...workloadShape(options), idPrefix: 'prof' });
     const { record } = await runDrain(ctx, {
       contender: 'tally-two-step',
       round: 0,

@@ -1,4 +1,4 @@
-/** Pure readers of Redis INFO fields the bench measures (the INFO text itself is parsed by @tally/testkit's parseInfo). */
+/** Pure readers of Redis INFO fields the bench measures (the INFO text itself is parsed by @tally/shared's parseInfo). */
 
 /** Calls per command from INFO commandstats (`cmdstat_get:calls=3,usec=…`). */
 export function commandCalls(info: Map<string, string>): Map<string, number> {

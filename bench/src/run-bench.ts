@@ -7,14 +7,15 @@
  */
 import { cpus } from 'node:os';
 import { Redis } from 'ioredis';
-import type { BenchContext } from './context.js';
+import { benchContext } from './context.js';
 import { isTally } from './contenders.js';
 import { startTraceSink } from './trace-sink.js';
 import { runDrain } from './drain.js';
 import { runLatency } from './latency-run.js';
 import { runMarkerTtlSweep } from './marker-ttl-sweep.js';
-import type { BenchOptions } from './options.js';
-import { parseInfo, startPrivateRedis, type PrivateRedis } from '@tally/testkit';
+import { workloadShape, type BenchOptions } from './options.js';
+import { parseInfo } from '@tally/shared';
+import { startPrivateRedis, type PrivateRedis } from '@tally/testkit';
 import {
   summarize,
   type BenchResults,
@@ -51,20 +52,14 @@ export async function runBench(options: BenchOptions, log: (line: string) => voi
   }
   const redis = new Redis(redisUrl, { connectionName: 'tally-bench' });
   const traceSink = await startTraceSink();
-  const ctx: BenchContext = {
-    amqpUrl: options.amqpUrl,
+  const ctx = benchContext(options, {
     redisUrl,
     redisPrivate: server !== null,
     redis,
     runId: `${Date.now().toString(36)}${process.pid.toString(36)}`,
-    prefetch: options.prefetch,
-    ackEvery: options.ackEvery,
-    ackWaitMs: options.ackWaitMs,
-    virtualShards: 16,
-    tallyEnv: options.tallyEnv,
     traceSinkUrl: traceSink.url,
     log,
-  };
+  });
   const drains: DrainRecord[] = [];
   const latencies: LatencyRecord[] = [];
   const memory: MarkerMemoryRecord[] = [];
@@ -72,17 +67,7 @@ export async function runBench(options: BenchOptions, log: (line: string) => voi
   const problems: string[] = [];
   try {
     const redisVersion = parseInfo(await redis.info('server')).get('redis_version') ?? 'unknown';
-    const workloadOptions: Partial<WorkloadOptions> = {
-      messages: options.messages,
-      skus: options.skus,
-      zipf: options.zipf,
-      minChanges: options.minChanges,
-      maxChanges: options.maxChanges,
-      duplicateRate: options.duplicateRate,
-      seed: options.seed,
-      badRate: 0,
-      idPrefix: 'bench',
-    };
+    const workloadOptions: Partial<WorkloadOptions> = { ...workloadShape(options), badRate: 0, idPrefix: 'bench' };
     // Every contender asked for runs: one that cannot start is a failed run (exit 1), never skipped.
     const contenders = options.contenders;
     const workload = generateWorkload(workloadOptions);

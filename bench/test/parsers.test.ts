@@ -1,6 +1,6 @@
 import { expect } from 'chai';
 import { parseProcStat, parseStatusBytes } from '../src/proc.js';
-import { parseInfo } from '@tally/testkit';
+import { parseInfo } from '@tally/shared';
 import { callsDelta, commandCalls, sumValues } from '../src/redis-info.js';
 import { parseBenchArgs, BenchUsageError } from '../src/options.js';
 import { roundOrder } from '../src/run-bench.js';

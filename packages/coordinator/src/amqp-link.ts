@@ -8,13 +8,14 @@
  * broker, and the markers (or the in-flight id hold) recognise them.
  */
 import { randomUUID } from 'node:crypto';
-import amqp, { type ChannelModel, type ConfirmChannel, type ConsumeMessage, type Message, type Options } from 'amqplib';
+import amqp, { type ChannelModel, type ConfirmChannel, type ConsumeMessage, type Message } from 'amqplib';
 import { describeError, redactUrl, retryUntilDone, TallyError, type QueueType } from '@tally/shared';
 import { brokerRefusal } from './broker-refusal.js';
 import type { ChannelLink } from './delivery.js';
 import type { Logger } from './logger.js';
 import { declareTallyQueues } from './queue-declaration.js';
 import { within, TIMED_OUT } from './deadline.js';
+import { copyPublishOptions } from './message-copy.js';
 
 export interface AmqpLinkOptions {
   readonly url: string;
@@ -248,19 +249,12 @@ export class AmqpLink {
     const channel = link.channel as ConfirmChannel;
     const { properties } = message;
     const id = randomUUID();
-    const options: Options.Publish = {
-      persistent: true,
-      // The broker returns an unroutable copy instead of dropping it (and then still confirms it).
-      mandatory: true,
-      headers: { ...(properties.headers ?? {}), 'x-tally-reason': reason, 'x-tally-source-queue': this.options.queue, [DEAD_LETTER_ID_HEADER]: id },
-      contentType: properties.contentType,
-      contentEncoding: properties.contentEncoding,
-      messageId: properties.messageId,
-      correlationId: properties.correlationId,
-      timestamp: properties.timestamp,
-      type: properties.type,
-      appId: properties.appId,
-    };
+    const options = copyPublishOptions(properties, {
+      ...(properties.headers ?? {}),
+      'x-tally-reason': reason,
+      'x-tally-source-queue': this.options.queue,
+      [DEAD_LETTER_ID_HEADER]: id,
+    });
     return new Promise((resolve, reject) => {
       if (!link.alive) {
         reject(new Error('link down'));

@@ -1,6 +1,6 @@
 /**
  * RabbitMQ refusals that no reconnect fixes, turned into one line naming the
- * fix (issue 9, case 10). Pure: takes the error amqplib raised and what Tally
+ * fix (a vhost or permission the user lacks). Pure: takes the error amqplib raised and what Tally
  * asked for; returns null for anything that may pass by itself (a refused or
  * dropped TCP connection, a broker restarting), which the caller retries.
  *

@@ -5,8 +5,8 @@
  * Honours the same TALLY_* variables as the daemon.
  */
 import { parseArgs } from 'node:util';
-import { CliUsageError, loadConfig } from '@tally/shared';
-import { createRedisClient, startTracing } from '@tally/runtime';
+import { CliUsageError, classifyRedisFailure, loadConfig, RedisRequirementError, type RedisFailure } from '@tally/shared';
+import { connectRedis, startTracing, type RedisClient } from '@tally/runtime';
 import { countsToJson, readCounts } from './commands/counts.js';
 import { deadList, deadListText, deadReplay, deadReplayText, deadSubcommand } from './commands/dead.js';
 import { deviationEstimate, deviationText } from './commands/deviation.js';
@@ -145,7 +145,7 @@ async function main(argv: string[]): Promise<void> {
       options: { json: { type: 'boolean', default: false }, 'crashes-per-month': { type: 'string' }, recovery: { type: 'string' } },
       strict: true,
     });
-    const redis = createRedisClient(config.redisUrl, 'tally-cli', { maxRetriesPerRequest: 0, retryStrategy: () => null });
+    const redis = await cliRedis(config.redisUrl);
     // A wrong password or an untrusted certificate reads as its fix, not as "Connection is closed".
     const explain = explainRedisFailures(redis);
     try {
@@ -170,8 +170,7 @@ async function main(argv: string[]): Promise<void> {
   });
   if (values.sku && command !== 'counts') throw new CliUsageError('--sku applies to counts only');
   if (command === 'verify' && !values.truth) throw new CliUsageError('verify needs --truth FILE');
-  // One attempt, no endless reconnects: a CLI should fail fast and say why.
-  const redis = createRedisClient(config.redisUrl, 'tally-cli', { maxRetriesPerRequest: 0, retryStrategy: () => null });
+  const redis = await cliRedis(config.redisUrl);
   const explain = explainRedisFailures(redis);
   try {
     if (command === 'verify') {
@@ -195,6 +194,20 @@ async function main(argv: string[]): Promise<void> {
     throw explain(error);
   } finally {
     redis.disconnect();
+  }
+}
+
+/**
+ * One attempt, no endless reconnects: a CLI should fail fast and say why. The
+ * topology (standalone or cluster) is detected on the seed nodes; a failure
+ * to connect reads as its fix when it is a configuration problem.
+ */
+async function cliRedis(url: string): Promise<RedisClient> {
+  try {
+    return await connectRedis(url, 'tally-cli', { maxRetriesPerRequest: 0, retryStrategy: () => null });
+  } catch (error) {
+    const problem = classifyRedisFailure(error as RedisFailure);
+    throw problem === null ? error : new RedisRequirementError(problem.code, problem.message);
   }
 }
 

@@ -5,16 +5,16 @@
  *            -> hold if the same id is in flight -> shard lanes -> worker thread
  *            -> every part reported done -> ack (contiguous multiple-ack)
  */
+import { randomBytes, randomUUID } from 'node:crypto';
 import { metrics, trace, type Tracer } from '@opentelemetry/api';
 import type { MeterProvider } from '@opentelemetry/sdk-metrics';
 import type { ConsumeMessage } from 'amqplib';
-import { randomBytes } from 'node:crypto';
-import type { Redis } from 'ioredis';
 import {
   PART_DONE,
   PART_HELD,
   describeError,
   encodeBatchTask,
+  WindowGauge,
   describeRefusal,
   formatReason,
   isServerRefusal,
@@ -26,9 +26,12 @@ import {
   retryUntilDone,
   RETRY_STOPPED,
   splitByShard,
+  COUNT_REFUSED,
+  type BatchResult,
+  type CountRefusal,
   type TallyConfig,
 } from '@tally/shared';
-import { createRedisClient } from '@tally/runtime';
+import { createRedisClient, type RedisClient } from '@tally/runtime';
 import { AckTracker } from './ack-tracker.js';
 import { AmqpLink, type AmqpBrokerState } from './amqp-link.js';
 import type { ChannelLink, Delivery } from './delivery.js';
@@ -40,6 +43,7 @@ import { ShardLanes, type PendingPart } from './shard-lanes.js';
 import { StatsRecorder } from './stats-recorder.js';
 import { WorkerPools } from './worker-pools.js';
 import { BadMessageLog } from './bad-message-log.js';
+import { runIsolating } from './batch-isolation.js';
 import { ExposureMeter } from './exposure-meter.js';
 import { within, TIMED_OUT } from './deadline.js';
 import { judgeReadiness, type ReadinessVerdict } from './readiness.js';
@@ -72,7 +76,8 @@ interface Telemetry {
 interface Runtime {
   /** What the start-up probe found (docs/redis-requirements.md). */
   readonly redisProbe: RedisProbeReport;
-  readonly redis: Redis;
+  /** Standalone or cluster client, as the probe found (redis-connection.ts). */
+  readonly redis: RedisClient;
   /** Whether Redis refuses writes right now, as every writer sees it (redis-health.ts). */
   readonly health: RedisHealth;
   /** Renews this daemon's heartbeat key and the mode lease its layout check took. */
@@ -130,7 +135,7 @@ async function runSteps(steps: readonly ShutdownStep[], log: Logger, progress: (
 }
 
 /** QUIT, or a plain disconnect when the server does not answer it in time (a hung Redis never would). */
-function closeRedisStep(redis: Redis): ShutdownStep {
+function closeRedisStep(redis: RedisClient): ShutdownStep {
   return {
     name: 'closing redis',
     timeoutMs: 500,
@@ -246,6 +251,7 @@ export class Daemon {
         virtualShards: config.virtualShards,
         prefetch: config.prefetch,
         batchSize: config.batchSize,
+        batchMaxChanges: config.batchMaxChanges,
         batchWaitMs: config.batchWaitMs,
         markerTtlS: config.markerTtlS,
         acceptTypes: config.acceptTypes ? [...config.acceptTypes] : 'all',
@@ -276,7 +282,8 @@ export class Daemon {
     const { config, log } = this;
     // Before anything is written: a Redis that cannot keep Tally's promise stops the start here.
     const redisProbe = await this.untilRedis('redis probe', () => probeRedis(config, log));
-    const redis = createRedisClient(config.redisUrl, 'tally-coordinator');
+    const redis = createRedisClient(config.redisUrl, 'tally-coordinator', {}, redisProbe.topology);
+    if (redisProbe.topology === 'cluster') log.info({ masters: redisProbe.masters }, 'redis cluster detected: one slot per virtual shard');
     redis.on('error', () => {});
     redis.on('ready', () => log.info({ redis: redactUrl(config.redisUrl) }, 'redis ready'));
     redis.on('end', () => log.warn('redis connection ended'));
@@ -307,7 +314,13 @@ export class Daemon {
         }
       });
       stats.start();
-      const exposure = new ExposureMeter(stats, () => (this.acks?.tracker.unacked ?? 0) * 2 >= config.prefetch, config.mode === 'two-step');
+      // Two-step mode's worker threads mark which messages sit in a crash window; the meter reads it.
+      const windowGauge = config.mode === 'two-step' ? WindowGauge.create(config.virtualShards) : null;
+      const exposure = new ExposureMeter(
+        stats,
+        () => (this.acks?.tracker.unacked ?? 0) * 2 >= config.prefetch,
+        windowGauge === null ? null : () => windowGauge.messages(),
+      );
       exposure.start();
       opened.unshift({
         name: 'final stats flush',
@@ -323,6 +336,7 @@ export class Daemon {
       const pools = new WorkerPools(
         {
           redisUrl: config.redisUrl,
+          redisTopology: redisProbe.topology,
           prefix: config.prefix,
           mode: config.mode,
           markerTtlS: config.markerTtlS,
@@ -332,9 +346,16 @@ export class Daemon {
           markerSubBuckets: layout.markers.subBuckets,
           claimToken: this.claimToken,
           claimTtlMs: config.markerClaimTtlS * 1000,
+          ...(windowGauge === null ? {} : { windowGauge: windowGauge.buffer }),
+          waitReplicas: config.redisWaitReplicas,
+          waitTimeoutMs: config.redisWaitTimeoutMs,
         },
         config.workers,
         config.virtualShards,
+        // Counted as they happen: a WAIT that keeps timing out holds its batch, and the stall must show meanwhile.
+        (event) => {
+          if (event.type === 'wait-timeout') stats.add('wait_timeouts');
+        },
       );
       const lanes = new ShardLanes(config, (vshard, parts) => this.runBatch(vshard, parts));
       const link = new AmqpLink(
@@ -375,7 +396,7 @@ export class Daemon {
   }
 
   /** Metrics and the HTTP endpoint, when TALLY_METRICS_PORT is set. */
-  private async startMetrics(stats: StatsRecorder, redis: Redis, redisProbe: RedisProbeReport, health: RedisHealth): Promise<Telemetry | null> {
+  private async startMetrics(stats: StatsRecorder, redis: RedisClient, redisProbe: RedisProbeReport, health: RedisHealth): Promise<Telemetry | null> {
     const { config } = this;
     if (config.metricsPort === null) return null;
     const { exporter, provider: meterProvider } = await createMetricsExport();
@@ -469,6 +490,8 @@ export class Daemon {
       receivedAt: performance.now(),
       publishedAt: timestampToMs(message.properties.timestamp),
       traceparent: message.properties.headers?.traceparent,
+      message,
+      refusal: null,
     };
     const first = this.inFlight.get(delivery.id);
     if (first !== undefined) {
@@ -514,32 +537,54 @@ export class Daemon {
       traceparents: parts.map((part) => part.delivery.traceparent as string | undefined),
       distinctSkus: () => new Set(parts.flatMap((part) => part.changes.map(([sku]) => sku))).size,
     });
-    const task = encodeBatchTask(
-      vshard,
-      parts.length,
-      (i) => ({ digest: parts[i]!.delivery.digest, changes: parts[i]!.changes }),
-      traceparent,
-    );
+    // Made here, once, not in the thread: every rerun below (a dead thread, a
+    // lost reply) carries the same id and finds the write receipt of an earlier
+    // run, so the counts are never written twice (invariant 12).
+    const batchId = randomUUID();
     const started = performance.now();
     const { pools, exposure, stats, telemetry } = this.runtime;
     const metrics = telemetry?.metrics;
     // A thread that died mid-batch is replaced by piscina. Re-running the
-    // batch is safe: at worst it repeats a count write whose markers were
-    // never occupied, exactly the crash window the counters report. A `data`
-    // failure is retried too for now: "Never silently wrong" isolates and
-    // dead-letters it here (giveUp on 'data', then split the batch).
-    const result = await retryUntilDone(() => pools.run(task), {
-      // Stopping: the threads were terminated; the deliveries stay unacked and go back to the broker.
-      stopWhen: () => pools.stopped,
-      onAttemptFailed: ({ error, attempt, delayMs, failureClass }) => {
+    // batch is safe: its receipt (same batch id) answers a count write that
+    // already landed, so only the markers are occupied again. A `transient`
+    // or `fatal` failure is retried, visibly; a `data` failure would fail the
+    // same way forever, so it is isolated instead (batch-isolation.ts).
+    const runRange = async (id: string, from: number, to: number): Promise<BatchResult> => {
+      const task = encodeBatchTask(
+        vshard,
+        id,
+        to - from,
+        (i) => ({ id: parts[from + i]!.delivery.id, digest: parts[from + i]!.delivery.digest, changes: parts[from + i]!.changes }),
+        traceparent,
+        // Each part's share of its message, for the threads' window gauge.
+        this.config.mode === 'two-step' ? Float64Array.from({ length: to - from }, (_, i) => 1 / parts[from + i]!.delivery.parts) : undefined,
+      );
+      const outcome = await retryUntilDone(() => pools.run(task), {
+        // Stopping: the threads were terminated; the deliveries stay unacked and go back to the broker.
+        stopWhen: () => pools.stopped,
+        giveUp: (failureClass) => failureClass === 'data',
+        onAttemptFailed: ({ error, attempt, delayMs, failureClass }) => {
+          failBatchSpan(span, error);
+          this.log.error(
+            { vshard, batchId: id, attempt, delayMs, failureClass, err: describeError(error), trace_id: traceparent?.slice(3, 35) },
+            'batch failed in its worker thread; retrying',
+          );
+        },
+      });
+      if (outcome === RETRY_STOPPED) throw new BatchAbandoned();
+      return outcome;
+    };
+    let result: BatchResult;
+    try {
+      result = await runIsolating(vshard, parts.length, batchId, runRange, (error, id, from, to) => {
         failBatchSpan(span, error);
         this.log.error(
-          { vshard, attempt, delayMs, failureClass, err: describeError(error), trace_id: traceparent?.slice(3, 35) },
-          'batch failed in its worker thread; retrying',
+          { vshard, batchId: id, parts: to - from, failureClass: 'data', err: describeError(error), trace_id: traceparent?.slice(3, 35) },
+          to - from === 1 ? 'redis refused a part for its data: its message goes to the dead-letter queue (count-refused)' : 'batch refused for its data; isolating its parts',
         );
-      },
-    });
-    if (result === RETRY_STOPPED) {
+      });
+    } catch (error) {
+      if (!(error instanceof BatchAbandoned)) throw error;
       span.end();
       return;
     }
@@ -547,12 +592,13 @@ export class Daemon {
     metrics?.recordBatch(parts.length, performance.now() - started, result);
     stats.add('occupation_failures', result.occupationFailures);
     stats.add('write_retries', result.writeRetries);
-    stats.add('count_errors', result.countErrors);
+    stats.add('count_errors', result.refusals.length);
     stats.add('claim_takeovers', result.claimTakeovers);
-    exposure.batchDone(
-      parts.filter((_, i) => result.marked[i] !== PART_HELD).map((part) => part.delivery),
-      result.timings,
-    );
+    exposure.batchDone(parts.filter((_, i) => result.marked[i] !== PART_HELD).map((part) => part.delivery));
+    for (const refusal of result.refusals) {
+      const delivery = parts[refusal.part]!.delivery;
+      delivery.refusal ??= describeCountRefusal(vshard, refusal);
+    }
     let held = 0;
     for (let i = 0; i < parts.length; i++) {
       const delivery = parts[i]!.delivery;
@@ -578,12 +624,19 @@ export class Daemon {
     const now = metrics ? performance.now() : 0;
     const wallNow = metrics ? Date.now() : 0;
     metrics?.recordAck(delivery.receivedAt, delivery.publishedAt, wallNow, now);
-    if (delivery.markedParts === delivery.parts) stats.add('duplicates');
+    if (delivery.refusal !== null) {
+      // A part Redis refused counted nothing and has no marker; the others are
+      // counted and marked. Dead-lettered, not acked: the replay (after the
+      // key is repaired) counts the refused part once and skips the others by
+      // their markers (within the marker TTL).
+      recordDeadLetter(this.tracer, this.config.queue, COUNT_REFUSED, delivery.traceparent);
+      this.deadLetter(delivery.link, delivery.message, `${COUNT_REFUSED}: ${delivery.refusal}`, COUNT_REFUSED);
+    } else if (delivery.markedParts === delivery.parts) stats.add('duplicates');
     else if (delivery.markedParts === 0) {
       stats.add('counted');
       if (delivery.redelivered) stats.add('redelivered_unmarked');
     } else stats.add('partial_duplicates');
-    this.finish(delivery.link, delivery.tag);
+    if (delivery.refusal === null) this.finish(delivery.link, delivery.tag);
     for (const waiter of delivery.waiters) {
       metrics?.recordAck(waiter.receivedAt, waiter.publishedAt, wallNow, now);
       stats.add('duplicates');
@@ -762,6 +815,20 @@ export class Daemon {
     }
     this.state = 'stopped';
     log.info({ counters: runtime?.stats.sinceStart }, 'stopped');
+  }
+}
+
+/** The x-tally-reason detail of a refused part: the Redis error, then where it happened. */
+function describeCountRefusal(vshard: number, refusal: CountRefusal): string {
+  const where = refusal.key === '' ? `shard ${vshard}` : `sku ${JSON.stringify(refusal.sku)}, key ${refusal.key}, delta ${refusal.delta}`;
+  return `${refusal.error} (${where})`;
+}
+
+/** The threads were stopped while a batch was being retried: it is given up, its deliveries stay unacked. */
+class BatchAbandoned extends Error {
+  constructor() {
+    super('batch abandoned: the worker threads stopped');
+    this.name = 'BatchAbandoned';
   }
 }
 

@@ -1,4 +1,4 @@
-import type { Channel } from 'amqplib';
+import type { Channel, ConsumeMessage } from 'amqplib';
 
 /**
  * One delivery from the moment it is parsed until it is acked. A delivery
@@ -25,6 +25,16 @@ export interface Delivery {
   readonly publishedAt: number | undefined;
   /** The producer's W3C traceparent header, unvalidated (checked when a span links to it). */
   readonly traceparent: unknown;
+  /** The delivery as received: dead-lettered as it is if Redis refuses to count one of its parts. */
+  readonly message: ConsumeMessage;
+  /**
+   * Set when Redis refused to count one of its parts (`x-tally-reason` detail:
+   * the error, SKU, key and delta). That part counted nothing and has no
+   * marker; the other parts are counted and marked as usual. Once every part
+   * is done the delivery goes to the dead-letter queue (`count-refused`)
+   * instead of being acked, and its replay counts only the refused part.
+   */
+  refusal: string | null;
 }
 
 /** A channel generation: deliveries remember which one they came from. */

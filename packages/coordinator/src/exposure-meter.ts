@@ -4,8 +4,12 @@
  * in message-milliseconds, added to the `<prefix>stats` hash with the other
  * counters so they survive restarts and add up across daemons:
  *
- * - `window_message_ms`: messages inside the crash window (counts written,
- *   markers not yet). A crash re-counts these whatever its recovery time.
+ * - `window_message_ms`: messages inside the crash window: their count
+ *   write has been sent to Redis, their marker SETs not yet. A crash
+ *   re-counts these whatever its recovery time. The worker threads publish
+ *   them as they go (shared WindowGauge) and the meter samples the gauge,
+ *   so a window still open when the daemon is killed is counted up to the
+ *   last sample instead of being lost with the batch's result.
  * - `occupied_unacked_message_ms`: messages whose markers are occupied but
  *   whose delivery is not acked yet. Acks are contiguous multiple-acks, so a
  *   finished delivery waits for every earlier tag: this can be a sizeable
@@ -13,17 +17,18 @@
  *   recovery outlasts the marker TTL (the markers expired before the
  *   redelivery).
  *
- * Both are taken only while the daemon is under load (at least half of the
+ * All are sampled every 50 ms, and all are taken only while the daemon is under load (at least half of the
  * prefetch window unacked), and `loaded_ms` is that time: divided by it each
  * gives the mean number of messages at risk when a crash hits a loaded
  * daemon. Averaging over lightly loaded time instead (a backlog's tail, a
- * trickle) would understate a crash under load by half or more: the fault
- * suite measured it.
+ * trickle) would dilute the figure with moments when little is at risk, and
+ * so understate what a crash under load costs (the fault suite's figures are
+ * in docs/benchmark.md and docs/faults-and-deviation.md).
  *
  * A message with parts on several shards counts as 1/parts per part, so a
  * half-finished delivery is half a message at risk.
  */
-import type { BatchResult, CounterName } from '@tally/shared';
+import type { CounterName } from '@tally/shared';
 
 export interface ExposureSink {
   add(name: CounterName, amount: number): void;
@@ -52,8 +57,12 @@ export class ExposureMeter {
     private readonly sink: ExposureSink,
     /** Whether the daemon is under load right now. */
     private readonly loaded: () => boolean,
-    /** Atomic mode writes counts and markers in one step: it has no window. */
-    private readonly hasWindow: boolean,
+    /**
+     * Messages inside a crash window right now (the worker threads' window
+     * gauge); null in atomic mode, which writes counts and markers in one
+     * step and has no window.
+     */
+    private readonly windowNow: (() => number) | null,
   ) {}
 
   /** A new channel: the old channel's deliveries go back to the broker while their markers are fresh. */
@@ -65,20 +74,8 @@ export class ExposureMeter {
   }
 
   /** A shard batch reported done: its parts are occupied (or found occupied). */
-  batchDone(parts: readonly ExposedPart[], timings: BatchResult['timings']): void {
-    let messages = 0;
-    for (const part of parts) {
-      const share = 1 / part.parts;
-      messages += share;
-      this.occupied(part.link, part.tag, share);
-    }
-    if (!this.hasWindow || !this.loaded()) return;
-    // The window runs from when Redis executes the count transaction to when
-    // it executes the marker SETs. The worker sees each end one reply latency
-    // later, and the two latencies cancel out: the window lasts about the
-    // occupy round trip (t2 -> t3), not the write one. Retries while Redis is
-    // away keep the occupy step, and so the window, open: that is counted too.
-    this.carry.window += messages * timings.occupyMs;
+  batchDone(parts: readonly ExposedPart[]): void {
+    for (const part of parts) this.occupied(part.link, part.tag, 1 / part.parts);
   }
 
   /** A whole delivery settled without a batch of its own (a copy that waited for its first). */
@@ -110,13 +107,14 @@ export class ExposureMeter {
     if (this.occupiedByTag.size === 0) this.occupiedUnacked = 0;
   }
 
-  /** Integrates the occupied-unacked figure and loaded time since the last sample. */
+  /** Integrates loaded time and the two figures at risk over it since the last sample. */
   sample(now = performance.now()): void {
     const elapsed = now - this.lastSample;
     this.lastSample = now;
     if (elapsed > 0 && this.loaded()) {
       this.carry.loaded += elapsed;
       this.carry.occupied += this.occupiedUnacked * elapsed;
+      if (this.windowNow !== null) this.carry.window += this.windowNow() * elapsed;
     }
     this.hand('loaded_ms', 'loaded');
     this.hand('window_message_ms', 'window');

@@ -13,6 +13,7 @@ import { randomBytes } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import { hostname } from 'node:os';
 import type { Redis } from 'ioredis';
+import type { RedisClient } from '@tally/runtime';
 import { daemonKey, daemonScanPattern, describeError, type TallyMode } from '@tally/shared';
 import { releaseModeLease, renewModeLease, type ModeLease } from './layout-guard.js';
 import type { Logger } from './logger.js';
@@ -87,7 +88,7 @@ export class Heartbeat {
   private stopped = false;
 
   constructor(
-    private readonly redis: Redis,
+    private readonly redis: RedisClient,
     readonly id: string,
     private readonly options: HeartbeatOptions,
     private readonly snapshot: () => HeartbeatSnapshot,

@@ -1,4 +1,4 @@
-import type { Redis } from 'ioredis';
+import { scanNodes, type RedisClient } from '@tally/runtime';
 import {
   DEFAULTS,
   defaultBucketWidthS,
@@ -182,7 +182,7 @@ function proposedMarkers(config: LayoutConfig): MarkerLayout {
 }
 
 async function runLayoutScript(
-  redis: Redis,
+  redis: RedisClient,
   config: LayoutConfig,
   lease: ModeLease | null,
   maySwitch: boolean,
@@ -219,20 +219,23 @@ async function runLayoutScript(
 /**
  * Any live idempotency marker under the prefix, with its remaining TTL; null
  * when there is none. Both formats by default (a marker hash or a legacy
- * marker key); `legacyOnly` looks for legacy ones alone.
+ * marker key); `legacyOnly` looks for legacy ones alone. Markers are spread
+ * over every slot, so on a cluster every master is scanned.
  */
-export async function findLiveMarker(redis: Redis, prefix: string, legacyOnly = false): Promise<{ key: string; ttlS: number } | null> {
+export async function findLiveMarker(redis: RedisClient, prefix: string, legacyOnly = false): Promise<{ key: string; ttlS: number } | null> {
   const patterns = legacyOnly ? [legacyMarkerScanPattern(prefix)] : [markerScanPattern(prefix), legacyMarkerScanPattern(prefix)];
   for (const pattern of patterns) {
-    let cursor = '0';
-    do {
-      const [next, keys] = await redis.scan(cursor, 'MATCH', pattern, 'COUNT', 1000);
-      cursor = next;
-      for (const key of keys) {
-        const ttlS = await redis.ttl(key);
-        if (ttlS !== -2) return { key, ttlS };
-      }
-    } while (cursor !== '0');
+    for (const node of scanNodes(redis)) {
+      let cursor = '0';
+      do {
+        const [next, keys] = await node.scan(cursor, 'MATCH', pattern, 'COUNT', 1000);
+        cursor = next;
+        for (const key of keys) {
+          const ttlS = await node.ttl(key);
+          if (ttlS !== -2) return { key, ttlS };
+        }
+      } while (cursor !== '0');
+    }
   }
   return null;
 }
@@ -249,7 +252,7 @@ function markerLayoutOf(format: string, bucketS: string, subBuckets: string): Ma
  * duplicates they record). A format this build does not know (a newer
  * build's) is refused.
  */
-async function ensureMarkerFormat(redis: Redis, config: LayoutConfig, reply: ScriptReply): Promise<MarkerLayout> {
+async function ensureMarkerFormat(redis: RedisClient, config: LayoutConfig, reply: ScriptReply): Promise<MarkerLayout> {
   const key = layoutKey(config.prefix);
   let recorded = markerLayoutOf(reply.markerFormat, reply.markerBucketS, reply.markerSubBuckets);
   if (recorded === null) {
@@ -310,7 +313,7 @@ function liveDaemonRefusal(config: Pick<TallyConfig, 'prefix' | 'mode'>, recorde
  * daemon of the old mode takes its lease before it writes any marker, so one
  * that starts between the two steps stops the switch.
  */
-export async function ensureLayout(redis: Redis, config: LayoutConfig, lease: ModeLease | null = null): Promise<Layout> {
+export async function ensureLayout(redis: RedisClient, config: LayoutConfig, lease: ModeLease | null = null): Promise<Layout> {
   const key = layoutKey(config.prefix);
   const first = await runLayoutScript(redis, config, lease, false);
   if (first.verdict === 'layout') {
@@ -356,11 +359,11 @@ export async function ensureLayout(redis: Redis, config: LayoutConfig, lease: Mo
 }
 
 /** Renews a daemon's mode lease; false when the layout is gone (the prefix was wiped). */
-export async function renewModeLease(redis: Redis, prefix: string, mode: TallyMode, lease: ModeLease): Promise<boolean> {
+export async function renewModeLease(redis: RedisClient, prefix: string, mode: TallyMode, lease: ModeLease): Promise<boolean> {
   return (await redis.eval(RENEW_LEASE_LUA, 1, layoutKey(prefix), lease.holder, mode, String(lease.ttlMs))) === 1;
 }
 
 /** Releases a daemon's mode lease on a clean stop, so a mode switch need not wait for it to run out. */
-export async function releaseModeLease(redis: Redis, prefix: string, lease: ModeLease): Promise<void> {
+export async function releaseModeLease(redis: RedisClient, prefix: string, lease: ModeLease): Promise<void> {
   await redis.hdel(layoutKey(prefix), `${LEASE_FIELD}${lease.holder}`);
 }

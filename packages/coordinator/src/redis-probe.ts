@@ -4,19 +4,25 @@
  * @tally/shared redis-requirements.ts; this file only asks the server.
  *
  *   connect (AUTH)                    wrong password, TLS trust   -> fatal
- *   INFO                              version, cluster, AOF, replicas, loading
+ *   INFO cluster on the seeds         standalone or Redis Cluster (cluster_enabled:1)
+ *   INFO                              version, AOF, replicas, loading
  *   CONFIG GET maxmemory-policy       (INFO's maxmemory_policy when CONFIG is refused or renamed)
- *   MGET marker / HGETALL layout      ACL key patterns for reads
+ *   HGET marker hash / HGETALL layout ACL key patterns for reads
  *   SCRIPT LOAD + EVALSHA             scripting allowed, #!lua understood, and the
  *                                     writes Tally's scripts make, on a key of each family
  *
+ * On a cluster, every master is probed (CLUSTER INFO must say
+ * cluster_state:ok; INFO, CONFIG GET, SCRIPT LOAD + EVALSHA on a key of a slot
+ * that master serves), and the reads through the cluster client.
+ *
  * A configuration problem throws RedisRequirementError (one line, the fix in
- * it); an outage (refused connection, timeout, still loading) throws a plain
- * error that the caller's retry loop waits out, as for any outage.
+ * it); an outage (refused connection, timeout, still loading, a cluster not
+ * ok) throws a plain error that the caller's retry loop waits out, as for
+ * any outage.
  */
 import { randomUUID } from 'node:crypto';
 import { connect } from 'node:net';
-import type { Redis } from 'ioredis';
+import type { Cluster, Redis } from 'ioredis';
 import {
   assessRedis,
   classifyRedisFailure,
@@ -28,20 +34,30 @@ import {
   receiptKey,
   RedisRequirementError,
   requirementError,
+  parseVersion,
+  versionAtLeast,
   type RedisFacts,
   type RedisFailure,
+  type RedisTopology,
   type RedisWarning,
   type TallyConfig,
 } from '@tally/shared';
-import { createRedisClient } from '@tally/runtime';
+import { createRedisClient, detectRedisTopology, keySlot, whenClusterReady, type RedisClient } from '@tally/runtime';
 
 /** What the daemon reports about its Redis (status, /readyz detail, gauges). */
 export interface RedisProbeReport {
+  /** What TALLY_REDIS_URL points at; the daemon hands it to its worker threads. */
+  readonly topology: RedisTopology;
+  /** Masters probed: 1 on a standalone Redis. */
+  readonly masters: number;
+  /** The lowest version among the masters. */
   readonly version: string | null;
   readonly maxmemoryPolicy: string | null;
   /** Running on an evicting policy because TALLY_ALLOW_EVICTION says so. */
   readonly evictionAllowed: boolean;
+  /** On every master. */
   readonly aofEnabled: boolean;
+  /** The fewest any master has: what TALLY_REDIS_WAIT_REPLICAS can count on. */
   readonly connectedReplicas: number;
   readonly warnings: readonly RedisWarning[];
 }
@@ -137,47 +153,58 @@ async function tlsAimedAtPlainPort(redisUrl: string): Promise<boolean> {
 
 /** Probes Redis once. Throws RedisRequirementError on a configuration problem, a plain Error on an outage. */
 export async function probeRedis(config: ProbeConfig, log: ProbeLog): Promise<RedisProbeReport> {
-  const redis = createRedisClient(config.redisUrl, 'tally-probe', {
-    lazyConnect: true,
-    // The probe reads INFO itself; ioredis's ready check would print its own warning when INFO is refused.
-    enableReadyCheck: false,
-    retryStrategy: () => null,
-    maxRetriesPerRequest: 0,
+  const seed = splitFirst(config.redisUrl);
+  const topology = await attempt(
+    'connecting',
+    () => null,
+    () => detectRedisTopology(config.redisUrl),
+  ).catch(async (error: unknown) => {
+    if (!(error instanceof RedisRequirementError) && (await tlsAimedAtPlainPort(seed))) {
+      const problem = plaintextPortProblem('the TLS handshake got no answer, a plaintext PING did');
+      throw new RedisRequirementError(problem.code, problem.message);
+    }
+    throw error;
   });
+  const redis = createRedisClient(
+    config.redisUrl,
+    'tally-probe',
+    {
+      lazyConnect: true,
+      // The probe reads INFO itself; ioredis's ready check would print its own warning when INFO is refused.
+      enableReadyCheck: false,
+      retryStrategy: () => null,
+      maxRetriesPerRequest: 0,
+    },
+    topology,
+  );
   let lastError: RedisFailure | null = null;
   redis.on('error', (error: RedisFailure) => {
     lastError = error;
   });
   const last = (): RedisFailure | null => lastError;
   try {
-    await attempt('connecting', last, () => redis.connect()).catch(async (error: unknown) => {
-      if (!(error instanceof RedisRequirementError) && (await tlsAimedAtPlainPort(config.redisUrl))) {
-        const problem = plaintextPortProblem('the TLS handshake got no answer, a plaintext PING did');
-        throw new RedisRequirementError(problem.code, problem.message);
-      }
-      throw error;
-    });
-    const info = await attempt('INFO', last, () => redis.info());
-    let facts: RedisFacts = factsFromInfo(info);
-    if (facts.loading) throw new Error('redis is loading its data set');
-    const configPolicy = await maxmemoryPolicyFromConfig(redis);
-    if (configPolicy !== null) facts = { ...facts, maxmemoryPolicy: configPolicy };
-
-    const assessment = assessRedis(facts, { allowEviction: config.allowEviction, waitReplicas: config.redisWaitReplicas });
-    for (const problem of assessment.fatal.slice(1)) log.warn({ code: problem.code }, problem.message);
-    const fatal = requirementError(assessment.fatal);
-    if (fatal !== null) throw fatal;
+    if (topology === 'cluster') {
+      // connect() of a cluster that is not ok never settles (ioredis retries its ready check): wait for ready, bounded.
+      redis.connect().catch(() => {});
+      await attempt('connecting', last, () => whenClusterReady(redis as Cluster));
+    } else {
+      await attempt('connecting', last, () => redis.connect());
+    }
+    const masters = topology === 'cluster' ? await clusterMasters(redis as Cluster) : [redis as Redis];
+    const probed: MasterProbe[] = [];
+    for (const master of masters) probed.push(await probeMaster(master, redis, config, last));
 
     const id = `probe-${randomUUID()}`;
     const markerProbeKey = `${markerBaseKey(config.prefix, 0)}:${id}`;
     await attempt('HGET of a marker hash', last, () => redis.hget(markerProbeKey, 'probe'));
     await attempt('HGETALL of the layout key', last, () => redis.hgetall(layoutKey(config.prefix)));
-    const sha = await attempt('SCRIPT LOAD', last, () => redis.script('LOAD', PROBE_SCRIPT) as Promise<string>);
-    const keys = [countKey(config.prefix, 0, id), markerProbeKey, receiptKey(config.prefix, 0, id)];
-    await attempt("EVALSHA of Tally's scripts", last, () => redis.evalsha(sha, keys.length, ...keys));
 
+    const facts = combinedFacts(probed.map((p) => p.facts));
+    const assessment = assessRedis(facts, { allowEviction: config.allowEviction, waitReplicas: config.redisWaitReplicas });
     for (const warning of assessment.warnings) log.warn({ code: warning.code }, warning.message);
     return Object.freeze({
+      topology,
+      masters: masters.length,
       version: facts.version,
       maxmemoryPolicy: facts.maxmemoryPolicy,
       evictionAllowed: facts.maxmemoryPolicy !== null && facts.maxmemoryPolicy !== 'noeviction',
@@ -188,6 +215,88 @@ export async function probeRedis(config: ProbeConfig, log: ProbeLog): Promise<Re
   } finally {
     redis.disconnect();
   }
+
+  /** One master: its facts and fatal problems (the first stops the start), and the script probe on a slot it serves. */
+  async function probeMaster(master: Redis, client: RedisClient, settings: ProbeConfig, lastClientError: () => RedisFailure | null): Promise<MasterProbe> {
+    const where = topology === 'cluster' ? ` on ${master.options.host}:${master.options.port}` : '';
+    if (topology === 'cluster') {
+      const state = /^cluster_state:(\w+)/m.exec(await attempt(`CLUSTER INFO${where}`, lastClientError, () => master.cluster('INFO') as Promise<string>))?.[1];
+      // A cluster that is failing over or missing slots: an outage, waited out.
+      if (state !== 'ok') throw new Error(`redis cluster_state is ${state ?? 'unknown'}${where}; waiting for the cluster to be ok`);
+    }
+    const info = await attempt(`INFO${where}`, lastClientError, () => master.info());
+    let facts: RedisFacts = factsFromInfo(info);
+    if (facts.loading) throw new Error(`redis is loading its data set${where}`);
+    const configPolicy = await maxmemoryPolicyFromConfig(master);
+    if (configPolicy !== null) facts = { ...facts, maxmemoryPolicy: configPolicy };
+
+    const assessment = assessRedis(facts, { allowEviction: settings.allowEviction, waitReplicas: 0 });
+    for (const problem of assessment.fatal.slice(1)) log.warn({ code: problem.code }, problem.message);
+    const fatal = requirementError(assessment.fatal);
+    if (fatal !== null)
+      throw topology === 'cluster' ? new RedisRequirementError(fatal.code, `${fatal.message} (${master.options.host}:${master.options.port})`) : fatal;
+
+    // Scripts run on the master of their keys' slot: probe each master with keys of a slot it serves.
+    const shard = topology === 'cluster' ? shardServedBy(client as Cluster, master) : 0;
+    const id = `probe-${randomUUID()}`;
+    const sha = await attempt(`SCRIPT LOAD${where}`, lastClientError, () => master.script('LOAD', PROBE_SCRIPT) as Promise<string>);
+    const keys = [countKey(settings.prefix, shard, id), `${markerBaseKey(settings.prefix, shard)}:${id}`, receiptKey(settings.prefix, shard, id)];
+    await attempt(`EVALSHA of Tally's scripts${where}`, lastClientError, () => master.evalsha(sha, keys.length, ...keys));
+    return { facts };
+  }
+}
+
+interface MasterProbe {
+  readonly facts: RedisFacts;
+}
+
+function splitFirst(redisUrl: string): string {
+  return redisUrl.split(/,\s*(?=rediss?:\/\/)/i)[0]!;
+}
+
+/** The cluster's masters once its slot map is loaded; a cluster that has none serving slots is not ready (an outage). */
+async function clusterMasters(cluster: Cluster): Promise<Redis[]> {
+  await whenClusterReady(cluster);
+  const masters = cluster.nodes('master');
+  if (masters.length === 0) throw new Error('the Redis Cluster has no master serving slots yet');
+  return masters;
+}
+
+/** A hash-tag number whose slot `master` serves: the probe's keys `{n}` then reach that master. */
+function shardServedBy(cluster: Cluster, master: Redis): number {
+  const self = `${master.options.host}:${master.options.port}`;
+  for (let shard = 0; shard < 100_000; shard++) {
+    if (cluster.slots[keySlot(`{${shard}}`)]?.[0] === self) return shard;
+  }
+  throw new Error(`no slot of the Redis Cluster map is served by ${self}; the slot map is being refreshed`);
+}
+
+/**
+ * The facts of a cluster as one Redis: the lowest version, a policy other
+ * than noeviction if any master has one, AOF only if every master has it,
+ * and the fewest replicas any master has.
+ */
+export function combinedFacts(each: readonly RedisFacts[]): RedisFacts {
+  const [first, ...rest] = each;
+  if (first === undefined) throw new Error('no Redis facts to combine');
+  return rest.reduce<RedisFacts>(
+    (all, facts) => ({
+      version: lowerVersion(all.version, facts.version),
+      maxmemoryPolicy: all.maxmemoryPolicy !== 'noeviction' && all.maxmemoryPolicy !== null ? all.maxmemoryPolicy : facts.maxmemoryPolicy,
+      aofEnabled: all.aofEnabled && facts.aofEnabled,
+      connectedReplicas: Math.min(all.connectedReplicas, facts.connectedReplicas),
+      clusterEnabled: all.clusterEnabled || facts.clusterEnabled,
+      loading: all.loading || facts.loading,
+    }),
+    first,
+  );
+}
+
+function lowerVersion(a: string | null, b: string | null): string | null {
+  if (a === null || b === null) return a ?? b;
+  const [pa, pb] = [parseVersion(a), parseVersion(b)];
+  if (pa === null || pb === null) return pa === null ? a : b;
+  return versionAtLeast(pa, pb) ? b : a;
 }
 
 /**
@@ -195,7 +304,7 @@ export async function probeRedis(config: ProbeConfig, log: ProbeLog): Promise<Re
  * error, and turns a failure into the configuration problem behind it, if
  * there is one, so the user reads the fix instead of "Connection is closed".
  */
-export function explainRedisFailures(redis: Redis): (error: unknown) => unknown {
+export function explainRedisFailures(redis: RedisClient): (error: unknown) => unknown {
   let lastError: RedisFailure | null = null;
   redis.on('error', (error: RedisFailure) => {
     lastError = error;

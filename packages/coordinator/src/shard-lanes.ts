@@ -1,7 +1,8 @@
 /**
  * One lane per virtual shard: parts wait here until their batch flushes.
  *
- * A lane flushes at `batchSize` parts, when its oldest part has waited
+ * A lane flushes at `batchSize` parts or `batchMaxChanges` changes
+ * (TALLY_BATCH_MAX_CHANGES, so no script holds Redis long), when its oldest part has waited
  * `batchWaitMs`, or when asked to (prefetch credit exhausted, shutdown).
  * A lane has at most one batch in flight. That bounds the crash window: a
  * crash costs at most one batch per shard. (Two batches of one shard could
@@ -19,6 +20,13 @@ export interface PendingPart {
 export interface LaneOptions {
   readonly virtualShards: number;
   readonly batchSize: number;
+  /**
+   * A batch takes parts while their changes stay within this (one part at
+   * least, however many changes it has: a part is never split). A hostile
+   * producer aiming every SKU at one shard otherwise makes one script carry
+   * batchSize × 10,000 changes and block Redis for seconds.
+   */
+  readonly batchMaxChanges: number;
   readonly batchWaitMs: number;
 }
 
@@ -29,6 +37,8 @@ interface Lane {
   pending: PendingPart[];
   /** When each pending part arrived, parallel to `pending`. */
   arrivedAt: number[];
+  /** Changes of the pending parts, summed. */
+  pendingChanges: number;
   /** A batch of this lane is in flight. */
   busy: boolean;
   /** flushAll() was called: keep flushing, without waiting, until the lane is empty. */
@@ -48,15 +58,16 @@ export class ShardLanes {
     private readonly options: LaneOptions,
     private readonly dispatch: DispatchBatch,
   ) {
-    this.lanes = Array.from({ length: options.virtualShards }, () => ({ pending: [], arrivedAt: [], busy: false, drainRequested: false, timer: null }));
+    this.lanes = Array.from({ length: options.virtualShards }, () => ({ pending: [], arrivedAt: [], pendingChanges: 0, busy: false, drainRequested: false, timer: null }));
   }
 
   add(vshard: number, part: PendingPart): void {
     const lane = this.lanes[vshard]!;
     lane.pending.push(part);
     lane.arrivedAt.push(performance.now());
+    lane.pendingChanges += part.changes.length;
     this.pendingParts++;
-    if (lane.pending.length >= this.options.batchSize) this.flush(vshard);
+    if (this.full(lane)) this.flush(vshard);
     else this.arm(vshard);
   }
 
@@ -114,6 +125,25 @@ export class ShardLanes {
     }
   }
 
+  /** A full batch is waiting: batchSize parts, or batchMaxChanges changes. */
+  private full(lane: Lane): boolean {
+    return lane.pending.length >= this.options.batchSize || lane.pendingChanges >= this.options.batchMaxChanges;
+  }
+
+  /** How many of the lane's first parts make the next batch: up to batchSize, within batchMaxChanges, one at least. */
+  private batchLength(lane: Lane): number {
+    const { batchSize, batchMaxChanges } = this.options;
+    let changes = lane.pending[0]!.changes.length;
+    let length = 1;
+    while (length < lane.pending.length && length < batchSize) {
+      const next = lane.pending[length]!.changes.length;
+      if (changes + next > batchMaxChanges) break;
+      changes += next;
+      length++;
+    }
+    return length;
+  }
+
   private arm(vshard: number): void {
     const lane = this.lanes[vshard]!;
     if (lane.timer !== null || lane.busy || lane.pending.length === 0) return;
@@ -132,10 +162,11 @@ export class ShardLanes {
       clearTimeout(lane.timer);
       lane.timer = null;
     }
-    const size = this.options.batchSize;
+    const size = this.batchLength(lane);
     const parts = lane.pending.length <= size ? lane.pending : lane.pending.slice(0, size);
     lane.pending = parts === lane.pending ? [] : lane.pending.slice(size);
     lane.arrivedAt = lane.pending.length === 0 ? [] : lane.arrivedAt.slice(size);
+    for (const part of parts) lane.pendingChanges -= part.changes.length;
     if (lane.pending.length === 0) lane.drainRequested = false;
     this.pendingParts -= parts.length;
     lane.busy = true;
@@ -145,7 +176,7 @@ export class ShardLanes {
       this.busyLanes--;
       const due =
         lane.pending.length > 0 &&
-        (lane.drainRequested || lane.pending.length >= this.options.batchSize || performance.now() - lane.arrivedAt[0]! >= this.options.batchWaitMs);
+        (lane.drainRequested || this.full(lane) || performance.now() - lane.arrivedAt[0]! >= this.options.batchWaitMs);
       if (due) this.flush(vshard);
       else this.arm(vshard);
       if (this.pendingParts === 0 && this.busyLanes === 0) {

@@ -1,5 +1,5 @@
 import { Piscina } from 'piscina';
-import { ownerOf, type BatchResult, type WireBatchTask, type WorkerSettings } from '@tally/shared';
+import { ClassifiedFailure, ownerOf, type BatchReply, type BatchResult, type ThreadEvent, type WireBatchTask, type WorkerSettings } from '@tally/shared';
 import { WORKER_THREAD_FILE } from '@tally/worker';
 
 /**
@@ -11,7 +11,8 @@ import { WORKER_THREAD_FILE } from '@tally/worker';
 export class WorkerPools {
   private readonly pools: Piscina[];
 
-  constructor(settings: WorkerSettings, threads: number, virtualShards: number) {
+  /** `onEvent` receives what a thread posts while a batch runs (batch-protocol.ts ThreadEvent). */
+  constructor(settings: WorkerSettings, threads: number, virtualShards: number, onEvent: (event: ThreadEvent) => void = () => {}) {
     const shardsPerThread = Math.ceil(virtualShards / threads);
     this.pools = Array.from(
       { length: threads },
@@ -31,6 +32,7 @@ export class WorkerPools {
           env: { ...process.env, TALLY_THREAD_INDEX: String(index) },
         }),
     );
+    for (const pool of this.pools) pool.on('message', (event: ThreadEvent) => onEvent(event));
   }
 
   private destroyed = false;
@@ -40,10 +42,17 @@ export class WorkerPools {
     return this.destroyed;
   }
 
-  run(task: WireBatchTask): Promise<BatchResult> {
-    if (this.destroyed) return Promise.reject(new Error('worker threads stopped'));
+  /**
+   * Runs a batch on its owner thread. A failure the thread reported comes
+   * back as a ClassifiedFailure with the class the thread gave it; a thread
+   * that died rejects with piscina's "worker exited" error (transient).
+   */
+  async run(task: WireBatchTask): Promise<BatchResult> {
+    if (this.destroyed) throw new Error('worker threads stopped');
     const pool = this.pools[ownerOf(task.vshard, this.pools.length)]!;
-    return pool.run(task) as Promise<BatchResult>;
+    const reply = (await pool.run(task)) as BatchReply;
+    if (!reply.ok) throw new ClassifiedFailure(reply.failureClass, reply.message);
+    return reply.result;
   }
 
   /** Asks every thread to export its buffered spans (a no-op when tracing is off). */

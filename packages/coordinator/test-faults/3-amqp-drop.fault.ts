@@ -2,8 +2,8 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { expect } from 'chai';
 import { generateWorkload, publishAll, seededRandom } from '@tally/workload';
 import { startProxy } from '@tally/testkit';
-import { cleanup, countsOf, statsOf, testSpace, waitForReadyEmpty, AMQP_URL } from '../test/integration/harness.js';
-import { checkCounts, checkDeadLetters, estimateRun, overcountBound, unitsPerMessage } from './checks.js';
+import { cleanup, testSpace, waitForReadyEmpty, AMQP_URL } from '../test/integration/harness.js';
+import { outageOutcome } from './outage-outcome.js';
 import { DaemonFleet } from './fleet.js';
 import { rows } from './report.js';
 
@@ -37,15 +37,7 @@ describe('faults: RabbitMQ connections drop', function () {
       await fleet.stop(daemon);
 
       const reconnects = daemon.logs.filter((l) => l.includes('"msg":"consuming"')).length - 1;
-      const check = checkCounts(await countsOf(space.prefix, config.virtualShards), workload.truth, config.virtualShards);
-      const stats = await statsOf(space.prefix);
-      const units = unitsPerMessage(workload.truth, workload.good, shape.maxChanges, shape.maxDelta);
-      const bound = overcountBound(config, 0, 0, units.max);
-      const estimate = estimateRun(stats, config, 0, 'max=1s');
-      const dead = await checkDeadLetters(
-        space.queue,
-        workload.publishes.filter((p) => p.kind === 'bad').map((p) => ({ body: p.body, messageId: p.messageId, codes: new Set([p.reason!]) })),
-      );
+      const { check, stats, units, bound, estimate, dead } = await outageOutcome(space, workload, config, shape);
       rows.push({
         scenario: 'RabbitMQ drops (proxy)',
         messages: workload.publishes.length,

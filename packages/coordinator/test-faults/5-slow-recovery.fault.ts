@@ -1,15 +1,10 @@
-import { execFile } from 'node:child_process';
-import { promisify } from 'node:util';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { expect } from 'chai';
 import { generateWorkload, publishAll, seededRandom } from '@tally/workload';
-import type { DeviationEstimate } from '@tally/shared';
-import { cleanup, countsOf, queueState, statsOf, testSpace, waitForReadyBelow, AMQP_URL, CLI } from '../test/integration/harness.js';
-import { checkCounts, checkDeadLetters, overcountBound, unitsPerMessage } from './checks.js';
+import { cleanup, countsOf, queueState, statsOf, testSpace, waitForReadyBelow, AMQP_URL } from '../test/integration/harness.js';
+import { checkCounts, checkDeadLetters, deviationFromCli, overcountBound, unitsPerMessage } from './checks.js';
 import { DaemonFleet } from './fleet.js';
 import { rows } from './report.js';
-
-const run = promisify(execFile);
 
 describe('faults: recovery slower than the marker TTL', function () {
   this.timeout(300_000);
@@ -61,12 +56,7 @@ describe('faults: recovery slower than the marker TTL', function () {
       const bound = overcountBound(config, 0, kills, units.max);
       // The estimator as an operator runs it: the CLI, with this run's kills
       // as the crashes and its restart delays as the recovery distribution.
-      const { stdout } = await run(
-        process.execPath,
-        [CLI, 'deviation', '--crashes-per-month', String(kills), '--recovery', `min=${restartDelayMs / 1000}s,max=${Math.ceil(longestRecoveryMs / 1000)}s`, '--json'],
-        { env: { ...process.env, ...space.env } },
-      );
-      const estimate = JSON.parse(stdout) as DeviationEstimate;
+      const estimate = await deviationFromCli(space.env, kills, `min=${restartDelayMs / 1000}s,max=${Math.ceil(longestRecoveryMs / 1000)}s`);
       const estimatedUnits = estimate.expectedPerMonth * units.mean;
       const measuredMessages = check.overcountUnits / units.mean;
       const dead = await checkDeadLetters(space.queue, []);

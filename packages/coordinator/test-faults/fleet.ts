@@ -10,6 +10,8 @@ type Ending = 'kill' | 'term';
 
 export class DaemonFleet {
   readonly violations: string[] = [];
+  /** Every daemon started, in order, with its logs. */
+  readonly daemons: DaemonProcess[] = [];
   private readonly live = new Set<DaemonProcess>();
   private readonly intended = new WeakMap<DaemonProcess, Ending>();
   started = 0;
@@ -19,6 +21,7 @@ export class DaemonFleet {
   async start(env: Record<string, string>): Promise<DaemonProcess> {
     const daemon = spawnDaemon(env);
     this.started++;
+    this.daemons.push(daemon);
     this.live.add(daemon);
     void daemon.exited.then(({ code, signal }) => {
       this.live.delete(daemon);
@@ -30,6 +33,11 @@ export class DaemonFleet {
     });
     await daemon.waitForLog('"msg":"consuming"', 60_000);
     return daemon;
+  }
+
+  /** The log lines of every daemon started so far. */
+  get logs(): string[] {
+    return this.daemons.flatMap((daemon) => daemon.logs);
   }
 
   /** SIGKILL: no cleanup, no final ack, no counter flush. */

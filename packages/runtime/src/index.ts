@@ -1,2 +1,15 @@
-export { createRedisClient, RECONNECT_BACKOFF } from './redis-connection.js';
+export {
+  clusterOptions,
+  connectRedis,
+  createRedisClient,
+  detectRedisTopology,
+  isCluster,
+  masterForKey,
+  onSlotConnection,
+  RECONNECT_BACKOFF,
+  scanNodes,
+  whenClusterReady,
+  type RedisClient,
+} from './redis-connection.js';
+export { CLUSTER_SLOT_COUNT, crc16, hashedPart, keySlot } from './key-slot.js';
 export { startTracing, traceIdsOfActiveSpan, tracingRequested, type TracingHandle } from './tracing.js';

@@ -16,7 +16,13 @@ const LOG_LEVELS: readonly LogLevel[] = ['fatal', 'error', 'warn', 'info', 'debu
 
 export interface TallyConfig {
   readonly amqpUrl: string;
+  /**
+   * TALLY_REDIS_URL as given (scheme lower-cased): one URL, or the seed nodes
+   * of a Redis Cluster separated by commas. Log it only through redactUrl.
+   */
   readonly redisUrl: string;
+  /** The URLs of TALLY_REDIS_URL, one per seed node (one for a standalone Redis). */
+  readonly redisSeeds: readonly string[];
   readonly queue: string;
   /** `<queue>.dead`: where bad messages go, with `x-tally-reason`. */
   readonly deadLetterQueue: string;
@@ -31,6 +37,8 @@ export interface TallyConfig {
   readonly workers: number;
   readonly prefetch: number;
   readonly batchSize: number;
+  /** TALLY_BATCH_MAX_CHANGES: a shard batch's changes, summed over its parts, stay within this (one part at least). */
+  readonly batchMaxChanges: number;
   readonly batchWaitMs: number;
   readonly markerTtlS: number;
   /**
@@ -84,6 +92,11 @@ export const DEFAULTS = Object.freeze({
   heartbeatMs: 5_000,
   prefetch: 2000,
   batchSize: 500,
+  // Measured (docs/redis-requirements.md, "Bounded batches"): with every
+  // change aimed at one shard, the longest script went from 218 ms (two-step)
+  // and 712 ms (atomic) without a change limit to 25 ms and 104 ms with this
+  // one. Ordinary batches (about one change per part) never reach it.
+  batchMaxChanges: 5_000,
   batchWaitMs: 50,
   markerTtlS: 600,
   markerSubBuckets: 256,
@@ -105,6 +118,7 @@ export const LIMITS = Object.freeze({
   workers: [1, 64],
   prefetch: [1, 65_535],
   batchSize: [1, 100_000],
+  batchMaxChanges: [1, 10_000_000],
   batchWaitMs: [0, 60_000],
   markerTtlS: [1, 31_536_000],
   markerSubBuckets: [1, 65_536],
@@ -175,6 +189,68 @@ function url(env: Env, name: string, fallback: string, schemes: readonly string[
  */
 function withLowerCaseScheme(raw: string): string {
   return raw.replace(/^[A-Za-z][A-Za-z0-9+.-]*:/, (scheme) => scheme.toLowerCase());
+}
+
+/**
+ * Splits a TALLY_REDIS_URL list into its URLs. A comma starts a new URL only
+ * when a `redis://` or `rediss://` scheme follows it, so a comma inside a
+ * password (allowed unencoded in userinfo) does not split it.
+ */
+export function splitRedisUrls(raw: string): string[] {
+  return raw
+    .split(/,\s*(?=rediss?:\/\/)/i)
+    .map((part) => part.trim())
+    .filter((part) => part !== '');
+}
+
+/**
+ * TALLY_REDIS_URL: one URL, or several comma-separated seed nodes of one
+ * Redis Cluster. The client carries the first seed's credentials and TLS to
+ * every node the cluster announces (one user for the whole cluster), so the
+ * seeds must agree on the scheme and on any credentials they repeat. A
+ * cluster has database 0 only, so a list cannot name another one. Errors
+ * name the seed by position, never by its text: it may hold a password.
+ */
+function redisUrls(env: Env, name: string, fallback: string): { redisUrl: string; redisSeeds: readonly string[] } {
+  const raw = read(env, name) ?? fallback;
+  const seeds = splitRedisUrls(raw);
+  if (seeds.length === 0) throw new ConfigError(name, 'expected a redis:// or rediss:// URL, or several comma-separated');
+  const parsed: URL[] = [];
+  seeds.forEach((seed, i) => {
+    const where = seeds.length === 1 ? '' : ` (seed ${i + 1} of ${seeds.length})`;
+    let url: URL;
+    try {
+      url = new URL(seed);
+    } catch {
+      // The raw value may hold a password: never echo it back.
+      throw new ConfigError(name, `not a valid URL${where}; expected redis://… or rediss://…, comma-separated for several cluster seed nodes`);
+    }
+    if (url.protocol !== 'redis:' && url.protocol !== 'rediss:') {
+      throw new ConfigError(name, `unsupported scheme ${JSON.stringify(url.protocol)}${where}; expected one of redis:, rediss:`);
+    }
+    if (url.hostname === '') throw new ConfigError(name, `no host${where}`);
+    parsed.push(url);
+  });
+  if (seeds.length > 1) {
+    const first = parsed[0]!;
+    parsed.forEach((url, i) => {
+      const where = `seed ${i + 1} of ${seeds.length}`;
+      if (url.protocol !== first.protocol) {
+        throw new ConfigError(name, `${where} uses ${url.protocol}// but seed 1 uses ${first.protocol}//; every node of a cluster is reached the same way`);
+      }
+      if ((url.username !== '' || url.password !== '') && (url.username !== first.username || url.password !== first.password)) {
+        throw new ConfigError(
+          name,
+          `${where} names other credentials than seed 1; a cluster is reached with one user: put it on seed 1 (or repeat it exactly)`,
+        );
+      }
+      if (!/^\/?0?$/.test(url.pathname)) {
+        throw new ConfigError(name, `${where} names database ${JSON.stringify(url.pathname.slice(1))}; a Redis Cluster has database 0 only`);
+      }
+    });
+  }
+  const normalized = seeds.map(withLowerCaseScheme);
+  return { redisUrl: normalized.join(','), redisSeeds: Object.freeze(normalized) };
 }
 
 const TRUE_WORDS = ['1', 'true', 'yes'];
@@ -268,8 +344,9 @@ function logLevel(env: Env, name: string): LogLevel {
 export function loadConfig(env: Env = process.env): TallyConfig {
   const virtualShards = integer(env, 'TALLY_VIRTUAL_SHARDS', DEFAULTS.virtualShards, LIMITS.virtualShards);
   // One core is left to the main thread, which parses, shards and acks every
-  // delivery: on the 2-core machines measured, 1 worker thread drained
-  // faster than 2 or 4 (bench sweep) and used less CPU per message.
+  // delivery: more worker threads than the cores beside it only compete with
+  // it for CPU and add cross-thread handoffs (the workers sweep in
+  // docs/benchmark.md).
   const defaultWorkers = Math.min(Math.max(1, availableParallelism() - 1), virtualShards);
   const workers = integer(env, 'TALLY_WORKERS', defaultWorkers, LIMITS.workers);
   if (workers > virtualShards) {
@@ -282,7 +359,7 @@ export function loadConfig(env: Env = process.env): TallyConfig {
   const metricsPortRaw = read(env, 'TALLY_METRICS_PORT');
   return Object.freeze({
     amqpUrl: url(env, 'TALLY_AMQP_URL', DEFAULTS.amqpUrl, ['amqp:', 'amqps:']),
-    redisUrl: url(env, 'TALLY_REDIS_URL', DEFAULTS.redisUrl, ['redis:', 'rediss:']),
+    ...redisUrls(env, 'TALLY_REDIS_URL', DEFAULTS.redisUrl),
     queue,
     deadLetterQueue: `${queue}.dead`,
     queueType: queueType(env, 'TALLY_QUEUE_TYPE'),
@@ -293,6 +370,7 @@ export function loadConfig(env: Env = process.env): TallyConfig {
     workers,
     prefetch: integer(env, 'TALLY_PREFETCH', DEFAULTS.prefetch, LIMITS.prefetch),
     batchSize: integer(env, 'TALLY_BATCH_SIZE', DEFAULTS.batchSize, LIMITS.batchSize),
+    batchMaxChanges: integer(env, 'TALLY_BATCH_MAX_CHANGES', DEFAULTS.batchMaxChanges, LIMITS.batchMaxChanges),
     batchWaitMs: integer(env, 'TALLY_BATCH_WAIT_MS', DEFAULTS.batchWaitMs, LIMITS.batchWaitMs),
     markerTtlS: integer(env, 'TALLY_MARKER_TTL_S', DEFAULTS.markerTtlS, LIMITS.markerTtlS),
     markerSubBuckets: powerOfTwo(env, 'TALLY_MARKER_SUB_BUCKETS', DEFAULTS.markerSubBuckets, LIMITS.markerSubBuckets),
@@ -309,5 +387,29 @@ export function loadConfig(env: Env = process.env): TallyConfig {
     allowEviction: flag(env, 'TALLY_ALLOW_EVICTION', DEFAULTS.allowEviction),
     redisWaitReplicas: integer(env, 'TALLY_REDIS_WAIT_REPLICAS', DEFAULTS.redisWaitReplicas, LIMITS.redisWaitReplicas),
     redisWaitTimeoutMs: integer(env, 'TALLY_REDIS_WAIT_TIMEOUT_MS', DEFAULTS.redisWaitTimeoutMs, LIMITS.redisWaitTimeoutMs),
+  });
+}
+
+/**
+ * Fault injection for the fault suite (docs/faults-and-deviation.md), never
+ * for production. Read by the worker thread only, through this function, so
+ * the variable is still read and validated in this file.
+ */
+export interface FaultInjection {
+  /**
+   * TALLY_FAULT_THREAD_EXIT_AFTER_WRITE=<n>: a worker thread ends itself
+   * (process.exit inside the thread: a real thread death, which piscina
+   * reports as "worker exited" and replaces) right after its n-th count write
+   * that wrote something, before the markers are occupied (two-step) or
+   * before the reply is sent (atomic). A rerun answered by its receipt does
+   * not count, so a rerun always gets through. null: off.
+   */
+  readonly threadExitAfterWrite: number | null;
+}
+
+export function loadFaultInjection(env: Env = process.env): FaultInjection {
+  const raw = read(env, 'TALLY_FAULT_THREAD_EXIT_AFTER_WRITE');
+  return Object.freeze({
+    threadExitAfterWrite: raw === undefined ? null : integer(env, 'TALLY_FAULT_THREAD_EXIT_AFTER_WRITE', 0, [1, 1_000_000_000]),
   });
 }

@@ -2,12 +2,26 @@
  * Why a message is in `<queue>.dead`. Two writers put messages there:
  *
  * - Tally, for a bad message: header `x-tally-reason: "<code>: <detail>"`
- *   (codes: BAD_MESSAGE_REASONS);
+ *   (codes: BAD_MESSAGE_REASONS), or for a good message Redis refused to
+ *   count: `count-refused: <Redis error> (sku, key, delta)` (COUNT_REFUSED);
  * - the broker, for a quorum queue's message redelivered past
  *   `x-delivery-limit` (a crash loop), or rejected, expired or over a length
  *   limit: headers `x-death` and `x-first-death-reason`, which Tally maps to
  *   the codes below.
  */
+import { BAD_MESSAGE_REASONS } from './message.js';
+
+/**
+ * The reason code of a message Redis refused to count part of (a foreign
+ * value in a count key, a 64-bit overflow). Unlike the
+ * BAD_MESSAGE_REASONS the message is good: replay it once the key is
+ * repaired (`tally dead replay --reason count-refused`).
+ */
+export const COUNT_REFUSED = 'count-refused';
+
+/** Every code Tally itself writes in `x-tally-reason`. */
+export const TALLY_DEAD_REASONS: readonly string[] = Object.freeze([...BAD_MESSAGE_REASONS, COUNT_REFUSED]);
+
 export const BROKER_DEAD_REASONS = Object.freeze({
   delivery_limit: 'delivery-limit',
   rejected: 'rejected',
@@ -18,7 +32,7 @@ export const BROKER_DEAD_REASONS = Object.freeze({
 export type BrokerDeadReason = (typeof BROKER_DEAD_REASONS)[keyof typeof BROKER_DEAD_REASONS];
 
 export interface DeadLetterReason {
-  /** A BAD_MESSAGE_REASONS code, a BrokerDeadReason, or 'unknown'. */
+  /** A TALLY_DEAD_REASONS code, a BrokerDeadReason, or 'unknown'. */
   readonly code: string;
   readonly detail: string;
   readonly source: 'tally' | 'broker' | 'unknown';

@@ -1,6 +1,6 @@
 /**
- * The deviation estimator (`tally deviation`): the seed's argument turned
- * into arithmetic. Pure: counters, configuration and a crash pattern in, an
+ * The deviation estimator (`tally deviation`): how large the overcount that
+ * crashes leave behind can be, as arithmetic. Pure: counters, configuration and a crash pattern in, an
  * estimate with every term out.
  *
  * A crash costs re-counted messages in two ways:
@@ -10,7 +10,8 @@
  *    recovery. Each shard has at most one batch in flight, so a crash costs
  *    at most `min(virtualShards × batchSize, prefetch)` messages. Expected:
  *    W = window_message_ms / loaded_ms, the mean number of messages inside a
- *    window while the daemon is under load.
+ *    window (count write sent, marker SETs not yet) over the time the daemon
+ *    is under load: what a crash at a random moment of that time finds.
  * 2. **Recovery slower than the marker TTL.** Everything occupied but not yet
  *    acked comes back after its markers expired and is counted again. Acks
  *    are contiguous multiple-acks, so this can be a good part of the prefetch

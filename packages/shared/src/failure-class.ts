@@ -50,12 +50,29 @@ export function isRedisReplyError(error: unknown): error is Error {
 }
 
 /**
+ * A failure classified where it happened and carried here as data: a worker
+ * thread's batch failure (batch-protocol.ts BatchReply), whose original
+ * error could not cross the thread boundary with its type.
+ */
+export class ClassifiedFailure extends Error {
+  constructor(
+    readonly failureClass: FailureClass,
+    message: string,
+  ) {
+    super(message);
+    this.name = 'ClassifiedFailure';
+  }
+}
+
+/**
  * Classifies any failure of a Redis step or a worker batch:
+ * a ClassifiedFailure keeps the class it carries,
  * a TallyError is `fatal` (Tally refused on purpose), a Redis error reply is
  * classified by its text, anything else (connection refused or closed,
  * command timeout, a worker thread that died) is `transient`.
  */
 export function classifyError(error: unknown): FailureClass {
+  if (error instanceof ClassifiedFailure) return error.failureClass;
   if (isTallyError(error)) return 'fatal';
   if (isRedisReplyError(error)) return classifyRedisReply(error.message);
   return 'transient';

@@ -13,4 +13,5 @@ export * from './batch-protocol.js';
 export * from './deviation.js';
 export * from './redis-requirements.js';
 export * from './dead-letter.js';
+export * from './window-gauge.js';
 export * from './redis-health.js';

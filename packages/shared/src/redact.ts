@@ -3,6 +3,13 @@
  * (amqp://user:secret@host), so every URL that is logged passes through here.
  */
 export function redactUrl(raw: string): string {
+  // A TALLY_REDIS_URL list of cluster seeds: each URL redacted on its own.
+  const urls = raw.split(/,\s*(?=rediss?:\/\/)/i);
+  if (urls.length > 1) return urls.map(redactOne).join(',');
+  return redactOne(raw);
+}
+
+function redactOne(raw: string): string {
   try {
     const url = new URL(raw);
     if (url.password) url.password = '***';

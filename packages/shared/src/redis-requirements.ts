@@ -31,6 +31,9 @@ export interface RedisWarning {
   readonly message: string;
 }
 
+/** A standalone Redis (one URL) or a Redis Cluster (cluster_enabled:1; one or more seed URLs). */
+export type RedisTopology = 'standalone' | 'cluster';
+
 /** What the probe learned; null where the server did not say. */
 export interface RedisFacts {
   readonly version: string | null;
@@ -38,6 +41,7 @@ export interface RedisFacts {
   readonly maxmemoryPolicy: string | null;
   readonly aofEnabled: boolean;
   readonly connectedReplicas: number;
+  /** cluster_enabled:1. A cluster is detected before the facts are read (detectRedisTopology) and probed master by master. */
   readonly clusterEnabled: boolean;
   /** Still loading its data set: not an error, the probe waits. */
   readonly loading: boolean;
@@ -56,7 +60,7 @@ export interface RedisAssessment {
   readonly warnings: readonly RedisWarning[];
 }
 
-/** `INFO` text (`field:value` lines, `# Section` headers) as a map. */
+/** The text of `INFO` or `CLUSTER INFO` (`field:value` lines, `# Section` headers) as a map. */
 export function parseInfo(text: string): Map<string, string> {
   const fields = new Map<string, string>();
   for (const line of text.split(/\r?\n/)) {
@@ -97,21 +101,6 @@ export function versionAtLeast(version: readonly number[], minimum: readonly num
 
 const MIN_VERSION_TEXT = MIN_REDIS_VERSION.join('.');
 
-/**
- * A Cluster node answers MOVED for every key of a slot it does not own; a
- * standalone client would retry those forever. One branch, on purpose: when
- * Tally gains a cluster client, this is where the probe says "use it" instead.
- */
-export function clusterNodeProblem(facts: RedisFacts): RedisProblem | null {
-  if (!facts.clusterEnabled) return null;
-  return {
-    code: 'TALLY_REDIS_CLUSTER',
-    message:
-      'TALLY_REDIS_URL points at a Redis Cluster node (cluster_enabled:1), which this Tally client cannot follow (MOVED); ' +
-      'point TALLY_REDIS_URL at a standalone Redis (a primary, with replicas for durability)',
-  };
-}
-
 export function assessRedis(facts: RedisFacts, settings: RedisRequirementSettings): RedisAssessment {
   const fatal: RedisProblem[] = [];
   const warnings: RedisWarning[] = [];
@@ -127,9 +116,6 @@ export function assessRedis(facts: RedisFacts, settings: RedisRequirementSetting
       });
     }
   }
-
-  const cluster = clusterNodeProblem(facts);
-  if (cluster !== null) fatal.push(cluster);
 
   const policy = facts.maxmemoryPolicy;
   if (policy === null) {
@@ -196,9 +182,10 @@ function oneLine(text: string): string {
 
 /**
  * Classifies an error met while connecting or probing. A configuration
- * problem (credentials, ACL, scripting, TLS trust, cluster) is returned with
- * its fix; anything else (refused connection, timeout, LOADING) is null: an
- * outage, which the caller waits out.
+ * problem (credentials, ACL, scripting, TLS trust) is returned with its fix;
+ * anything else (refused connection, timeout, LOADING, a cluster's MOVED,
+ * TRYAGAIN or CLUSTERDOWN during a failover) is null: an outage, which the
+ * caller waits out.
  *
  * `step` names what was being done, e.g. "EVALSHA (Tally's scripts)".
  */
@@ -230,12 +217,6 @@ export function classifyRedisFailure(error: RedisFailure | null | undefined, ste
     return {
       code: 'TALLY_REDIS_SCRIPTING',
       message: `Redis could not compile Tally's probe script (${message}): it needs Redis ${MIN_VERSION_TEXT}+ with standard Lua scripting`,
-    };
-  }
-  if (/^(MOVED|ASK|CLUSTERDOWN)\b/.test(message)) {
-    return {
-      code: 'TALLY_REDIS_CLUSTER',
-      message: `Redis answered ${message.split(' ')[0]} during ${step}: TALLY_REDIS_URL points at a Redis Cluster node, which this Tally client cannot follow; point it at a standalone Redis`,
     };
   }
   if (CERTIFICATE_ERRORS.has(code)) {

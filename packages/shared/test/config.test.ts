@@ -2,12 +2,13 @@ import { readFileSync } from 'node:fs';
 import { availableParallelism } from 'node:os';
 import { fileURLToPath } from 'node:url';
 import { expect } from 'chai';
-import { DEFAULTS, LIMITS, loadConfig, type Env, type TallyConfig } from '../src/config.js';
+import { DEFAULTS, LIMITS, loadConfig, loadFaultInjection, splitRedisUrls, type Env, type TallyConfig } from '../src/config.js';
 import { ConfigError, TallyError } from '../src/errors.js';
 
 function configError(env: Env): ConfigError {
   try {
     loadConfig(env);
+    loadFaultInjection(env);
   } catch (error) {
     expect(error).to.be.instanceOf(ConfigError);
     expect(error).to.be.instanceOf(TallyError);
@@ -22,6 +23,8 @@ const BAD_VALUES: ReadonlyArray<readonly [variable: string, values: readonly str
   ['TALLY_REDIS_URL', ['amqp://127.0.0.1:5672', 'http://localhost:6379', 'localhost:6379x', '127.0.0.1']],
   ['TALLY_QUEUE', ['amq.changes', 'q'.repeat(251), 'é'.repeat(126)]],
   ['TALLY_PREFIX', ['{tally}:', 'a{b', 'a}b', 'tally*', 'tal?y', 'x[1]', 'a b', 'back\\slash', '', 'p'.repeat(65), 'préfix']],
+  ['TALLY_BATCH_MAX_CHANGES', ['0', '-5', '10000001', 'many', '1.5']],
+  ['TALLY_FAULT_THREAD_EXIT_AFTER_WRITE', ['0', '-1', 'yes', '2.5']],
   ['TALLY_MODE', ['bogus', 'ATOMIC', 'TWO-STEP', 'two_step', 'atomic-mode']],
   ['TALLY_WORKERS', ['0', '65', '-1', 'four', '2.5', '1e1', '0x4']],
   ['TALLY_PREFETCH', ['0', '65536', 'lots', '10.0']],
@@ -54,6 +57,7 @@ describe('loadConfig', () => {
     const expected: TallyConfig = {
       amqpUrl: 'amqp://guest:guest@127.0.0.1:5672',
       redisUrl: 'redis://127.0.0.1:6379',
+      redisSeeds: ['redis://127.0.0.1:6379'],
       queue: 'inventory.changes',
       deadLetterQueue: 'inventory.changes.dead',
       queueType: 'classic',
@@ -64,6 +68,7 @@ describe('loadConfig', () => {
       workers: Math.min(Math.max(1, availableParallelism() - 1), 16),
       prefetch: 2000,
       batchSize: 500,
+      batchMaxChanges: 5_000,
       batchWaitMs: 50,
       markerTtlS: 600,
       markerSubBuckets: 256,
@@ -153,6 +158,29 @@ describe('loadConfig', () => {
     });
   });
 
+  describe('rejects inconsistent cluster seed lists, naming the seed by position and never its password', () => {
+    const cases: ReadonlyArray<readonly [string, RegExp]> = [
+      ['redis://:s3cret@h1:7000,rediss://:s3cret@h2:7001', /seed 2 of 2 uses rediss:\/\/ but seed 1 uses redis:/],
+      ['redis://:s3cret@h1:7000,redis://:other-s3cret@h2:7001', /seed 2 of 2 names other credentials/],
+      ['redis://:s3cret@h1:7000,redis://h2:7001/3', /seed 2 of 2 names database "3"/],
+      ['redis://:s3cret@h1:7000,http://h2:7001', /unsupported scheme|not a valid URL/],
+      ['redis://:s3cret@h1:7000,redis://[::1:7001', /not a valid URL \(seed 2 of 2\)/],
+      [',', /not a valid URL/],
+    ];
+    for (const [value, pattern] of cases) {
+      it(value.replace(/s3cret/g, '…'), () => {
+        const error = configError({ TALLY_REDIS_URL: value });
+        expect(error.variable).to.equal('TALLY_REDIS_URL');
+        expect(error.message).to.match(pattern);
+        expect(error.message).not.to.include('s3cret');
+      });
+    }
+    it('credentials on the first seed only, or repeated exactly, are accepted', () => {
+      expect(loadConfig({ TALLY_REDIS_URL: 'redis://u:p@h1:1,redis://h2:2' }).redisSeeds).to.have.length(2);
+      expect(loadConfig({ TALLY_REDIS_URL: 'redis://u:p@h1:1,redis://u:p@h2:2/0' }).redisSeeds).to.have.length(2);
+    });
+  });
+
   describe('never echoes a password', () => {
     const cases: ReadonlyArray<readonly [string, string]> = [
       ['TALLY_AMQP_URL', 'http://user:s3cret@host'],
@@ -190,6 +218,19 @@ describe('loadConfig', () => {
       expect(loadConfig({ TALLY_AMQP_URL: 'Amqp://h' }).amqpUrl).to.equal('amqp://h');
     });
 
+    it('several comma-separated seed nodes of a cluster, each kept as given, schemes lowered', () => {
+      const config = loadConfig({ TALLY_REDIS_URL: 'redis://:pw@10.0.0.1:7000, REDIS://10.0.0.2:7001,redis://:pw@[::1]:7002' });
+      expect(config.redisSeeds).to.deep.equal(['redis://:pw@10.0.0.1:7000', 'redis://10.0.0.2:7001', 'redis://:pw@[::1]:7002']);
+      expect(config.redisUrl).to.equal('redis://:pw@10.0.0.1:7000,redis://10.0.0.2:7001,redis://:pw@[::1]:7002');
+      expect(Object.isFrozen(config.redisSeeds)).to.equal(true);
+    });
+
+    it('a comma inside a password does not split the URL', () => {
+      const config = loadConfig({ TALLY_REDIS_URL: 'rediss://tally:a,b@cache.example:6380' });
+      expect(config.redisSeeds).to.deep.equal(['rediss://tally:a,b@cache.example:6380']);
+      expect(splitRedisUrls('redis://u:x,redis@h:1,redis://h:2')).to.deep.equal(['redis://u:x,redis@h:1', 'redis://h:2']);
+    });
+
     it('TALLY_ALLOW_EVICTION as 1/0, true/false, yes/no in any case', () => {
       for (const word of ['1', 'true', 'TRUE', 'yes', ' Yes ']) expect(loadConfig({ TALLY_ALLOW_EVICTION: word }).allowEviction, word).to.equal(true);
       for (const word of ['0', 'false', 'no', 'NO']) expect(loadConfig({ TALLY_ALLOW_EVICTION: word }).allowEviction, word).to.equal(false);
@@ -205,6 +246,7 @@ describe('loadConfig', () => {
       const names: Record<string, keyof typeof LIMITS> = {
         TALLY_PREFETCH: 'prefetch',
         TALLY_BATCH_SIZE: 'batchSize',
+        TALLY_BATCH_MAX_CHANGES: 'batchMaxChanges',
         TALLY_BATCH_WAIT_MS: 'batchWaitMs',
         TALLY_MARKER_TTL_S: 'markerTtlS',
         TALLY_MARKER_SUB_BUCKETS: 'markerSubBuckets',
@@ -295,5 +337,12 @@ describe('loadConfig', () => {
       const long = 't'.repeat(64);
       expect([...loadConfig({ TALLY_ACCEPT_TYPES: long }).acceptTypes!]).to.deep.equal([long]);
     });
+  });
+});
+
+describe('loadFaultInjection', () => {
+  it('is off unless TALLY_FAULT_THREAD_EXIT_AFTER_WRITE is set, and reads it as a positive count', () => {
+    expect(loadFaultInjection({}).threadExitAfterWrite).to.equal(null);
+    expect(loadFaultInjection({ TALLY_FAULT_THREAD_EXIT_AFTER_WRITE: '3' }).threadExitAfterWrite).to.equal(3);
   });
 });

@@ -24,6 +24,12 @@ describe('redactUrl', () => {
     });
   }
 
+  it('hides the password of every seed in a cluster list', () => {
+    const out = redactUrl(`redis://:${SECRET}@n1:7000,redis://n2:7001, redis://tally:${SECRET}@n3:7002`);
+    expect(out).to.equal('redis://:***@n1:7000,redis://n2:7001,redis://tally:***@n3:7002');
+    expect(out).not.to.include(SECRET);
+  });
+
   it('hides percent-encoded passwords', () => {
     for (const scheme of ['amqp', 'amqps', 'redis', 'rediss']) {
       const out = redactUrl(`${scheme}://user:p%40ss%3Aword@host:1234`);

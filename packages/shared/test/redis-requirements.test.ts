@@ -2,7 +2,6 @@ import { expect } from 'chai';
 import {
   assessRedis,
   classifyRedisFailure,
-  clusterNodeProblem,
   factsFromInfo,
   MIN_REDIS_VERSION,
   parseInfo,
@@ -168,18 +167,15 @@ describe('redis requirements (pure decisions of the start-up probe)', () => {
   });
 
   describe('cluster', () => {
-    it('a cluster node is one fatal problem naming TALLY_REDIS_URL, from one branch', () => {
-      const facts = { ...SAFE, clusterEnabled: true };
-      expect(clusterNodeProblem(SAFE)).to.equal(null);
-      expect(clusterNodeProblem(facts)!.code).to.equal('TALLY_REDIS_CLUSTER');
-      const { fatal } = assessRedis(facts, DEFAULT_SETTINGS);
-      expect(fatal).to.deep.equal([clusterNodeProblem(facts)]);
-      expect(fatal[0]!.message).to.include('cluster_enabled:1').and.include('TALLY_REDIS_URL');
+    it('a cluster node is not a problem: the probe detects the cluster and uses the cluster client', () => {
+      const { fatal, warnings } = assessRedis({ ...SAFE, clusterEnabled: true }, DEFAULT_SETTINGS);
+      expect(fatal).to.deep.equal([]);
+      expect(warnings).to.deep.equal(assessRedis(SAFE, DEFAULT_SETTINGS).warnings);
     });
 
     it('several problems are all reported, the first one stops the start', () => {
       const { fatal } = assessRedis({ ...SAFE, version: '6.2.0', clusterEnabled: true, maxmemoryPolicy: 'allkeys-lru' }, DEFAULT_SETTINGS);
-      expect(fatal.map((p) => p.code)).to.deep.equal(['TALLY_REDIS_VERSION', 'TALLY_REDIS_CLUSTER', 'TALLY_REDIS_EVICTION_POLICY']);
+      expect(fatal.map((p) => p.code)).to.deep.equal(['TALLY_REDIS_VERSION', 'TALLY_REDIS_EVICTION_POLICY']);
       const error = requirementError(fatal)!;
       expect(error).to.be.instanceOf(RedisRequirementError).and.instanceOf(TallyError);
       expect(error.code).to.equal('TALLY_REDIS_VERSION');
@@ -188,6 +184,12 @@ describe('redis requirements (pure decisions of the start-up probe)', () => {
   });
 
   describe('classifyRedisFailure', () => {
+    it("a cluster's redirections and failover replies are outages (null), waited out, never a refusal", () => {
+      for (const message of ['MOVED 3999 127.0.0.1:7001', 'ASK 3999 127.0.0.1:7001', 'TRYAGAIN Multiple keys request during rehashing of slot', 'CLUSTERDOWN The cluster is down']) {
+        expect(classifyRedisFailure({ message }), message).to.equal(null);
+      }
+    });
+
     const cases: Array<[string, { message?: string; code?: string }, string, RegExp]> = [
       ['wrong password', { message: 'WRONGPASS invalid username-password pair or user is disabled.' }, 'TALLY_REDIS_AUTH', /TALLY_REDIS_URL/],
       ['no password', { message: 'NOAUTH Authentication required.' }, 'TALLY_REDIS_AUTH', /TALLY_REDIS_URL/],
@@ -197,7 +199,6 @@ describe('redis requirements (pure decisions of the start-up probe)', () => {
       ['renamed EVALSHA', { message: "ERR unknown command 'evalsha', with args beginning with: " }, 'TALLY_REDIS_SCRIPTING', /EVALSHA/],
       ['renamed SCRIPT', { message: "ERR unknown command 'SCRIPT', with args beginning with: 'LOAD'" }, 'TALLY_REDIS_SCRIPTING', /scripting/],
       ['shebang on an old server', { message: "ERR Error compiling script (new function): user_script:1: unexpected symbol near '#'" }, 'TALLY_REDIS_SCRIPTING', /7\.0\.0/],
-      ['MOVED', { message: 'MOVED 3999 127.0.0.1:7001' }, 'TALLY_REDIS_CLUSTER', /standalone/],
       ['untrusted CA', { message: 'self-signed certificate in certificate chain', code: 'SELF_SIGNED_CERT_IN_CHAIN' }, 'TALLY_REDIS_TLS', /NODE_EXTRA_CA_CERTS/],
       ['unknown issuer', { message: 'unable to verify the first certificate', code: 'UNABLE_TO_VERIFY_LEAF_SIGNATURE' }, 'TALLY_REDIS_TLS', /NODE_EXTRA_CA_CERTS/],
       ['expired', { message: 'certificate has expired', code: 'CERT_HAS_EXPIRED' }, 'TALLY_REDIS_TLS', /CERT_HAS_EXPIRED/],

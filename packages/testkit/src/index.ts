@@ -1,8 +1,8 @@
 export { freePort, freePorts } from './free-port.js';
-export { parseInfo } from './redis-info.js';
-export { startPrivateRedis, type PrivateRedis, type PrivateRedisOptions } from './private-redis.js';
+export { asAdmin, startPrivateRedis, type PrivateRedis, type PrivateRedisOptions } from './private-redis.js';
+export type { RedisAccess, RedisTlsFiles } from './redis-process.js';
 export { startRedisCluster, CLUSTER_SLOTS, type RedisCluster, type RedisClusterOptions, type ClusterNode, type Failover } from './redis-cluster.js';
 export { parseClusterNodes, type ClusterNodeLine } from './cluster-nodes.js';
 export { startProxy, type ProxyControl } from './tcp-proxy.js';
-export { resetNamespace, type Namespace } from './namespace.js';
+export { deleteKeys, resetNamespace, type Namespace } from './namespace.js';
 export { readMarkers, markerEntry, type MarkerSnapshot } from './markers.js';

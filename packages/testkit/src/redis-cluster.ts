@@ -18,7 +18,7 @@ import { promisify } from 'node:util';
 import { Redis } from 'ioredis';
 import { parseClusterNodes, type ClusterNodeLine } from './cluster-nodes.js';
 import { freePorts } from './free-port.js';
-import { parseInfo } from './redis-info.js';
+import { parseInfo } from '@tally/shared';
 import { killAllSync, spawnRedis, type RedisProcess } from './redis-process.js';
 
 const run = promisify(execFile);

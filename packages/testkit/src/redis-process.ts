@@ -5,7 +5,7 @@
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { Redis } from 'ioredis';
+import { Redis, type RedisOptions } from 'ioredis';
 
 export interface RedisProcess {
   readonly port: number;
@@ -19,17 +19,54 @@ export interface RedisProcess {
   terminate(graceMs?: number): Promise<void>;
 }
 
-export interface SpawnRedisOptions {
+/** A server certificate for a TLS-only redis-server, and the CA a client verifies it with. */
+export interface RedisTlsFiles {
+  readonly certFile: string;
+  readonly keyFile: string;
+  readonly caFile: string;
+  /** The CA certificate's contents, for the clients of the test itself. */
+  readonly ca: Buffer;
+}
+
+/** How a client gets in: the default user's password (--requirepass), TLS. */
+export interface RedisAccess {
+  readonly password?: string;
+  /** Listen for TLS only, with no plaintext port at all, so any success proves TLS was spoken. */
+  readonly tls?: RedisTlsFiles;
+}
+
+export interface SpawnRedisOptions extends RedisAccess {
   readonly binary?: string;
   readonly port: number;
-  /** Arguments after `--port N --bind 127.0.0.1`. */
+  /** Arguments after the port, bind and access arguments. */
   readonly args: readonly string[];
   readonly readyTimeoutMs?: number;
 }
 
+/** A client of the server's admin (the default user), failing fast instead of reconnecting: for a test's own set-up and checks. */
+export function adminClientOptions(port: number, access: RedisAccess): RedisOptions {
+  return {
+    host: '127.0.0.1',
+    port,
+    password: access.password,
+    lazyConnect: true,
+    maxRetriesPerRequest: 0,
+    retryStrategy: () => null,
+    ...(access.tls ? { tls: { ca: access.tls.ca } } : {}),
+  };
+}
+
+function listenArgs(port: number, access: RedisAccess): string[] {
+  const tls = access.tls;
+  const ports = tls
+    ? ['--port', '0', '--tls-port', String(port), '--tls-cert-file', tls.certFile, '--tls-key-file', tls.keyFile, '--tls-ca-cert-file', tls.caFile, '--tls-auth-clients', 'no']
+    : ['--port', String(port)];
+  return [...ports, '--bind', '127.0.0.1', ...(access.password ? ['--requirepass', access.password] : [])];
+}
+
 /** Spawns redis-server and resolves once it answers PING; rejects (with the server's stderr) if it exits first. */
 export async function spawnRedis(options: SpawnRedisOptions): Promise<RedisProcess> {
-  const child = spawn(options.binary ?? 'redis-server', ['--port', String(options.port), '--bind', '127.0.0.1', '--daemonize', 'no', ...options.args], {
+  const child = spawn(options.binary ?? 'redis-server', [...listenArgs(options.port, options), '--daemonize', 'no', ...options.args], {
     stdio: ['ignore', 'ignore', 'pipe'],
   });
   let stderr = '';
@@ -56,13 +93,13 @@ export async function spawnRedis(options: SpawnRedisOptions): Promise<RedisProce
       await handle.kill();
     },
   };
-  const url = `redis://127.0.0.1:${options.port}`;
+  const probeOptions = { ...adminClientOptions(options.port, options), connectTimeout: 1_000 };
   const deadline = Date.now() + (options.readyTimeoutMs ?? 15_000);
   for (;;) {
     const failure = await Promise.race([spawnError, sleep(0).then(() => null)]);
     if (failure) throw new Error(`cannot start ${options.binary ?? 'redis-server'}: ${failure.message}`);
     if (!alive()) throw new Error(`redis-server on port ${options.port} exited with code ${child.exitCode}: ${stderr.trim()}`);
-    if (await answersPing(url)) return handle;
+    if (await answersPing(probeOptions)) return handle;
     if (Date.now() > deadline) {
       await handle.kill();
       throw new Error(`redis-server on port ${options.port} did not answer PING in time: ${stderr.trim()}`);
@@ -71,8 +108,8 @@ export async function spawnRedis(options: SpawnRedisOptions): Promise<RedisProce
   }
 }
 
-async function answersPing(url: string): Promise<boolean> {
-  const probe = new Redis(url, { lazyConnect: true, maxRetriesPerRequest: 0, retryStrategy: () => null, connectTimeout: 1_000 });
+async function answersPing(options: RedisOptions): Promise<boolean> {
+  const probe = new Redis(options);
   probe.on('error', () => {});
   try {
     await probe.connect();

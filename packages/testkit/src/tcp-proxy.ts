@@ -13,6 +13,8 @@ export interface ProxyControl {
   /** Refuses new connections (and drops current ones) until resume(). */
   pause(): void;
   resume(): void;
+  /** New connections go to another port from now on (a failover moved the service); current ones are left as they are. */
+  retarget(port: number): void;
   close(): Promise<void>;
 }
 
@@ -32,6 +34,9 @@ export async function startProxy(targetPort: number, targetHost = '127.0.0.1'): 
     },
     resume() {
       paused = false;
+    },
+    retarget(port) {
+      targetPort = port;
     },
     close: () =>
       new Promise((resolve) => {

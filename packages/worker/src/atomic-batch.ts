@@ -3,8 +3,8 @@
  * markers, adds only the new parts' counts and occupies their markers, as one
  * step that no crash can split.
  *
- * The seed's premise is that a cache cannot write a count and an idempotency
- * key in one transaction. Redis runs a script atomically over keys that share
+ * Two-step mode writes counts and markers in two steps, with a crash window
+ * between them. Redis runs a script atomically over keys that share
  * a hash slot, and every key of a virtual shard carries the hash tag
  * `{<vshard>}` (keys.ts), so the script is single-slot on Redis Cluster too.
  * There is no crash window left: a crash before the script leaves nothing
@@ -15,24 +15,24 @@
  * How the script reaches Redis: lua-scripts.ts, as for the two-step
  * scripts (EVALSHA; SCRIPT LOAD on NOSCRIPT; a reload after the first logged).
  */
-import { randomUUID } from 'node:crypto';
-import type { Redis } from 'ioredis';
+import { onSlotConnection, type RedisClient } from '@tally/runtime';
 import {
   countKey,
   describeError,
   markerBaseKey,
-  taskDigests,
-  parsePartFlags,
   receiptKey,
   retryUntilDone,
+  taskDigests,
   type BatchResult,
   type BatchTask,
   type WorkerSettings,
 } from '@tally/shared';
 import { loadScript, runScript, type ScriptArg } from './lua-scripts.js';
 import { reportingHealth } from './health-report.js';
-import type { BatchLog } from './batch-log.js';
+import type { BatchHooks, BatchLog } from './batch-log.js';
 import { batchTracer, inSpan } from './batch-tracing.js';
+import { decodeRefusals, logRefusals } from './count-refusals.js';
+import { waitForReplicas } from './replica-wait.js';
 
 /** The batch script, its KEYS and ARGV documented in lua/atomic_batch.lua. */
 export const ATOMIC_BATCH = loadScript('atomic_batch', 'redis lost the atomic batch script (restart or SCRIPT FLUSH); loading it again');
@@ -45,7 +45,7 @@ export function atomicBatchArgs(
   batchId: string,
 ): ScriptArg[] {
   const { prefix, markerTtlS, countTtlS } = settings;
-  const { vshard, changes } = task;
+  const { vshard, ids, changes } = task;
   const skuIndex = new Map<string, number>();
   const partArgs: ScriptArg[] = [];
   const digests = taskDigests(task);
@@ -65,32 +65,36 @@ export function atomicBatchArgs(
   // Built with push, not spread: a batch of 100,000 parts exceeds the arguments a call can take.
   const args: ScriptArg[] = [ATOMIC_BATCH_SHA, 2 + skuIndex.size, receiptKey(prefix, vshard, batchId), markerBaseKey(prefix, vshard)];
   for (const sku of skuIndex.keys()) args.push(countKey(prefix, vshard, sku));
-  args.push(markerTtlS, countTtlS, changes.length, skuIndex.size, settings.markerBucketS, settings.markerSubBuckets);
+  args.push(markerTtlS, countTtlS, ids.length, skuIndex.size, settings.markerBucketS, settings.markerSubBuckets);
   for (const value of partArgs) args.push(value);
   return args;
 }
 
 /** The atomic batch is one script call: one span, `tally.atomic_batch`, in place of the two-step's four. */
-export function runAtomicBatch(redis: Redis, settings: WorkerSettings, task: BatchTask, log: BatchLog): Promise<BatchResult> {
+export function runAtomicBatch(redis: RedisClient, settings: WorkerSettings, task: BatchTask, log: BatchLog, hooks: BatchHooks = {}): Promise<BatchResult> {
   return inSpan(batchTracer(), 'tally.atomic_batch', { 'tally.shard': task.vshard }, async (span) => {
-    const result = await runAtomicScript(redis, settings, task, log);
+    const result = await runAtomicScript(redis, settings, task, log, hooks);
     span.setAttribute('tally.write_retries', result.writeRetries);
     return result;
   });
 }
 
-async function runAtomicScript(redis: Redis, settings: WorkerSettings, task: BatchTask, log: BatchLog): Promise<BatchResult> {
+async function runAtomicScript(redis: RedisClient, settings: WorkerSettings, task: BatchTask, log: BatchLog, hooks: BatchHooks): Promise<BatchResult> {
   const t0 = performance.now();
-  // One id for every attempt of this batch: a retry after a lost reply finds
-  // the receipt the first attempt left and gets its answer back.
-  const args = atomicBatchArgs(settings, task, randomUUID());
+  // The coordinator's batch id, the same for every attempt and every rerun of
+  // this batch: a retry after a lost reply, or a rerun after this thread
+  // died, finds the receipt the first run left and gets its answer back.
+  const args = atomicBatchArgs(settings, task, task.batchId);
   let writeRetries = 0;
-  const runOnce = reportingHealth(task.vshard, () => runScript(redis, ATOMIC_BATCH, args, log));
+  // On the master of the shard's slot (every key carries the hash tag {vshard}): see onSlotConnection.
+  const shardKey = markerBaseKey(settings.prefix, task.vshard);
+  const runOnce = reportingHealth(task.vshard, () => onSlotConnection(redis, shardKey, (connection) => runScript(connection, ATOMIC_BATCH, args, log)));
   const reply = (await retryUntilDone(runOnce, {
     // A `fatal` or `data` reply (a bad argument, NOPERM, a bug) would fail
-    // the same way here: it goes to the coordinator, which logs it, retries
-    // the batch and acks nothing of it meanwhile. Nothing was written: the
-    // script checks before its first write.
+    // the same way here: it goes to the coordinator, which retries a `fatal`
+    // one visibly and isolates a `data` one, acking nothing of it meanwhile.
+    // Nothing was written: the script checks before its first write. (A
+    // refused increment is not an error: the script isolates it itself.)
     giveUp: (failureClass) => failureClass !== 'transient',
     // A lost connection or a transient reply: the script may or may not
     // have run; the receipt answers that on the next attempt.
@@ -98,12 +102,24 @@ async function runAtomicScript(redis: Redis, settings: WorkerSettings, task: Bat
       writeRetries++;
       log.warn({ step: 'atomic_batch', vshard: task.vshard, attempt, delayMs, failureClass, err: describeError(error) }, 'redis step failed; retrying');
     },
-  })) as [string, number, number];
-  const [flags, countErrors] = reply;
-  // '0' new or '1' duplicate: atomic mode has no claims, so never '2'.
-  const marked = parsePartFlags(flags, task.changes.length);
-  if (countErrors > 0) {
-    log.error({ vshard: task.vshard, countErrors }, 'redis refused count increments (overflow or a non-integer value in a count key)');
+  })) as [string, unknown, number];
+  const [flags, rawRefusals, replayed] = reply;
+  if (replayed === 0) await hooks.afterCountWrite?.(task);
+  if (flags.length !== task.ids.length) throw new Error(`atomic batch: the script returned ${flags.length} flags for ${task.ids.length} parts`);
+  const marked = new Uint8Array(task.ids.length);
+  // '1' a duplicate; '2' a part Redis refused to count (listed in the refusals), not a duplicate.
+  for (let i = 0; i < flags.length; i++) marked[i] = flags.charCodeAt(i) === 49 /* '1' */ ? 1 : 0;
+  const refusals = decodeRefusals(rawRefusals, settings.prefix);
+  logRefusals(log, task, refusals);
+  // Durability of the ack (replica-wait.ts), when a part is not refused: the
+  // batch's receipt is the key to touch (the script always writes it, after
+  // the markers, in the batch's slot; a PEXPIRE of it to the marker TTL from
+  // now only lengthens it).
+  let waitTimeouts = 0;
+  if (settings.waitReplicas > 0 && flags.search(/[01]/) >= 0) {
+    waitTimeouts = await inSpan(batchTracer(), 'tally.wait_replicas', { 'tally.shard': task.vshard, 'tally.replicas': settings.waitReplicas }, () =>
+      waitForReplicas(redis, settings, task, receiptKey(settings.prefix, task.vshard, task.batchId), log, hooks.onWaitTimeout),
+    );
   }
   const t1 = performance.now();
   return {
@@ -114,7 +130,8 @@ async function runAtomicScript(redis: Redis, settings: WorkerSettings, task: Bat
     // a crash to fall into: always 0 here, reported as not applicable (null)
     // by `tally stats` for an atomic prefix.
     occupationFailures: 0,
-    countErrors,
+    waitTimeouts,
+    refusals,
     // No claims in atomic mode: the script is the whole batch.
     claimTakeovers: 0,
     // One step: it is the count write and the marker occupation at once.

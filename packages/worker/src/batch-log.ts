@@ -6,7 +6,15 @@ export interface BatchLog {
   error(fields: Record<string, unknown>, message: string): void;
 }
 
-/** Test hook: called between the count write and the marker occupation (two-step mode). */
+/**
+ * Fault hooks (tests and TALLY_FAULT_THREAD_EXIT_AFTER_WRITE).
+ * `afterCountWrite` runs right after a count write that wrote something: in
+ * two-step mode between the count write and the marker occupation (inside
+ * the crash window), in atomic mode between the script and the reply. A write
+ * answered by its receipt (a rerun) does not call it.
+ */
 export interface BatchHooks {
   afterCountWrite?: (task: BatchTask) => void | Promise<void>;
+  /** A WAIT timed out (TALLY_REDIS_WAIT_REPLICAS): the thread tells the coordinator at once, the batch waits on. */
+  onWaitTimeout?: (task: BatchTask, acked: number, wanted: number) => void;
 }

@@ -3,31 +3,78 @@
  * as workerData, each task is one virtual-shard batch.
  */
 import { context, propagation, ROOT_CONTEXT } from '@opentelemetry/api';
+import { parentPort } from 'node:worker_threads';
 import { workerData } from 'piscina';
 import { pino } from 'pino';
-import { decodeBatchTask, type BatchResult, type WireBatchTask, type WorkerSettings } from '@tally/shared';
+import {
+  classifyError,
+  decodeBatchTask,
+  describeError,
+  loadFaultInjection,
+  type BatchReply,
+  type BatchResult,
+  type BatchTask,
+  type ThreadEvent,
+  type WireBatchTask,
+  type WorkerSettings,
+} from '@tally/shared';
 import { createRedisClient, startTracing, traceIdsOfActiveSpan } from '@tally/runtime';
 import { runAtomicBatch } from './atomic-batch.js';
 import { runTwoStepBatch } from './two-step-batch.js';
+import type { BatchHooks } from './batch-log.js';
 
 const settings = workerData as WorkerSettings;
 // Each thread is its own isolate: it registers its own tracer provider.
 const tracing = await startTracing(process.env);
 const log = pino({ level: settings.logLevel, base: { component: 'worker' }, mixin: traceIdsOfActiveSpan });
-const redis = createRedisClient(settings.redisUrl, 'tally-worker');
+// The topology was detected once by the daemon's probe: a cluster client follows the slots, a standalone one the URL.
+const redis = createRedisClient(settings.redisUrl, 'tally-worker', {}, settings.redisTopology ?? 'standalone');
 // Connection errors surface through the batch steps' retries; this keeps
 // ioredis from reporting each reconnect attempt as an unhandled 'error'.
 redis.on('error', () => {});
 
 // Chosen once per thread: the mode is fixed for the life of the daemon.
-const runBatch = settings.mode === 'atomic' ? runAtomicBatch : runTwoStepBatch;
+const runInMode = settings.mode === 'atomic' ? runAtomicBatch : runTwoStepBatch;
+const hooks = batchHooks();
+const runBatch = (task: BatchTask): Promise<BatchResult> => runInMode(redis, settings, task, log, hooks);
 
-export default function processBatch(wire: WireBatchTask): Promise<BatchResult> {
+/**
+ * The thread's hooks into a batch: WAIT timeouts go to the coordinator as
+ * they happen. And the fault suite's thread death (TALLY_FAULT_THREAD_EXIT_AFTER_WRITE, see
+ * config.ts): process.exit() inside a worker thread ends this thread only;
+ * piscina fails its tasks in flight with "worker exited" and starts a new
+ * thread, and the coordinator reruns those batches under their own ids.
+ */
+function batchHooks(): BatchHooks {
+  // Posted at once, not with the batch's result: a WAIT that keeps timing out may hold the batch for a long time.
+  const onWaitTimeout = (task: BatchTask, acked: number, wanted: number): void => {
+    const event: ThreadEvent = { type: 'wait-timeout', vshard: task.vshard, acked, wanted };
+    parentPort?.postMessage(event);
+  };
+  const exitAfter = loadFaultInjection(process.env).threadExitAfterWrite;
+  if (exitAfter === null) return { onWaitTimeout };
+  let writes = 0;
+  return {
+    onWaitTimeout,
+    afterCountWrite(task) {
+      if (++writes < exitAfter) return;
+      log.warn({ vshard: task.vshard, batchId: task.batchId, writes }, 'fault injection: worker thread exits after a count write');
+      process.exit(70);
+    },
+  };
+}
+
+export default async function processBatch(wire: WireBatchTask): Promise<BatchReply> {
   const task = decodeBatchTask(wire);
-  if (task.traceparent === undefined) return runBatch(redis, settings, task, log);
-  // The coordinator's tally.batch span becomes the parent of this thread's spans.
-  const parent = propagation.extract(ROOT_CONTEXT, { traceparent: task.traceparent });
-  return context.with(parent, () => runBatch(redis, settings, task, log));
+  try {
+    if (task.traceparent === undefined) return { ok: true, result: await runBatch(task) };
+    // The coordinator's tally.batch span becomes the parent of this thread's spans.
+    const parent = propagation.extract(ROOT_CONTEXT, { traceparent: task.traceparent });
+    return { ok: true, result: await context.with(parent, () => runBatch(task)) };
+  } catch (error) {
+    // Classified here, where the error still has its type (batch-protocol.ts BatchReply).
+    return { ok: false, failureClass: classifyError(error), message: describeError(error) };
+  }
 }
 
 /** Exports this thread's buffered spans; the coordinator calls it before stopping the threads. */

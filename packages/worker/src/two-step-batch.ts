@@ -18,41 +18,56 @@
  * (PART_HELD) until the first has occupied the marker. A claim is not a
  * marker: a crash after the claim and before the count write loses nothing,
  * the claim runs out after the claim TTL and the redelivery counts it.
+ *
+ * Every step runs on the connection to the master of the shard's slot
+ * (onSlotConnection; on a standalone Redis, the one connection), so a
+ * NOSCRIPT reload reaches the node that runs the script.
  */
-import { randomUUID } from 'node:crypto';
 import { SpanStatusCode, trace } from '@opentelemetry/api';
-import type { Redis } from 'ioredis';
 import {
   countKey,
   describeError,
+  retryUntilDone,
   markerBaseKey,
-  taskDigests,
+  markerMetaKey,
   parsePartFlags,
   PART_NEW,
   receiptKey,
-  retryUntilDone,
+  taskDigests,
+  WindowGauge,
   type BatchResult,
   type BatchTask,
+  type CountRefusal,
   type WorkerSettings,
 } from '@tally/shared';
+import { onSlotConnection, type RedisClient } from '@tally/runtime';
 import { aggregateNewParts } from './aggregate.js';
 import type { BatchHooks, BatchLog } from './batch-log.js';
 import { batchTracer, inSpan } from './batch-tracing.js';
-import { evalshaArgs, loadScript, runScript } from './lua-scripts.js';
+import { decodeRefusals, logRefusals } from './count-refusals.js';
+import { evalshaArgs, loadScript, runScript, type ScriptArg } from './lua-scripts.js';
 import { reportingHealth } from './health-report.js';
+import { waitForReplicas } from './replica-wait.js';
 
 /** The claim, the count write and the marker occupation, their KEYS and ARGV documented in lua/*.lua. */
 export const CLAIM_MARKERS = loadScript('claim_markers');
 export const WRITE_COUNTS = loadScript('write_counts');
 export const OCCUPY_MARKERS = loadScript('occupy_markers');
 
+/** write_counts.lua's reply: outcome, refused parts, refusals (documented in the script). */
+type WriteCountsReply = ['written' | 'receipt' | 'isolate', string, unknown];
+
 /**
  * Retries an idempotent step until it succeeds: outages wait, they do not
- * drop (invariant 8). Every failure is retried today, `data` and `fatal` ones
- * too, but each is logged with its class.
+ * drop (invariant 8). A `fatal` refusal (NOPERM...) is retried here too,
+ * visibly (logged, and reported to the coordinator's readiness). A `data`
+ * failure would fail the same way on every attempt: it goes to the
+ * coordinator at once, which isolates it. Every step fails before its first
+ * write for such a reason, or is idempotent, so giving up leaves nothing half done.
  */
 function untilDone<T>(step: string, task: BatchTask, log: BatchLog, run: () => Promise<T>, onFailure?: () => void): Promise<T> {
   return retryUntilDone(reportingHealth(task.vshard, run), {
+    giveUp: (failureClass) => failureClass === 'data',
     onAttemptFailed: ({ error, attempt, delayMs, failureClass }) => {
       onFailure?.();
       const span = trace.getActiveSpan();
@@ -63,82 +78,145 @@ function untilDone<T>(step: string, task: BatchTask, log: BatchLog, run: () => P
   });
 }
 
-export async function runTwoStepBatch(redis: Redis, settings: WorkerSettings, task: BatchTask, log: BatchLog, hooks: BatchHooks = {}): Promise<BatchResult> {
+/** One view per buffer: a thread's settings, and so its gauge, never change. */
+const gauges = new WeakMap<SharedArrayBuffer, WindowGauge>();
+function gaugeOf(settings: WorkerSettings): WindowGauge | null {
+  const buffer = settings.windowGauge;
+  if (buffer === undefined) return null;
+  let gauge = gauges.get(buffer);
+  if (gauge === undefined) gauges.set(buffer, (gauge = new WindowGauge(buffer)));
+  return gauge;
+}
+
+/** Messages the new parts stand for: each part weighs its share of its message (1 when the task carries no shares). */
+function newMessages(task: BatchTask, marked: Uint8Array): number {
+  let messages = 0;
+  for (let i = 0; i < marked.length; i++) if (marked[i] === PART_NEW) messages += task.shares?.[i] ?? 1;
+  return messages;
+}
+
+export async function runTwoStepBatch(
+  redis: RedisClient,
+  settings: WorkerSettings,
+  task: BatchTask,
+  log: BatchLog,
+  hooks: BatchHooks = {},
+): Promise<BatchResult> {
   const { prefix, markerTtlS, countTtlS, markerBucketS, markerSubBuckets } = settings;
-  const { vshard, changes } = task;
-  const markerBase = markerBaseKey(prefix, vshard);
+  const { vshard, ids, changes } = task;
   const digests = taskDigests(task) as Buffer[];
+  // The shard's marker base names its slot (hash tag {vshard}): every step runs on that slot's master.
+  const shardKey = markerBaseKey(prefix, vshard);
   const bucketArgs = [markerBucketS, markerTtlS, markerSubBuckets];
 
   const tracer = batchTracer();
   const t0 = performance.now();
   // Claims are retried with the same token: a claim this daemon made on an
   // attempt whose reply was lost is its own, and is taken again.
-  const claimArgs = evalshaArgs(CLAIM_MARKERS, [markerBase], [...bucketArgs, settings.claimToken, settings.claimTtlMs, ...digests]);
-  const [flags, claimBucket, claimTakeovers, claimBatch] = await inSpan(tracer, 'tally.precheck', { 'tally.shard': vshard, 'tally.markers': changes.length }, () =>
-    untilDone('precheck', task, log, async () => (await runScript(redis, CLAIM_MARKERS, claimArgs, log)) as [string, number, number, number]),
+  const claimArgs = evalshaArgs(CLAIM_MARKERS, [shardKey], [...bucketArgs, settings.claimToken, settings.claimTtlMs, ...digests]);
+  const [flags, claimBucket, claimTakeovers, claimBatch, touchBucket] = await inSpan(tracer, 'tally.precheck', { 'tally.shard': vshard, 'tally.markers': ids.length }, () =>
+    untilDone('precheck', task, log, () =>
+      onSlotConnection(redis, shardKey, async (connection) => (await runScript(connection, CLAIM_MARKERS, claimArgs, log)) as [string, number, number, number, number]),
+    ),
   );
-  if (claimTakeovers > 0) log.warn({ vshard, claimTakeovers }, "took over parts whose claim by another daemon had run out (it died or stalled); counted here");
-  const marked = parsePartFlags(flags, changes.length);
+  const marked = parsePartFlags(flags, ids.length);
+  if (claimTakeovers > 0) log.warn({ vshard, claimTakeovers }, 'took over parts whose claim by another daemon had run out (it died or stalled); counted here');
   const t1 = performance.now();
 
   const sums = aggregateNewParts(changes, (i) => marked[i] === PART_NEW);
+  const gauge = gaugeOf(settings);
+  let windowMessages = sums.size > 0 ? newMessages(task, marked) : 0;
   // The window opens with the count write and closes when the markers are
   // occupied; its span is a sibling of the two step spans it spans.
   const crashWindow = tracer.startSpan('tally.crash_window', { attributes: { 'tally.shard': vshard } });
   let writeRetries = 0;
-  let countErrors = 0;
+  let refusals: CountRefusal[] = [];
+  let wroteCounts = false;
   if (sums.size > 0) {
-    const keys = [receiptKey(prefix, vshard, randomUUID())];
-    const argv: string[] = [String(countTtlS), String(markerTtlS)];
+    const keys = [receiptKey(prefix, vshard, task.batchId)];
+    const sumArgv: string[] = [String(countTtlS), String(markerTtlS), 'sums'];
+    const keyIndex = new Map<string, number>();
     for (const [sku, sum] of sums) {
       keys.push(countKey(prefix, vshard, sku));
-      argv.push(sum.toString());
+      keyIndex.set(sku, keys.length - 1);
+      sumArgv.push(sum.toString());
     }
     // Built once: every attempt sends the same receipt, so a retry after a
     // reply that never came finds the receipt and writes nothing twice.
-    const args = evalshaArgs(WRITE_COUNTS, keys, argv);
-    countErrors = await inSpan(tracer, 'tally.write_counts', { 'tally.shard': vshard, 'tally.skus.distinct': sums.size }, () =>
+    const write = (args: ScriptArg[]): Promise<WriteCountsReply> =>
       untilDone(
         'write_counts',
         task,
         log,
-        async () => {
-          const [refused] = (await runScript(redis, WRITE_COUNTS, args, log)) as [number, number];
-          return refused;
-        },
+        () => onSlotConnection(redis, shardKey, async (connection) => (await runScript(connection, WRITE_COUNTS, args, log)) as WriteCountsReply),
         () => {
           writeRetries++;
         },
-      ),
+      );
+    // From the moment the write leaves, a SIGKILL re-counts these parts.
+    gauge?.open(vshard, windowMessages);
+    let reply = await inSpan(tracer, 'tally.write_counts', { 'tally.shard': vshard, 'tally.skus.distinct': sums.size }, () =>
+      write(evalshaArgs(WRITE_COUNTS, keys, sumArgv)),
     );
-    if (countErrors > 0) {
-      log.error({ vshard, countErrors }, 'redis refused count increments (overflow or a non-integer value in a count key)');
+    if (reply[0] === 'isolate') {
+      // Redis refused one of the sums, and nothing was written: the same
+      // write again with each new part as its own all-or-nothing group, so
+      // only the parts Redis refuses are left out.
+      const partArgv: Array<string | number> = [countTtlS, markerTtlS, 'parts', ids.length];
+      for (let i = 0; i < ids.length; i++) {
+        if (marked[i] !== PART_NEW) continue;
+        const part = changes[i]!;
+        partArgv.push(i + 1, part.length);
+        for (const [sku, delta] of part) partArgv.push(keyIndex.get(sku)!, String(delta));
+      }
+      reply = await inSpan(tracer, 'tally.write_counts', { 'tally.shard': vshard, 'tally.parts': ids.length }, () =>
+        write(evalshaArgs(WRITE_COUNTS, keys, partArgv)),
+      );
+    }
+    wroteCounts = reply[0] === 'written';
+    refusals = decodeRefusals(reply[2], prefix);
+    logRefusals(log, task, refusals);
+    // A refused part counted nothing: it is not in the window.
+    if (refusals.length > 0) {
+      for (const refusal of refusals) windowMessages -= task.shares?.[refusal.part] ?? 1;
+      gauge?.open(vshard, Math.max(0, windowMessages));
     }
   }
   const t2 = performance.now();
 
-  await hooks.afterCountWrite?.(task);
+  if (wroteCounts) await hooks.afterCountWrite?.(task);
 
   let occupationFailures = 0;
+  // A refused part counted nothing: its claim is deleted, so it gets no
+  // marker and its replay counts it.
+  const refused = new Set(refusals.map((refusal) => refusal.part));
   if (claimBatch > 0) {
-    // The batch's record turns done in one write; the digests travel only
-    // when time has moved to a later bucket and the markers must follow (-1).
-    const args = evalshaArgs(OCCUPY_MARKERS, [markerBase], [...bucketArgs, claimBucket, claimBatch]);
+    const refusedDigests = [...refused].map((i) => digests[i]!);
+    // The batch's record turns done in one write; the new parts' digests travel
+    // only when time has moved to a later bucket and the markers must follow (-1).
+    const args = evalshaArgs(OCCUPY_MARKERS, [shardKey], [...bucketArgs, claimBucket, claimBatch, refusedDigests.length, ...refusedDigests]);
+    const moving = (): Buffer[] => {
+      const moved: Buffer[] = [];
+      for (let i = 0; i < ids.length; i++) if (marked[i] === PART_NEW && !refused.has(i)) moved.push(digests[i]!);
+      return moved;
+    };
+    // Once the write leaves, a SIGKILL no longer re-counts these parts (Redis runs what it was sent).
+    gauge?.close(vshard);
     await inSpan(tracer, 'tally.occupy_markers', { 'tally.shard': vshard }, () =>
       untilDone(
         'occupy_markers',
         task,
         log,
         async () => {
-          if ((await runScript(redis, OCCUPY_MARKERS, args, log)) !== -1) return;
-          const newDigests: Buffer[] = [];
-          for (let i = 0; i < changes.length; i++) if (marked[i] === PART_NEW) newDigests.push(digests[i]!);
-          await runScript(redis, OCCUPY_MARKERS, evalshaArgs(OCCUPY_MARKERS, [markerBase], [...bucketArgs, claimBucket, claimBatch, ...newDigests]), log);
+          await onSlotConnection(redis, shardKey, async (connection) => {
+            if ((await runScript(connection, OCCUPY_MARKERS, args, log)) !== -1) return;
+            await runScript(connection, OCCUPY_MARKERS, [...args, ...moving()], log);
+          });
         },
         () => {
           // The counts are written and the markers are not: the crash window
           // is open for this batch until a retry succeeds. Counted once per batch.
+          gauge?.open(vshard, windowMessages);
           if (occupationFailures === 0) {
             crashWindow.addEvent('tally.occupation_failure', { 'tally.shard': vshard });
             crashWindow.setStatus({ code: SpanStatusCode.ERROR, message: 'marker occupation failed after the counts were written' });
@@ -148,15 +226,32 @@ export async function runTwoStepBatch(redis: Redis, settings: WorkerSettings, ta
       ),
     );
   }
+  gauge?.close(vshard);
   crashWindow.end();
   const t3 = performance.now();
+
+  // Durability of the ack: the batch returns only once the replicas have its
+  // writes (replica-wait.ts). The key to touch is the meta hash of the newest
+  // bucket with markers (this batch's, or the one a duplicate was found in),
+  // re-given the expiry it has: the marker hashes must not expire sooner.
+  // Held parts are not acked now; refused ones have nothing to wait for.
+  let waitTimeouts = 0;
+  const acking = ids.some((_, i) => marked[i] !== 2 && !refused.has(i));
+  if (settings.waitReplicas > 0 && acking && touchBucket >= 0) {
+    const touchKey = markerMetaKey(prefix, vshard, touchBucket);
+    const expireAtMs = ((touchBucket + 1) * markerBucketS + markerTtlS) * 1000;
+    waitTimeouts = await inSpan(tracer, 'tally.wait_replicas', { 'tally.shard': vshard, 'tally.replicas': settings.waitReplicas }, () =>
+      waitForReplicas(redis, settings, task, touchKey, log, hooks.onWaitTimeout, expireAtMs),
+    );
+  }
 
   return {
     vshard,
     marked,
     writeRetries,
     occupationFailures,
-    countErrors,
+    waitTimeouts,
+    refusals,
     claimTakeovers,
     timings: { precheckMs: t1 - t0, writeMs: t2 - t1, occupyMs: t3 - t2 },
   };

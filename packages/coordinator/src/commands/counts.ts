@@ -1,38 +1,48 @@
-import type { Redis } from 'ioredis';
+import { scanNodes, type RedisClient } from '@tally/runtime';
 import { countKey, countScanPattern, shardOf, skuOfCountKey, type TallyConfig } from '@tally/shared';
 
 /**
  * Reads counts as raw integer strings: Redis counts are 64-bit, and a value
  * beyond 2^53 must print exactly, not rounded through a double.
+ *
+ * On a cluster the count keys are spread over every slot: named SKUs are
+ * read one GET each (the client routes each to its slot's master), and the
+ * full listing scans every master, reading the keys each one returned on that
+ * master's own connection.
  */
-export async function readCounts(redis: Redis, config: Pick<TallyConfig, 'prefix' | 'virtualShards'>, skus: readonly string[]): Promise<Map<string, string>> {
+export async function readCounts(
+  redis: RedisClient,
+  config: Pick<TallyConfig, 'prefix' | 'virtualShards'>,
+  skus: readonly string[],
+): Promise<Map<string, string>> {
   const counts = new Map<string, string>();
   if (skus.length > 0) {
-    const pipeline = redis.pipeline();
-    for (const sku of skus) pipeline.get(countKey(config.prefix, shardOf(sku, config.virtualShards), sku));
-    const results = (await pipeline.exec()) ?? [];
+    // Sent in one go (ioredis writes them in one tick), never as one multi-key command: the keys span slots.
+    const values = await Promise.all(skus.map((sku) => redis.get(countKey(config.prefix, shardOf(sku, config.virtualShards), sku))));
     skus.forEach((sku, i) => {
-      const [error, value] = results[i] ?? [null, null];
-      if (error) throw error;
+      const value = values[i];
       if (typeof value === 'string') counts.set(sku, value);
     });
     return counts;
   }
-  let cursor = '0';
-  do {
-    const [next, keys] = await redis.scan(cursor, 'MATCH', countScanPattern(config.prefix), 'COUNT', 1000);
-    cursor = next;
-    if (keys.length === 0) continue;
-    // GETs in a pipeline rather than MGET: on Redis Cluster the keys span slots.
-    const pipeline = redis.pipeline();
-    for (const key of keys) pipeline.get(key);
-    const results = (await pipeline.exec()) ?? [];
-    keys.forEach((key, i) => {
-      const sku = skuOfCountKey(config.prefix, key);
-      const value = results[i]?.[1];
-      if (sku !== null && typeof value === 'string') counts.set(sku, value);
-    });
-  } while (cursor !== '0');
+  for (const node of scanNodes(redis)) {
+    let cursor = '0';
+    do {
+      const [next, keys] = await node.scan(cursor, 'MATCH', countScanPattern(config.prefix), 'COUNT', 1000);
+      cursor = next;
+      if (keys.length === 0) continue;
+      // GETs in a pipeline rather than MGET: the keys span slots, which a cluster node refuses in one command.
+      const pipeline = node.pipeline();
+      for (const key of keys) pipeline.get(key);
+      const results = (await pipeline.exec()) ?? [];
+      keys.forEach((key, i) => {
+        const [error, value] = results[i] ?? [null, null];
+        if (error) throw error;
+        const sku = skuOfCountKey(config.prefix, key);
+        if (sku !== null && typeof value === 'string') counts.set(sku, value);
+      });
+    } while (cursor !== '0');
+  }
   return counts;
 }
 

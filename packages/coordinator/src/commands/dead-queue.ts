@@ -19,6 +19,7 @@
  */
 import amqp, { type ConfirmChannel, type GetMessage, type Options } from 'amqplib';
 import { QueueMissingError, redactUrl, ReplayRefusedError, TallyError } from '@tally/shared';
+import { copyPublishOptions } from '../message-copy.js';
 import { describeDeadLetter, DeadLetterSummary, REASON_HEADER, type DeadLetterEntry } from './dead-summary.js';
 
 export interface DeadQueueTarget {
@@ -94,18 +95,7 @@ function replayProperties(message: GetMessage, reason: string): Options.Publish 
   delete headers[REASON_HEADER];
   delete headers['x-tally-source-queue'];
   headers['x-tally-replayed-reason'] = reason;
-  return {
-    persistent: true,
-    mandatory: true,
-    headers,
-    contentType: properties.contentType,
-    contentEncoding: properties.contentEncoding,
-    messageId: properties.messageId,
-    correlationId: properties.correlationId,
-    timestamp: properties.timestamp,
-    type: properties.type,
-    appId: properties.appId,
-  };
+  return copyPublishOptions(properties, headers);
 }
 
 /**

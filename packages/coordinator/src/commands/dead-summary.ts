@@ -4,7 +4,7 @@
  * Every body and header is hostile: nothing is trusted to be a string, a
  * size, or valid JSON, and nothing from a body is printed beyond its id.
  */
-import { BAD_MESSAGE_REASONS, CliUsageError, MESSAGE_LIMITS } from '@tally/shared';
+import { CliUsageError, MESSAGE_LIMITS, TALLY_DEAD_REASONS } from '@tally/shared';
 
 /** The header the daemon writes: `<code>: <detail>`. */
 export const REASON_HEADER = 'x-tally-reason';
@@ -41,7 +41,7 @@ export function reasonOf(headers: Record<string, unknown> | undefined): { reason
   const colon = header.indexOf(':');
   const code = (colon < 0 ? header : header.slice(0, colon)).trim();
   const detail = colon < 0 ? '' : header.slice(colon + 1).trim().slice(0, 200);
-  return (BAD_MESSAGE_REASONS as readonly string[]).includes(code) ? { reason: code, detail } : { reason: UNKNOWN_REASON, detail: header.slice(0, 200) };
+  return TALLY_DEAD_REASONS.includes(code) ? { reason: code, detail } : { reason: UNKNOWN_REASON, detail: header.slice(0, 200) };
 }
 
 /** The body's `id` when it is a JSON object with a string id, else the messageId property; at most the id length limit. */
@@ -70,8 +70,8 @@ export function describeDeadLetter(message: DeadLetterView, position: number): D
 /** `--reason CODE`: one of the stable reason codes, or `unknown`. */
 export function parseReasonFlag(raw: string | undefined): string | null {
   if (raw === undefined) return null;
-  if (raw === UNKNOWN_REASON || (BAD_MESSAGE_REASONS as readonly string[]).includes(raw)) return raw;
-  throw new CliUsageError(`--reason: expected one of ${[...BAD_MESSAGE_REASONS, UNKNOWN_REASON].join(', ')}, got ${JSON.stringify(raw)}`);
+  if (raw === UNKNOWN_REASON || TALLY_DEAD_REASONS.includes(raw)) return raw;
+  throw new CliUsageError(`--reason: expected one of ${[...TALLY_DEAD_REASONS, UNKNOWN_REASON].join(', ')}, got ${JSON.stringify(raw)}`);
 }
 
 /** `--limit N`: a positive integer, or the fallback. */

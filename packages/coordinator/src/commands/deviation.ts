@@ -1,4 +1,4 @@
-import type { Redis } from 'ioredis';
+import type { RedisClient } from '@tally/runtime';
 import { CliUsageError, estimateDeviation, formatDeviation, parseRecovery, type DeviationEstimate, type TallyConfig } from '@tally/shared';
 import { readStats } from './stats.js';
 
@@ -13,7 +13,7 @@ export interface DeviationFlags {
  * TALLY_BATCH_SIZE, TALLY_PREFETCH, TALLY_VIRTUAL_SHARDS, TALLY_MODE) and the
  * crash pattern given as flags. The arithmetic is in @tally/shared's deviation.ts.
  */
-export async function deviationEstimate(redis: Redis, config: TallyConfig, flags: DeviationFlags): Promise<DeviationEstimate> {
+export async function deviationEstimate(redis: RedisClient, config: TallyConfig, flags: DeviationFlags): Promise<DeviationEstimate> {
   const crashesText = flags['crashes-per-month'];
   if (crashesText === undefined) throw new CliUsageError('deviation needs --crashes-per-month N');
   if (flags.recovery === undefined) throw new CliUsageError('deviation needs --recovery p50=DURATION,p90=DURATION,... (e.g. p50=90s,p90=5m,p99=20m)');

@@ -1,8 +1,8 @@
-import type { Redis } from 'ioredis';
+import type { RedisClient } from '@tally/runtime';
 import { COUNTER_NAMES, layoutKey, statsKey, type CounterValues, type TallyConfig, type TallyMode } from '@tally/shared';
 
 /** The accumulated counters; every known counter is present, 0 when never incremented. */
-export async function readStats(redis: Redis, config: Pick<TallyConfig, 'prefix'>): Promise<CounterValues & Record<string, number>> {
+export async function readStats(redis: RedisClient, config: Pick<TallyConfig, 'prefix'>): Promise<CounterValues & Record<string, number>> {
   const stored = await redis.hgetall(statsKey(config.prefix));
   const stats: Record<string, number> = {};
   for (const name of COUNTER_NAMES) stats[name] = Number(stored[name] ?? 0);
@@ -11,7 +11,7 @@ export async function readStats(redis: Redis, config: Pick<TallyConfig, 'prefix'
 }
 
 /** The mode recorded for the prefix by its daemons; a prefix never laid out, or laid out before modes were recorded, is two-step. */
-export async function readMode(redis: Redis, config: Pick<TallyConfig, 'prefix'>): Promise<TallyMode> {
+export async function readMode(redis: RedisClient, config: Pick<TallyConfig, 'prefix'>): Promise<TallyMode> {
   return (await redis.hget(layoutKey(config.prefix), 'mode')) === 'atomic' ? 'atomic' : 'two-step';
 }
 
@@ -36,7 +36,7 @@ export function statsReport(mode: TallyMode, counters: Record<string, number>): 
   return report;
 }
 
-export async function readStatsReport(redis: Redis, config: Pick<TallyConfig, 'prefix'>): Promise<StatsReport> {
+export async function readStatsReport(redis: RedisClient, config: Pick<TallyConfig, 'prefix'>): Promise<StatsReport> {
   return statsReport(await readMode(redis, config), await readStats(redis, config));
 }
 

@@ -7,7 +7,7 @@
 import amqp from 'amqplib';
 import type { Redis } from 'ioredis';
 import { layoutKey, redactUrl, type TallyConfig, type TallyMode } from '@tally/shared';
-import { createRedisClient } from '@tally/runtime';
+import { connectRedis, scanNodes, type RedisClient } from '@tally/runtime';
 import { listDaemons, type LiveDaemon } from '../heartbeat.js';
 
 export interface LayoutStatus {
@@ -35,7 +35,7 @@ export interface StatusReport {
   readonly daemons: LiveDaemon[];
 }
 
-export async function readLayout(redis: Redis, prefix: string): Promise<LayoutStatus | null> {
+export async function readLayout(redis: RedisClient, prefix: string): Promise<LayoutStatus | null> {
   const stored = await redis.hgetall(layoutKey(prefix));
   if (stored.virtual_shards === undefined) return null;
   return {
@@ -92,7 +92,7 @@ export async function readQueueStatus(config: Pick<TallyConfig, 'amqpUrl' | 'que
  */
 export async function readStatus(
   nodes: readonly Redis[],
-  redis: Redis,
+  redis: RedisClient,
   config: Pick<TallyConfig, 'prefix' | 'amqpUrl' | 'queue' | 'deadLetterQueue'>,
 ): Promise<StatusReport> {
   const [daemons, layout, queue] = await Promise.all([listDaemons(nodes, config.prefix), readLayout(redis, config.prefix), readQueueStatus(config)]);
@@ -144,10 +144,11 @@ export function statusText(report: StatusReport): string {
 
 /** The CLI command: one connection to each server, one attempt, then out. */
 export async function statusCommand(config: TallyConfig, json: boolean, out: (line: string) => void): Promise<void> {
-  const redis = createRedisClient(config.redisUrl, 'tally-cli', { maxRetriesPerRequest: 0, retryStrategy: () => null });
+  const redis = await connectRedis(config.redisUrl, 'tally-cli', { maxRetriesPerRequest: 0, retryStrategy: () => null });
   redis.on('error', () => {});
   try {
-    const report = await readStatus([redis], redis, config);
+    // Heartbeat keys have no hash tag: on a cluster they are spread over every master.
+    const report = await readStatus(scanNodes(redis), redis, config);
     out(json ? JSON.stringify(report) : statusText(report));
   } finally {
     redis.disconnect();

@@ -13,16 +13,8 @@
  */
 import { context, propagation, SpanKind, SpanStatusCode, trace, TraceFlags, type Link, type Span, type Tracer } from '@opentelemetry/api';
 import type { BatchResult, TallyMode } from '@tally/shared';
-import {
-  ATTR_ERROR_TYPE,
-  ATTR_MESSAGING_BATCH_MESSAGE_COUNT,
-  ATTR_MESSAGING_DESTINATION_NAME,
-  ATTR_MESSAGING_OPERATION_NAME,
-  ATTR_MESSAGING_OPERATION_TYPE,
-  ATTR_MESSAGING_SYSTEM,
-  MESSAGING_OPERATION_TYPE_VALUE_PROCESS,
-  MESSAGING_SYSTEM_VALUE_RABBITMQ,
-} from './semconv.js';
+import { processAttributes } from './queue-attributes.js';
+import { ATTR_ERROR_TYPE, ATTR_MESSAGING_BATCH_MESSAGE_COUNT, ATTR_MESSAGING_OPERATION_NAME } from './semconv.js';
 
 const TRACEPARENT = /^[0-9a-f]{2}-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$/;
 
@@ -71,9 +63,7 @@ export function startBatchSpan(tracer: Tracer, input: BatchSpanInput): StartedBa
       kind: SpanKind.CONSUMER,
       root: true,
       attributes: {
-        [ATTR_MESSAGING_SYSTEM]: MESSAGING_SYSTEM_VALUE_RABBITMQ,
-        [ATTR_MESSAGING_DESTINATION_NAME]: input.queue,
-        [ATTR_MESSAGING_OPERATION_TYPE]: MESSAGING_OPERATION_TYPE_VALUE_PROCESS,
+        ...processAttributes(input.queue),
         [ATTR_MESSAGING_OPERATION_NAME]: 'process',
         [ATTR_MESSAGING_BATCH_MESSAGE_COUNT]: input.parts,
         'tally.shard': input.vshard,
@@ -98,15 +88,15 @@ export function endBatchSpan(span: Span, result: BatchResult): void {
     span.setAttributes({
       'tally.messages.new': result.marked.length - duplicates,
       'tally.messages.duplicate': duplicates,
-      'tally.messages.dead_lettered': 0,
+      'tally.messages.dead_lettered': result.refusals.length,
       'tally.occupation_failures': result.occupationFailures,
       'tally.write_retries': result.writeRetries,
     });
     if (result.occupationFailures > 0) {
       span.addEvent('tally.occupation_failure', { 'tally.shard': result.vshard });
       span.setStatus({ code: SpanStatusCode.ERROR, message: 'marker occupation failed after the counts were written (crash window open)' });
-    } else if (result.countErrors > 0) {
-      span.setStatus({ code: SpanStatusCode.ERROR, message: `${result.countErrors} count increments refused by Redis` });
+    } else if (result.refusals.length > 0) {
+      span.setStatus({ code: SpanStatusCode.ERROR, message: `${result.refusals.length} parts refused by Redis (dead-lettered count-refused)` });
     }
   }
   span.end();
@@ -127,9 +117,7 @@ export function recordDeadLetter(tracer: Tracer, queue: string, reasonCode: stri
     root: true,
     links: link ? [link] : [],
     attributes: {
-      [ATTR_MESSAGING_SYSTEM]: MESSAGING_SYSTEM_VALUE_RABBITMQ,
-      [ATTR_MESSAGING_DESTINATION_NAME]: queue,
-      [ATTR_MESSAGING_OPERATION_TYPE]: MESSAGING_OPERATION_TYPE_VALUE_PROCESS,
+      ...processAttributes(queue),
       'tally.messages.dead_lettered': 1,
       [ATTR_ERROR_TYPE]: reasonCode,
     },

@@ -12,16 +12,8 @@
 import type { Attributes, Meter } from '@opentelemetry/api';
 import type { ViewOptions } from '@opentelemetry/sdk-metrics';
 import { COUNTER_NAMES, COUNTERS, type BatchResult, type CounterName, type CounterValues, type TallyMode } from '@tally/shared';
-import {
-  ATTR_MESSAGING_DESTINATION_NAME,
-  ATTR_MESSAGING_OPERATION_NAME,
-  ATTR_MESSAGING_OPERATION_TYPE,
-  ATTR_MESSAGING_SYSTEM,
-  MESSAGING_OPERATION_TYPE_VALUE_PROCESS,
-  MESSAGING_SYSTEM_VALUE_RABBITMQ,
-  METRIC_MESSAGING_CLIENT_CONSUMED_MESSAGES,
-  METRIC_MESSAGING_PROCESS_DURATION,
-} from './semconv.js';
+import { processAttributes, queueAttributes } from './queue-attributes.js';
+import { ATTR_MESSAGING_OPERATION_NAME, METRIC_MESSAGING_CLIENT_CONSUMED_MESSAGES, METRIC_MESSAGING_PROCESS_DURATION } from './semconv.js';
 
 export interface MetricSources {
   /** Counters since this process started. */
@@ -88,6 +80,7 @@ export function counterApplies(name: string, mode: TallyMode): boolean {
 
 export class DaemonMetrics {
   private readonly base: Attributes;
+  private readonly processBase: Attributes;
   private readonly batchSize;
   private readonly flushDuration;
   private readonly crashWindow;
@@ -95,7 +88,8 @@ export class DaemonMetrics {
   private readonly messageAge;
 
   constructor(meter: Meter, options: { queue: string; mode: TallyMode; virtualShards: number }, sources: MetricSources) {
-    this.base = { [ATTR_MESSAGING_SYSTEM]: MESSAGING_SYSTEM_VALUE_RABBITMQ, [ATTR_MESSAGING_DESTINATION_NAME]: options.queue };
+    this.base = queueAttributes(options.queue);
+    this.processBase = processAttributes(options.queue);
     const base = this.base;
 
     meter
@@ -168,26 +162,16 @@ export class DaemonMetrics {
       unit: '{part}',
       advice: { explicitBucketBoundaries: SIZE_BUCKETS },
     });
-    this.flushDuration = meter.createHistogram('tally.flush.duration', {
-      description: 'From a shard batch leaving its lane to its result: pre-check, write, occupy',
-      unit: 's',
-      advice: { explicitBucketBoundaries: SECONDS_BUCKETS },
-    });
-    this.crashWindow = meter.createHistogram('tally.crash_window.duration', {
-      description: 'From the start of the count write to the end of marker occupation',
-      unit: 's',
-      advice: { explicitBucketBoundaries: SECONDS_BUCKETS },
-    });
-    this.processDuration = meter.createHistogram(METRIC_MESSAGING_PROCESS_DURATION, {
-      description: 'From delivery to ack',
-      unit: 's',
-      advice: { explicitBucketBoundaries: SECONDS_BUCKETS },
-    });
-    this.messageAge = meter.createHistogram('tally.message.age', {
-      description: 'End-to-end age at ack: ack time minus the message timestamp property, when present',
-      unit: 's',
-      advice: { explicitBucketBoundaries: [...SECONDS_BUCKETS, 30, 60, 300] },
-    });
+    const secondsHistogram = (name: string, description: string, buckets = SECONDS_BUCKETS) =>
+      meter.createHistogram(name, { description, unit: 's', advice: { explicitBucketBoundaries: buckets } });
+    this.flushDuration = secondsHistogram('tally.flush.duration', 'From a shard batch leaving its lane to its result: pre-check, write, occupy');
+    this.crashWindow = secondsHistogram('tally.crash_window.duration', 'From the start of the count write to the end of marker occupation');
+    this.processDuration = secondsHistogram(METRIC_MESSAGING_PROCESS_DURATION, 'From delivery to ack');
+    this.messageAge = secondsHistogram(
+      'tally.message.age',
+      'End-to-end age at ack: ack time minus the message timestamp property, when present',
+      [...SECONDS_BUCKETS, 30, 60, 300],
+    );
   }
 
   recordBatch(parts: number, elapsedMs: number, result: BatchResult): void {
@@ -202,7 +186,7 @@ export class DaemonMetrics {
    * @param publishedAt epoch ms of the message timestamp, if any
    */
   recordAck(receivedAt: number, publishedAt: number | undefined, wallNow: number, monotonicNow: number): void {
-    this.processDuration.record((monotonicNow - receivedAt) / 1000, { ...this.base, [ATTR_MESSAGING_OPERATION_TYPE]: MESSAGING_OPERATION_TYPE_VALUE_PROCESS });
+    this.processDuration.record((monotonicNow - receivedAt) / 1000, this.processBase);
     if (publishedAt !== undefined) this.messageAge.record(Math.max(0, wallNow - publishedAt) / 1000, this.base);
   }
 }

@@ -1,7 +1,8 @@
 /**
  * Gauges for the edges of Tally's promise that are not counters of the data
  * path: a Redis allowed to evict (TALLY_ALLOW_EVICTION), a Redis without AOF
- * or replicas, and the broker's side (issue 9, cases 1, 2 and 10). Kept apart
+ * or replicas, and the broker's side (a blocked connection, unroutable dead
+ * letters). Kept apart
  * from metrics.ts, which holds the data-path metrics.
  *
  *   tally.redis.eviction_allowed     1 while running on an evicting maxmemory-policy

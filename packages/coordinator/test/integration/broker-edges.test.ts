@@ -1,5 +1,5 @@
 /**
- * The broker's side (issue 9, case 10) against the real RabbitMQ: refusals at
+ * The broker's side against the real RabbitMQ: refusals at
  * start, a dead-letter queue deleted at run time, and a memory alarm.
  * Users made here are deleted here; the memory watermark is restored in
  * `finally`, since other tests share the broker.
@@ -10,7 +10,7 @@ import { promisify } from 'node:util';
 import { setTimeout as sleep } from 'node:timers/promises';
 import amqp from 'amqplib';
 import { expect } from 'chai';
-import { cleanup, drainQueue, queueState, spawnDaemon, startDaemon, stopDaemon, testSpace, AMQP_URL, type DaemonProcess } from './harness.js';
+import { cleanup, drainQueue, queueState, runRefusedStart, startDaemon, stopDaemon, testSpace, AMQP_URL, type DaemonProcess, type RefusedStart } from './harness.js';
 
 const run = promisify(execFile);
 
@@ -32,16 +32,7 @@ async function withUser<T>(permissions: readonly [string, string, string] | null
   }
 }
 
-async function startFails(env: Record<string, string>): Promise<{ code: number | null; stderrLines: string[]; fatalCode: string | undefined; logs: string[] }> {
-  const daemon = spawnDaemon(env);
-  const timer = setTimeout(() => daemon.child.kill('SIGKILL'), 40_000);
-  const exit = await daemon.exited;
-  clearTimeout(timer);
-  const fatal = daemon.logs.map((l) => JSON.parse(l) as { msg: string; code?: string }).find((record) => record.msg === 'start failed');
-  return { code: exit.code, stderrLines: daemon.stderr.join('').trim().split('\n'), fatalCode: fatal?.code, logs: daemon.logs };
-}
-
-function expectOneLineRefusal(result: Awaited<ReturnType<typeof startFails>>, ...mentions: string[]): void {
+function expectOneLineRefusal(result: RefusedStart, ...mentions: string[]): void {
   expect(result.code, `exit code; stderr: ${result.stderrLines.join('|')}`).to.equal(1);
   expect(result.stderrLines, 'one stderr line, no stack trace').to.have.length(1);
   for (const text of mentions) expect(result.stderrLines[0]).to.include(text);
@@ -89,7 +80,7 @@ describe('broker edges (integration: the real RabbitMQ)', function () {
     it('a user with no access to the vhost (NOT_ALLOWED)', async () => {
       const space = testSpace('amqp-vhost');
       await withUser(null, async (url) => {
-        const result = await startFails({ ...space.env, TALLY_AMQP_URL: url });
+        const result = await runRefusedStart({ ...space.env, TALLY_AMQP_URL: url }, 40_000);
         expectOneLineRefusal(result, "vhost '/'", 'rabbitmqctl set_permissions');
         expect(result.stderrLines[0]).not.to.match(/:[0-9a-f]{16}@/); // the password
       });
@@ -100,7 +91,7 @@ describe('broker edges (integration: the real RabbitMQ)', function () {
       const space = testSpace('amqp-declare');
       try {
         await withUser(['^$', '.*', '.*'], async (url) => {
-          const result = await startFails({ ...space.env, TALLY_AMQP_URL: url });
+          const result = await runRefusedStart({ ...space.env, TALLY_AMQP_URL: url }, 40_000);
           expectOneLineRefusal(result, 'ACCESS_REFUSED', `access to queue '${space.queue}`, 'rabbitmqctl set_permissions');
         });
       } finally {
@@ -112,7 +103,7 @@ describe('broker edges (integration: the real RabbitMQ)', function () {
       const space = testSpace('amqp-read');
       try {
         await withUser(['.*', '.*', '^$'], async (url) => {
-          const result = await startFails({ ...space.env, TALLY_AMQP_URL: url });
+          const result = await runRefusedStart({ ...space.env, TALLY_AMQP_URL: url }, 40_000);
           expectOneLineRefusal(result, 'ACCESS_REFUSED', space.queue);
         });
       } finally {

@@ -1,23 +1,10 @@
-import { execFile } from 'node:child_process';
 import { mkdtemp, readFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { promisify } from 'node:util';
 import { expect } from 'chai';
 import { countKey, shardOf, statsKey } from '@tally/shared';
-import { cleanup, drainWithDaemon, testSpace, withRedis, CLI } from './harness.js';
-
-const run = promisify(execFile);
-
-async function tally(env: Record<string, string>, ...args: string[]): Promise<{ stdout: string; stderr: string; code: number }> {
-  try {
-    const { stdout, stderr } = await run(process.execPath, [CLI, ...args], { env: { ...process.env, ...env } });
-    return { stdout, stderr, code: 0 };
-  } catch (error) {
-    const e = error as { stdout: string; stderr: string; code: number };
-    return { stdout: e.stdout, stderr: e.stderr, code: e.code };
-  }
-}
+import { cleanup, drainWithDaemon, testSpace, withRedis } from './harness.js';
+import { tallyCli } from './fleet-helpers.js';
 
 describe('tally CLI (integration)', function () {
   this.timeout(120_000);
@@ -34,12 +21,12 @@ describe('tally CLI (integration)', function () {
         await redis.set(`${space.prefix}m:{1}:not-a-count`, '1');
         await redis.hset(statsKey(space.prefix), 'received', '7', 'duplicates', '2');
       });
-      const all = await tally(space.env, 'counts', '--json');
+      const all = await tallyCli(space.env, 'counts', '--json');
       expect(all.code).to.equal(0);
       expect(all.stdout.trim()).to.equal('{"A-1":5,"BIG":9007199254740993,"weird } sku:{x}":-3,"ünï":12}');
-      const some = await tally(space.env, 'counts', '--json', '--sku', 'A-1', '--sku', 'nope');
+      const some = await tallyCli(space.env, 'counts', '--json', '--sku', 'A-1', '--sku', 'nope');
       expect(JSON.parse(some.stdout)).to.deep.equal({ 'A-1': 5 });
-      const stats = JSON.parse((await tally(space.env, 'stats', '--json')).stdout);
+      const stats = JSON.parse((await tallyCli(space.env, 'stats', '--json')).stdout);
       expect(stats.received).to.equal(7);
       expect(stats.duplicates).to.equal(2);
       expect(stats.occupation_failures, 'every counter is present').to.equal(0);
@@ -53,19 +40,19 @@ describe('tally CLI (integration)', function () {
     try {
       const dir = await mkdtemp(join(tmpdir(), 'tally-'));
       const truthFile = join(dir, 'truth.json');
-      const published = await tally(space.env, 'publish', '--messages', '500', '--skus', '50', '--duplicate-rate', '0.1', '--bad-rate', '0.02', '--seed', '3', '--truth', truthFile);
+      const published = await tallyCli(space.env, 'publish', '--messages', '500', '--skus', '50', '--duplicate-rate', '0.1', '--bad-rate', '0.02', '--seed', '3', '--truth', truthFile);
       expect(published.code, published.stderr).to.equal(0);
       const summary = JSON.parse(published.stdout);
       expect(summary).to.include({ published: 560, good: 500, duplicates: 50, bad: 10 });
       expect(JSON.parse(await readFile(truthFile, 'utf8')).counts).to.be.an('object');
       await drainWithDaemon(space.env, space.queue);
-      const verdict = await tally(space.env, 'verify', '--truth', truthFile, '--exact', '--json');
+      const verdict = await tallyCli(space.env, 'verify', '--truth', truthFile, '--exact', '--json');
       expect(verdict.code).to.equal(0);
       expect(JSON.parse(verdict.stdout)).to.include({ below: 0, above: 0 });
       // A lost unit is caught: lower one count and verify fails.
       const sku = Object.keys(JSON.parse(await readFile(truthFile, 'utf8')).counts)[0]!;
       await withRedis((redis) => redis.decrby(countKey(space.prefix, shardOf(sku, 16), sku), 1));
-      const broken = await tally(space.env, 'verify', '--truth', truthFile);
+      const broken = await tallyCli(space.env, 'verify', '--truth', truthFile);
       expect(broken.code).to.equal(1);
       expect(broken.stdout).to.include('1 below the truth');
     } finally {
@@ -74,13 +61,13 @@ describe('tally CLI (integration)', function () {
   });
 
   it('rejects bad usage with exit 64 and bad configuration naming the variable', async () => {
-    const usage = await tally({}, 'frobnicate');
+    const usage = await tallyCli({}, 'frobnicate');
     expect(usage.code).to.equal(64);
     expect(usage.stderr).to.include('unknown command');
-    const flag = await tally({}, 'publish', '--messages', 'many');
+    const flag = await tallyCli({}, 'publish', '--messages', 'many');
     expect(flag.code).to.equal(64);
     expect(flag.stderr).to.include('--messages');
-    const config = await tally({ TALLY_PREFIX: 'bad*prefix' }, 'counts', '--json');
+    const config = await tallyCli({ TALLY_PREFIX: 'bad*prefix' }, 'counts', '--json');
     expect(config.code).to.not.equal(0);
     expect(config.stderr).to.include('TALLY_PREFIX');
   });

@@ -1,13 +1,5 @@
 import { expect } from 'chai';
-import { cleanup, spawnDaemon, startDaemon, stopDaemon, testSpace } from './harness.js';
-
-async function startFails(env: Record<string, string>): Promise<{ code: number | null; stderr: string }> {
-  const daemon = spawnDaemon(env);
-  const timer = setTimeout(() => daemon.child.kill('SIGKILL'), 30_000);
-  const exit = await daemon.exited;
-  clearTimeout(timer);
-  return { code: exit.code, stderr: daemon.stderr.join('') };
-}
+import { cleanup, runRefusedStart, startDaemon, stopDaemon, testSpace } from './harness.js';
 
 describe('configuration errors (integration: the real entry point)', function () {
   this.timeout(120_000);
@@ -27,7 +19,7 @@ describe('configuration errors (integration: the real entry point)', function ()
   for (const [variable, value, accepted] of cases) {
     it(`refuses ${variable}=${JSON.stringify(value)} with exit 2 and a message naming the variable`, async () => {
       const space = testSpace('config');
-      const { code, stderr } = await startFails({ ...space.env, [variable]: value });
+      const { code, stderr } = await runRefusedStart({ ...space.env, [variable]: value });
       expect(code).to.equal(2);
       expect(stderr).to.include(variable);
       expect(stderr).to.match(accepted);
@@ -37,7 +29,7 @@ describe('configuration errors (integration: the real entry point)', function ()
 
   it('never prints the password of a bad URL', async () => {
     const space = testSpace('config');
-    const { code, stderr } = await startFails({ ...space.env, TALLY_REDIS_URL: 'http://admin:hunter2@example' });
+    const { code, stderr } = await runRefusedStart({ ...space.env, TALLY_REDIS_URL: 'http://admin:hunter2@example' });
     expect(code).to.equal(2);
     expect(stderr).to.include('TALLY_REDIS_URL');
     expect(stderr).to.not.include('hunter2');
@@ -48,7 +40,7 @@ describe('configuration errors (integration: the real entry point)', function ()
     try {
       const first = await startDaemon(space.env);
       expect((await stopDaemon(first)).code).to.equal(0);
-      const { code, stderr } = await startFails({ ...space.env, TALLY_VIRTUAL_SHARDS: '32' });
+      const { code, stderr } = await runRefusedStart({ ...space.env, TALLY_VIRTUAL_SHARDS: '32' });
       expect(code).to.equal(1);
       expect(stderr).to.include('TALLY_VIRTUAL_SHARDS');
       expect(stderr).to.include('16');
@@ -63,7 +55,7 @@ describe('configuration errors (integration: the real entry point)', function ()
   it('fails the start with a one-line reason when RabbitMQ refuses the credentials', async () => {
     const space = testSpace('auth');
     try {
-      const { code, stderr } = await startFails({ ...space.env, TALLY_AMQP_URL: 'amqp://guest:wrong-password@127.0.0.1:5672' });
+      const { code, stderr } = await runRefusedStart({ ...space.env, TALLY_AMQP_URL: 'amqp://guest:wrong-password@127.0.0.1:5672' });
       expect(code).to.equal(1);
       expect(stderr).to.match(/refused/i);
       expect(stderr).to.not.include('wrong-password');

@@ -1,6 +1,6 @@
 /**
- * Helpers of the scale-out tests: the CLI as a child process, and waiting on
- * a condition polled from outside the daemons.
+ * Helpers of the tests that drive the CLI and the fleet: the CLI as a child
+ * process, and waiting on a condition polled from outside the daemons.
  */
 import { execFile } from 'node:child_process';
 import { promisify } from 'node:util';
@@ -9,9 +9,10 @@ import { CLI } from './harness.js';
 
 const run = promisify(execFile);
 
+/** Runs `tally <args>` to its exit (killed after 2 minutes, so a retry loop fails the test): its output and exit code. */
 export async function tallyCli(env: Record<string, string>, ...args: string[]): Promise<{ stdout: string; stderr: string; code: number }> {
   try {
-    const { stdout, stderr } = await run(process.execPath, [CLI, ...args], { env: { ...process.env, ...env } });
+    const { stdout, stderr } = await run(process.execPath, [CLI, ...args], { env: { ...process.env, ...env }, timeout: 120_000 });
     return { stdout, stderr, code: 0 };
   } catch (error) {
     const e = error as { stdout: string; stderr: string; code: number };

@@ -108,6 +108,27 @@ export async function startDaemon(env: Record<string, string>): Promise<DaemonPr
   return daemon;
 }
 
+/** How a daemon that was expected to refuse its start ended. */
+export interface RefusedStart {
+  readonly code: number | null;
+  readonly stderr: string;
+  readonly stderrLines: string[];
+  /** The `code` of the `start failed` log record, if one was written. */
+  readonly fatalCode: string | undefined;
+  readonly logs: string[];
+}
+
+/** Runs the daemon to its exit; one still running after `timeoutMs` (a retry loop) is killed, and its exit fails the test. */
+export async function runRefusedStart(env: Record<string, string>, timeoutMs = 30_000): Promise<RefusedStart> {
+  const daemon = spawnDaemon(env);
+  const timer = setTimeout(() => daemon.child.kill('SIGKILL'), timeoutMs);
+  const exit = await daemon.exited;
+  clearTimeout(timer);
+  const fatal = daemon.logs.map((l) => JSON.parse(l) as { msg: string; code?: string }).find((record) => record.msg === 'start failed');
+  const stderr = daemon.stderr.join('');
+  return { code: exit.code, stderr, stderrLines: stderr.trim().split('\n'), fatalCode: fatal?.code, logs: daemon.logs };
+}
+
 export async function stopDaemon(daemon: DaemonProcess, timeoutMs = 40_000): Promise<{ code: number | null; signal: NodeJS.Signals | null }> {
   if (daemon.child.exitCode !== null || daemon.child.signalCode !== null) return daemon.exited;
   daemon.child.kill('SIGTERM');

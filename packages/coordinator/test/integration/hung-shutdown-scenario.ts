@@ -13,7 +13,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { expect } from 'chai';
 import { generateWorkload, publishAll } from '@tally/workload';
 import { cleanup, startDaemon, stopDaemon, testSpace, waitForReadyBelow, AMQP_URL, type DaemonProcess } from './harness.js';
-import { startConfiguredRedis } from './configured-redis.js';
+import { startPrivateRedis } from '@tally/testkit';
 import { brokerQueue, countsAt, waitFor } from './runtime-probes.js';
 
 /** main.ts's SHUTDOWN_MARGIN_MS (CLOSE_BUDGET_MS + 1.5 s): the promise is grace + this. */
@@ -33,7 +33,7 @@ export interface HungShutdownOutcome {
 }
 
 export async function runHungShutdownScenario(options: { messages: number; seed: number; label: string; graceMs: number }): Promise<HungShutdownOutcome> {
-  const server = await startConfiguredRedis({ args: ['--maxmemory-policy', 'noeviction'] });
+  const server = await startPrivateRedis({ args: ['--maxmemory-policy', 'noeviction'] });
   const batchSize = 100;
   const space = testSpace(options.label, {
     TALLY_REDIS_URL: `redis://127.0.0.1:${server.port}`,

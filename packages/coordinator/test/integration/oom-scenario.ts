@@ -13,7 +13,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { expect } from 'chai';
 import { generateWorkload, publishAll } from '@tally/workload';
 import { cleanup, compare, startDaemon, stopDaemon, testSpace, AMQP_URL, type DaemonProcess } from './harness.js';
-import { asAdmin, startConfiguredRedis } from './configured-redis.js';
+import { asAdmin, startPrivateRedis } from '@tally/testkit';
 import { brokerQueue, countsAt, metricsText, readyz, sample, waitFor } from './runtime-probes.js';
 
 export interface OomOutcome {
@@ -42,7 +42,7 @@ function units(counts: Map<string, number>, truth: Map<string, number>): { lost:
 }
 
 export async function runOomScenario(options: { before: number; during: number; seed: number; label: string }): Promise<OomOutcome> {
-  const server = await startConfiguredRedis({ args: ['--maxmemory', '24mb', '--maxmemory-policy', 'noeviction'] });
+  const server = await startPrivateRedis({ args: ['--maxmemory', '24mb', '--maxmemory-policy', 'noeviction'] });
   const url = `redis://127.0.0.1:${server.port}`;
   const space = testSpace(options.label, { TALLY_REDIS_URL: url, TALLY_METRICS_PORT: '0', TALLY_BATCH_WAIT_MS: '20', TALLY_HEARTBEAT_MS: '500' });
   let daemon: DaemonProcess | null = null;

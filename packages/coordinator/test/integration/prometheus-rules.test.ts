@@ -21,7 +21,7 @@ describe('deploy/prometheus: alert and recording rules (promtool)', function () 
     expect(run.stdout).to.include('SUCCESS');
   });
 
-  it('has a test for every alert it defines, and covers the issue\'s cases', async () => {
+  it('has a test for every alert it defines, and defines an alert for each failure Tally must make visible', async () => {
     const rules = await readFile(join(RULES_DIR, 'tally.rules.yml'), 'utf8');
     const tests = await readFile(join(RULES_DIR, 'tally.rules.test.yml'), 'utf8');
     const alerts = [...rules.matchAll(/^\s+- alert: (\S+)$/gm)].map((m) => m[1]!);

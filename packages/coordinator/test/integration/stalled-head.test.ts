@@ -13,7 +13,7 @@ import amqp from 'amqplib';
 import { publishAll, type Publish } from '@tally/workload';
 import { shardOf } from '@tally/shared';
 import { cleanup, compare, startDaemon, stopDaemon, testSpace, AMQP_URL, type DaemonProcess } from './harness.js';
-import { asAdmin, startConfiguredRedis } from './configured-redis.js';
+import { asAdmin, startPrivateRedis } from '@tally/testkit';
 import { brokerQueue, countsAt, metricsText, readyz, sample, waitFor } from './runtime-probes.js';
 
 const STUCK_SHARD = 5;
@@ -73,7 +73,7 @@ describe('a stalled head (integration: private redis-server with a narrow ACL, r
   });
 
   it('acks the finished deliveries behind a stuck one, reports the stall, and counts exactly once the stuck one can finish', async () => {
-    const server = await startConfiguredRedis({ args: ['--maxmemory-policy', 'noeviction'] });
+    const server = await startPrivateRedis({ args: ['--maxmemory-policy', 'noeviction'] });
     const stallMs = 2_000;
     const space = testSpace('stall', { TALLY_METRICS_PORT: '0', TALLY_STALL_MS: String(stallMs), TALLY_BATCH_WAIT_MS: '20', TALLY_VIRTUAL_SHARDS: '16' });
     const p = space.prefix;

@@ -1,5 +1,5 @@
 /**
- * TLS to Redis for real (issue 9, case 9): a CA and a server certificate made
+ * TLS to Redis for real: a CA and a server certificate made
  * with openssl here, a redis-server listening on its TLS port only (no
  * plaintext port at all, so any success proves TLS was spoken), and a URL
  * whose scheme is written in capitals, which used to connect in plaintext
@@ -14,8 +14,9 @@ import { expect } from 'chai';
 import { Redis } from 'ioredis';
 import { generateWorkload, publishAll } from '@tally/workload';
 import { readCounts } from '../../src/commands/counts.js';
-import { cleanup, compare, spawnDaemon, startDaemon, stopDaemon, testSpace, waitForReadyEmpty, AMQP_URL, CLI } from './harness.js';
-import { startConfiguredRedis, type ConfiguredRedis } from './configured-redis.js';
+import { cleanup, compare, runRefusedStart, startDaemon, stopDaemon, testSpace, waitForReadyEmpty, AMQP_URL } from './harness.js';
+import { tallyCli } from './fleet-helpers.js';
+import { startPrivateRedis, type PrivateRedis } from '@tally/testkit';
 
 const run = promisify(execFile);
 
@@ -46,25 +47,15 @@ async function makeCertificates(): Promise<Certificates> {
   return { dir, caFile: join(dir, 'ca.pem'), wrongCaFile: join(dir, 'wrong-ca.pem'), certFile: join(dir, 'server.pem'), keyFile: join(dir, 'server.key') };
 }
 
-async function tally(env: Record<string, string>, ...args: string[]): Promise<{ stdout: string; stderr: string; code: number }> {
-  try {
-    const { stdout, stderr } = await run(process.execPath, [CLI, ...args], { env: { ...process.env, ...env }, timeout: 60_000 });
-    return { stdout, stderr, code: 0 };
-  } catch (error) {
-    const e = error as { stdout: string; stderr: string; code: number };
-    return { stdout: e.stdout, stderr: e.stderr, code: e.code };
-  }
-}
-
 describe('TLS to Redis (integration: redis-server on its TLS port, certificates made by openssl)', function () {
   this.timeout(180_000);
   const PASSWORD = 'tls-secret-pw';
   let certs: Certificates;
-  let redis: ConfiguredRedis;
+  let redis: PrivateRedis;
 
   before(async () => {
     certs = await makeCertificates();
-    redis = await startConfiguredRedis({
+    redis = await startPrivateRedis({
       password: PASSWORD,
       args: ['--appendonly', 'yes'],
       tls: { certFile: certs.certFile, keyFile: certs.keyFile, caFile: certs.caFile, ca: await readFile(certs.caFile) },
@@ -103,7 +94,7 @@ describe('TLS to Redis (integration: redis-server on its TLS port, certificates 
       }
 
       // The CLI takes the same capitalised URL and speaks TLS as well.
-      const cli = await tally({ ...space.env }, 'counts', '--json');
+      const cli = await tallyCli({ ...space.env }, 'counts', '--json');
       expect(cli.code, cli.stderr).to.equal(0);
       expect(JSON.parse(cli.stdout)).to.deep.equal(Object.fromEntries(workload.truth));
     } finally {
@@ -113,21 +104,16 @@ describe('TLS to Redis (integration: redis-server on its TLS port, certificates 
 
   it('a certificate from another CA is refused: exit 1, one line naming NODE_EXTRA_CA_CERTS, no retry loop', async () => {
     const space = testSpace('tls', { TALLY_REDIS_URL: `Rediss://:${PASSWORD}@127.0.0.1:${redis.port}`, NODE_EXTRA_CA_CERTS: certs.wrongCaFile });
-    const daemon = spawnDaemon(space.env);
-    const timer = setTimeout(() => daemon.child.kill('SIGKILL'), 30_000);
-    const exit = await daemon.exited;
-    clearTimeout(timer);
-    const stderr = daemon.stderr.join('').trim().split('\n');
-    expect(exit.code, stderr.join('|')).to.equal(1);
-    expect(stderr).to.have.length(1);
-    expect(stderr[0]).to.include('NODE_EXTRA_CA_CERTS').and.include('not trusted');
-    expect(stderr[0]).not.to.include(PASSWORD);
-    const fatal = daemon.logs.map((l) => JSON.parse(l) as { msg: string; code?: string }).find((r) => r.msg === 'start failed');
-    expect(fatal?.code).to.equal('TALLY_REDIS_TLS');
-    expect(daemon.logs.some((l) => l.includes('redis unavailable; retrying'))).to.equal(false);
+    const refused = await runRefusedStart(space.env);
+    expect(refused.code, refused.stderrLines.join('|')).to.equal(1);
+    expect(refused.stderrLines).to.have.length(1);
+    expect(refused.stderrLines[0]).to.include('NODE_EXTRA_CA_CERTS').and.include('not trusted');
+    expect(refused.stderrLines[0]).not.to.include(PASSWORD);
+    expect(refused.fatalCode).to.equal('TALLY_REDIS_TLS');
+    expect(refused.logs.some((l) => l.includes('redis unavailable; retrying'))).to.equal(false);
 
     // The CLI says the same in one line.
-    const cli = await tally(space.env, 'counts', '--json');
+    const cli = await tallyCli(space.env, 'counts', '--json');
     expect(cli.code).to.equal(1);
     expect(cli.stderr.trim().split('\n')).to.have.length(1);
     expect(cli.stderr).to.include('NODE_EXTRA_CA_CERTS');
@@ -135,26 +121,19 @@ describe('TLS to Redis (integration: redis-server on its TLS port, certificates 
 
   it('without NODE_EXTRA_CA_CERTS the private CA is not trusted either: verification stays on', async () => {
     const space = testSpace('tls', { TALLY_REDIS_URL: `rediss://:${PASSWORD}@127.0.0.1:${redis.port}` });
-    const daemon = spawnDaemon(space.env);
-    const timer = setTimeout(() => daemon.child.kill('SIGKILL'), 30_000);
-    const exit = await daemon.exited;
-    clearTimeout(timer);
-    expect(exit.code).to.equal(1);
-    expect(daemon.stderr.join('')).to.include('NODE_EXTRA_CA_CERTS');
+    const refused = await runRefusedStart(space.env);
+    expect(refused.code).to.equal(1);
+    expect(refused.stderr).to.include('NODE_EXTRA_CA_CERTS');
   });
 
   it('rediss:// to a plaintext port is refused naming the TLS port, not retried', async () => {
-    const plain = await startConfiguredRedis({});
+    const plain = await startPrivateRedis({});
     try {
       const space = testSpace('tls', { TALLY_REDIS_URL: `rediss://127.0.0.1:${plain.port}` });
-      const daemon = spawnDaemon(space.env);
-      const timer = setTimeout(() => daemon.child.kill('SIGKILL'), 30_000);
-      const exit = await daemon.exited;
-      clearTimeout(timer);
-      const stderr = daemon.stderr.join('').trim().split('\n');
-      expect(exit.code, stderr.join('|')).to.equal(1);
-      expect(stderr).to.have.length(1);
-      expect(stderr[0]).to.include('does not speak TLS').and.include('tls-port');
+      const refused = await runRefusedStart(space.env);
+      expect(refused.code, refused.stderrLines.join('|')).to.equal(1);
+      expect(refused.stderrLines).to.have.length(1);
+      expect(refused.stderrLines[0]).to.include('does not speak TLS').and.include('tls-port');
     } finally {
       await plain.stop();
     }

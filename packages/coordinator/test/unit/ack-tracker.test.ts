@@ -1,17 +1,6 @@
 import { expect } from 'chai';
+import { seededRandom } from '@tally/workload';
 import { AckTracker } from '../../src/ack-tracker.js';
-
-/** Seeded PRNG (mulberry32): a failing seed can be replayed. */
-function mulberry32(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 function shuffled(n: number, random: () => number): number[] {
   const tags = Array.from({ length: n }, (_, i) => i + 1);
@@ -122,7 +111,7 @@ describe('AckTracker', function () {
   });
 
   it('property: random permutations of 1..N with acks taken at random moments', () => {
-    const random = mulberry32(0xacc);
+    const random = seededRandom(0xacc);
     let runs = 0;
     let acksTaken = 0;
     for (let run = 0; run < 300; run++) {
@@ -276,7 +265,7 @@ describe('AckTracker', function () {
     });
 
     it('property: random interleavings of receive, finish, stalled acks and multiple-acks never ack a tag twice or an unfinished one, and ack all in the end', () => {
-      const random = mulberry32(0x57a11);
+      const random = seededRandom(0x57a11);
       for (let run = 0; run < 300; run++) {
         const n = 1 + Math.floor(random() * 300);
         const stallMs = 50;

@@ -45,6 +45,7 @@ describe('dead-letter summary (pure)', () => {
     expect(parseReasonFlag(undefined)).to.equal(null);
     expect(parseReasonFlag('unknown')).to.equal('unknown');
     expect(parseReasonFlag('oversized-body')).to.equal('oversized-body');
+    expect(parseReasonFlag('count-refused'), 'a good message Redis refused to count').to.equal('count-refused');
     for (const bad of ['bogus', 'OVERSIZED-BODY', '']) expect(() => parseReasonFlag(bad)).to.throw().with.property('code', 'TALLY_CLI_USAGE');
     expect(parseLimitFlag(undefined, 20)).to.equal(20);
     expect(parseLimitFlag('7', 20)).to.equal(7);

@@ -1,5 +1,5 @@
 import { expect } from 'chai';
-import type { CounterName } from '@tally/shared';
+import { WindowGauge, type CounterName } from '@tally/shared';
 import { ExposureMeter } from '../../src/exposure-meter.js';
 
 function sink(): { totals: Map<CounterName, number>; add(name: CounterName, amount: number): void } {
@@ -7,23 +7,22 @@ function sink(): { totals: Map<CounterName, number>; add(name: CounterName, amou
   return { totals, add: (name, amount) => totals.set(name, (totals.get(name) ?? 0) + amount) };
 }
 
-const TIMINGS = { precheckMs: 1, writeMs: 4, occupyMs: 2 };
-
 describe('ExposureMeter', () => {
   it('integrates occupied-but-unacked messages over loaded time, and drops them once acked', () => {
     const out = sink();
     let loaded = true;
-    const meter = new ExposureMeter(out, () => loaded, true);
+    const meter = new ExposureMeter(out, () => loaded, () => 0);
     const link = {};
     meter.channelChanged(link);
     meter.sample(0);
     // Tag 2 done (one part of one), tag 3 half done (one part of two); tag 1 still in progress.
-    meter.batchDone([{ link, tag: 2, parts: 1 }, { link, tag: 3, parts: 2 }], TIMINGS);
+    meter.batchDone([
+      { link, tag: 2, parts: 1 },
+      { link, tag: 3, parts: 2 },
+    ]);
     meter.sample(1000);
     expect(out.totals.get('loaded_ms')).to.equal(1000);
     expect(out.totals.get('occupied_unacked_message_ms')).to.equal(1500);
-    // The window: 1.5 messages for the 2 ms occupy round trip.
-    expect(out.totals.get('window_message_ms')).to.equal(3);
     meter.acked(2);
     meter.sample(2000);
     expect(out.totals.get('occupied_unacked_message_ms')).to.equal(2000);
@@ -34,15 +33,35 @@ describe('ExposureMeter', () => {
     expect(out.totals.get('occupied_unacked_message_ms')).to.equal(2000);
   });
 
+  it('integrates the messages the window gauge shows, while loaded, including a window never closed', () => {
+    const out = sink();
+    let loaded = true;
+    const gauge = WindowGauge.create(4);
+    const meter = new ExposureMeter(out, () => loaded, () => gauge.messages());
+    meter.sample(0);
+    // Shard 1 sends its count write for 100 new parts, shard 3 for 40 parts of half a message each.
+    gauge.open(1, 100);
+    gauge.open(3, 20);
+    meter.sample(10);
+    expect(out.totals.get('window_message_ms')).to.equal(1200);
+    gauge.close(1);
+    meter.sample(30);
+    expect(out.totals.get('window_message_ms')).to.equal(1600);
+    // Shard 3's window stays open (its daemon is about to be killed): what was sampled is already handed over.
+    loaded = false;
+    meter.sample(1000);
+    expect(out.totals.get('window_message_ms'), 'time under light load is left out').to.equal(1600);
+  });
+
   it('ignores tags of a dead channel and has no window in atomic mode', () => {
     const out = sink();
-    const meter = new ExposureMeter(out, () => true, false);
+    const meter = new ExposureMeter(out, () => true, null);
     const old = {};
     const live = {};
     meter.channelChanged(old);
     meter.channelChanged(live);
     meter.sample(0);
-    meter.batchDone([{ link: old, tag: 1, parts: 1 }], TIMINGS);
+    meter.batchDone([{ link: old, tag: 1, parts: 1 }]);
     meter.occupied(live, 1, 1);
     meter.sample(100);
     expect(out.totals.get('occupied_unacked_message_ms')).to.equal(100);

@@ -16,9 +16,12 @@ async function waitFor(condition: () => boolean, what: string, timeoutMs = 2_000
 
 let nextTag = 1;
 /** A part whose delivery tag identifies it; nothing else of the delivery is used by the lanes. */
-function part(label?: string): PendingPart {
+function part(label?: string, changes = 1): PendingPart {
   const tag = nextTag++;
-  return { delivery: { tag, id: label ?? `m-${tag}` } as unknown as Delivery, changes: [[`sku-${tag}`, 1]] };
+  return {
+    delivery: { tag, id: label ?? `m-${tag}` } as unknown as Delivery,
+    changes: Array.from({ length: changes }, (_, c): [string, number] => [`sku-${tag}-${c}`, 1]),
+  };
 }
 
 interface Call {
@@ -72,7 +75,7 @@ class FakeDispatch {
 /** Lanes under test, closed after each test so no timer outlives it. */
 let open: ShardLanes[] = [];
 function lanes(options: Partial<LaneOptions>, dispatch: FakeDispatch): ShardLanes {
-  const l = new ShardLanes({ virtualShards: 4, batchSize: 3, batchWaitMs: 10_000, ...options }, dispatch.fn);
+  const l = new ShardLanes({ virtualShards: 4, batchSize: 3, batchMaxChanges: 1_000_000, batchWaitMs: 10_000, ...options }, dispatch.fn);
   open.push(l);
   return l;
 }
@@ -97,6 +100,49 @@ describe('ShardLanes', () => {
     expect(d.calls[0]!.parts).to.deep.equal(parts);
     expect(l.depths()).to.deep.equal([0, 0, 0, 0]);
     expect(l.load).to.deep.equal({ pendingParts: 0, busyLanes: 1 });
+  });
+
+  it('never dispatches a batch over batchMaxChanges, unless it is one part; flushes at the limit; keeps every part in order', async () => {
+    const d = new FakeDispatch();
+    const max = 50;
+    const l = lanes({ batchSize: 40, batchMaxChanges: max, batchWaitMs: 5 }, d);
+    let seed = 7;
+    const random = () => ((seed = (seed * 1103515245 + 12345) % 2 ** 31) / 2 ** 31);
+    const added: number[] = [];
+    for (let i = 0; i < 400; i++) {
+      // Mostly small parts, some big, a few over the limit by themselves (a hostile message aimed at one shard).
+      const size = random() < 0.05 ? max + 1 + Math.floor(random() * 100) : random() < 0.3 ? 10 + Math.floor(random() * 30) : 1 + Math.floor(random() * 4);
+      const p = part(undefined, size);
+      added.push(p.delivery.tag);
+      l.add(0, p);
+      for (const call of d.open()) call.resolve();
+      await settle();
+    }
+    l.flushAll();
+    while (l.load.busyLanes > 0 || l.load.pendingParts > 0) {
+      for (const call of d.open()) call.resolve();
+      await settle();
+    }
+    for (const call of d.calls) {
+      const changes = call.parts.reduce((sum, p) => sum + p.changes.length, 0);
+      if (call.parts.length > 1) expect(changes, `batch of ${call.parts.length} parts`).to.be.at.most(max);
+      expect(call.parts.length).to.be.at.most(40);
+    }
+    expect(d.calls.some((c) => c.parts.length === 1 && c.parts[0]!.changes.length > max), 'an oversized part goes alone').to.equal(true);
+    expect(d.calls.flatMap((c) => d.tags(c)), 'every part once, in order').to.deep.equal(added);
+    expect(d.violations).to.deep.equal([]);
+  });
+
+  it('flushes synchronously when the changes waiting reach batchMaxChanges', () => {
+    const d = new FakeDispatch();
+    const l = lanes({ batchSize: 100, batchMaxChanges: 10 }, d);
+    l.add(3, part(undefined, 4));
+    l.add(3, part(undefined, 4));
+    expect(d.calls).to.have.length(0);
+    l.add(3, part(undefined, 4));
+    expect(d.calls, 'twelve changes waiting: one batch of the first two parts (8 changes)').to.have.length(1);
+    expect(d.calls[0]!.parts.map((p) => p.changes.length)).to.deep.equal([4, 4]);
+    expect(l.depths()[3]).to.equal(1);
   });
 
   it('counts batchSize per lane, not across lanes', () => {

@@ -6,8 +6,9 @@
   Input:
     KEYS[1]                the batch's receipt
     KEYS[2]                the shard's marker base, <prefix>mk:{<vshard>}; the
-                           script reads and writes <base>:<bucket>:<sub> (the
-                           same hash tag, so the same slot on a cluster)
+                           script reads and writes <base>:<bucket>:<sub> and
+                           <base>:<bucket>:m (the same hash tag, so the same
+                           slot on a cluster)
     KEYS[3 .. m+2]         the batch's count keys
     ARGV[1]                marker TTL, seconds (also the receipt's)
     ARGV[2]                count TTL, seconds
@@ -20,9 +21,11 @@
                            (count key index 1..m, delta as a decimal string)
 
   Output:
-    {flags, countErrors, replayed}
-      flags        one character per part, '1' for a duplicate
-      countErrors  increments Redis refused (overflow, a foreign value)
+    {flags, refusals, replayed}
+      flags        one character per part: '0' counted now, '1' a duplicate,
+                   '2' refused by Redis (counted nothing, no marker)
+      refusals     one {part index, count key, delta, Redis error} per
+                   refused part (the first change Redis refused in it)
       replayed     1 when the receipt answered: the batch had already run
 
   Errors:
@@ -31,13 +34,13 @@
   - Markers are fields of time-bucketed hashes (shared/src/markers.ts): a
     part is a duplicate when its digest is done ('1') in any live bucket.
     (A two-step marker holds its batch's number instead; a prefix switches
-    mode only once no marker is live, so atomic mode never meets one.)
-    New markers go to the bucket of now (TIME, the server's clock), whose
-    hashes expire at the bucket's end plus the marker TTL. Each bucket's
-    meta hash <base>:<bucket>:m holds its sub-bucket count `s` (fixed by the
-    first script that writes to it, from `n` of the bucket before) and `n`,
-    the markers written to it, and `x`, which of its hashes already carry
-    their expiry (as in claim_markers.lua).
+    mode only once no marker is live, so atomic mode never meets one.) New
+    markers go to the bucket of now (TIME, the server's clock), whose hashes
+    expire at the bucket's end plus the marker TTL. Each bucket's meta hash
+    <base>:<bucket>:m holds its sub-bucket count `s` (fixed by the first
+    script that writes to it, from `n` of the bucket before), `n`, the
+    markers written to it, and `x`, which of its hashes already carry their
+    expiry (as in claim_markers.lua). Reads and writes are grouped by hash.
   - Everything that can fail for a bad argument is checked in the first
     pass, before any write: Redis does not roll back a script that errors
     halfway, so an error must come before the first write or not at all.
@@ -46,19 +49,30 @@
     that would leave that range is spilled as its own INCRBY first. Sums are
     sent to INCRBY formatted with %.0f (never tostring, which writes 1e+15),
     and Redis parses them as 64-bit integers.
-  - INCRBY runs under pcall: an overflowing count or a foreign value in a
-    count key is a refusal counted in countErrors, as in two-step mode, and
-    does not stop the rest of the batch.
-  - The receipt stores the result, so a retry after a lost reply (the script
-    ran, the answer never arrived) returns the first answer instead of
-    reporting the batch's own new parts as duplicates.
+  - Refusals: INCRBY runs under pcall, and is refused for a
+    foreign value in a count key (WRONGTYPE, not an integer) or a 64-bit
+    overflow. A refused part must count nothing and occupy no marker, so that
+    its replay from the dead-letter queue counts it once, while the batch's
+    other parts are counted and marked. Increments are applied in groups, all
+    or nothing (addAll: the applied ones are taken back with the inverse
+    increment, inside this one script, so nobody sees the intermediate
+    state). The usual case is one group, the whole batch summed per SKU; only
+    when Redis refuses one of those sums is every new part applied again as
+    its own group, and a part refused there is flagged '2'. Only keys on
+    which an INCRBY succeeded get the count TTL: a foreign key is never
+    touched.
+  - The receipt (keyed by the coordinator's batch id) stores the result, so a
+    rerun (a lost reply, a dead thread) returns the first answer instead of
+    reporting the batch's own new parts as duplicates, and its refusals.
   - The `#!lua` line makes Redis refuse the whole script up front when it is
     out of memory, rather than at the first write inside it.
 ]]
 local done = redis.call('GET', KEYS[1])
 if done then
+  -- 'flags', or 'flags:<refusals as JSON>' when a part was refused.
   local sep = string.find(done, ':', 1, true)
-  return {string.sub(done, 1, sep - 1), tonumber(string.sub(done, sep + 1)), 1}
+  if not sep then return {done, {}, 1} end
+  return {string.sub(done, 1, sep - 1), cjson.decode(string.sub(done, sep + 1)), 1}
 end
 if redis.replicate_commands then redis.replicate_commands() end
 local markerTtl = ARGV[1]
@@ -76,7 +90,7 @@ local current = math.floor(nowS / width)
 local oldest = math.floor((nowS - tonumber(markerTtl)) / width)
 local expiresAt = (current + 1) * width + tonumber(markerTtl)
 local CHUNK = 1000
--- Groups digests by the hash they fall in: {key -> {digests}}, keys in first-seen order.
+
 -- Which of the bucket's hashes already carry their expiry: a bitmap by
 -- sub-bucket in the meta field `x`, so a batch sets EXPIREAT only on the
 -- hashes it creates instead of on every hash it touches (one call per hash
@@ -128,6 +142,7 @@ local function groupBy(subs, bucket, digests)
   end
   return order, groups, subOfKey
 end
+
 -- Which digests are done in any live bucket: one HMGET per hash and bucket, in chunks.
 local all = {}
 local walk = 7
@@ -157,28 +172,28 @@ for bucket = current, oldest, -1 do
     end
   end
 end
-local function done(digest)
-  return doneSet[digest] == true
-end
-local fresh = {}
+
 local SAFE = 9007199254740991
 local flags = {}
 local seen = {}
 local sums = {}
 local spills = {}
+-- Where each part's k sits in ARGV, for the per-part pass after a refusal.
+local partAt = {}
+local digestOf = {}
 local pos = 7
 for i = 1, n do
   local marker = ARGV[pos]
   local k = tonumber(ARGV[pos + 1])
-  if marker == nil or #marker ~= 16 or k == nil then return redis.error_reply('TALLY_SCRIPT_ARGS part ' .. i .. ' has no digest or no change count') end
+  digestOf[i] = marker
+  partAt[i] = pos + 1
   pos = pos + 2
-  if seen[marker] or done(marker) then
+  if seen[marker] or doneSet[marker] then
     flags[i] = '1'
     pos = pos + 2 * k
   else
     flags[i] = '0'
     seen[marker] = true
-    fresh[#fresh + 1] = marker
     for _ = 1, k do
       local index = tonumber(ARGV[pos])
       local delta = tonumber(ARGV[pos + 1])
@@ -198,16 +213,75 @@ for i = 1, n do
     end
   end
 end
-local countErrors = 0
-local function add(index, sum)
-  if sum == 0 then sum = 0 end
-  local reply = redis.pcall('INCRBY', KEYS[2 + index], string.format('%.0f', sum))
-  if type(reply) == 'table' and reply.err then countErrors = countErrors + 1 end
+
+local function negate(delta)
+  if delta == '0' then return '0' end
+  if string.sub(delta, 1, 1) == '-' then return string.sub(delta, 2) end
+  return '-' .. delta
 end
-for _, spill in ipairs(spills) do add(spill[1], spill[2]) end
+
+-- Keys an INCRBY succeeded on (so they hold an integer): the only ones that get the count TTL.
+local touched = {}
+
+-- Applies INCRBY keys[i] deltas[i] for every i, all or nothing. Returns nil,
+-- or the position and error of the refused increment after taking back the
+-- ones before it (the inverse of an increment that succeeded cannot fail). A
+-- key taken back to 0 is deleted: the INCRBY may have created it, and a
+-- count of 0 reads the same as no key.
+local function addAll(keys, deltas)
+  for i = 1, #keys do
+    local reply = redis.pcall('INCRBY', keys[i], deltas[i])
+    if type(reply) == 'table' and reply.err then
+      for j = i - 1, 1, -1 do
+        if redis.call('INCRBY', keys[j], negate(deltas[j])) == 0 then redis.call('DEL', keys[j]) end
+      end
+      return i, reply.err
+    end
+    touched[keys[i]] = true
+  end
+  return nil
+end
+
+-- Never tostring (it writes 1e+15), and never '-0' (Redis refuses it).
+local function decimal(sum)
+  if sum == 0 then return '0' end
+  return string.format('%.0f', sum)
+end
+
+-- The usual case: the whole batch as one group, one INCRBY per SKU (and per spill).
+local keys, deltas = {}, {}
+for _, spill in ipairs(spills) do
+  keys[#keys + 1] = KEYS[2 + spill[1]]
+  deltas[#deltas + 1] = decimal(spill[2])
+end
 for index, sum in pairs(sums) do
-  add(index, sum)
-  redis.call('EXPIRE', KEYS[2 + index], countTtl)
+  keys[#keys + 1] = KEYS[2 + index]
+  deltas[#deltas + 1] = decimal(sum)
+end
+local refusals = {}
+if addAll(keys, deltas) then
+  -- Nothing of the batch is counted now: each new part again, as its own group.
+  for i = 1, n do
+    if flags[i] == '0' then
+      local at = partAt[i]
+      local k = tonumber(ARGV[at])
+      local partKeys, partDeltas = {}, {}
+      for c = 1, k do
+        partKeys[c] = KEYS[2 + tonumber(ARGV[at + 2 * c - 1])]
+        partDeltas[c] = ARGV[at + 2 * c]
+      end
+      local failed, err = addAll(partKeys, partDeltas)
+      if failed then
+        flags[i] = '2'
+        refusals[#refusals + 1] = {i, partKeys[failed], partDeltas[failed], err}
+      end
+    end
+  end
+end
+for key in pairs(touched) do redis.call('EXPIRE', key, countTtl) end
+local fresh = {}
+for i = 1, n do
+  if flags[i] == '0' then fresh[#fresh + 1] = digestOf[i] end
 end
 if #fresh > 0 then
   local meta = base .. ':' .. current .. ':m'
@@ -240,5 +314,7 @@ if #fresh > 0 then
   redis.call('HINCRBY', meta, 'n', #fresh)
 end
 local result = table.concat(flags)
-redis.call('SET', KEYS[1], result .. ':' .. countErrors, 'EX', markerTtl)
-return {result, countErrors, 0}
+local receipt = result
+if #refusals > 0 then receipt = result .. ':' .. cjson.encode(refusals) end
+redis.call('SET', KEYS[1], receipt, 'EX', markerTtl)
+return {result, refusals, 0}

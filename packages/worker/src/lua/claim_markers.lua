@@ -17,7 +17,7 @@
     ARGV[6 ..]  one 16-byte digest per part
 
   Output:
-    {flags, bucket, takeovers, batch}
+    {flags, bucket, takeovers, batch, touch}
       flags      one character per part: '0' new (now claimed by this
                  daemon), '1' done (a duplicate: its marker is occupied, or
                  an earlier part of this batch has the same digest), '2' held
@@ -25,6 +25,8 @@
       bucket     the bucket the claims went to, for occupy_markers
       batch      this batch's number in that bucket (0 when nothing was
                  claimed), for occupy_markers
+      touch      the newest bucket holding markers of this shard (-1: none),
+                 whose meta hash the WAIT of replica-wait.ts touches
       takeovers  parts claimed over another daemon's expired claim (that
                  daemon died or stalled: if it had written the counts, the
                  part is counted again, as after a crash in the window)
@@ -163,9 +165,11 @@ end
 -- Every live bucket that holds markers, newest first: done wins; a live claim of another daemon holds.
 local expired = {}
 local currentSubs = false
+local touch = -1
 for bucket = current, oldest, -1 do
   local subs = tonumber(redis.call('HGET', base .. ':' .. bucket .. ':m', 's'))
   if bucket == current then currentSubs = subs or false end
+  if subs and touch == -1 then touch = bucket end
   if subs then
     local order, groups = groupBy(subs, bucket, distinct)
     for _, key in ipairs(order) do
@@ -238,4 +242,5 @@ end
 for i = FIRST, #ARGV do
   if flags[i - FIRST + 1] == nil then flags[i - FIRST + 1] = seen[ARGV[i]] end
 end
-return {table.concat(flags), current, takeovers, batch}
+if batch > 0 then touch = current end
+return {table.concat(flags), current, takeovers, batch, touch}

@@ -11,8 +11,11 @@
                 unknown (as in claim_markers)
     ARGV[4]     the bucket claim_markers put the claims in
     ARGV[5]     the batch number claim_markers gave them
-    ARGV[6 ..]  the 16-byte digests of the parts: only needed, and only
-                sent, when the first call answered -1
+    ARGV[6]     r, the number of parts Redis refused to count
+    ARGV[7 .. 6+r]  their 16-byte digests: their claims are deleted, so they
+                get no marker and their replay counts them
+    ARGV[7+r ..]    the 16-byte digests of the other new parts: only needed,
+                and only sent, when the first call answered -1
 
   Output:
     n  the markers occupied, or -1: time has moved on to a later bucket, so
@@ -33,12 +36,18 @@ local ttl = tonumber(ARGV[2])
 local initialSubs = tonumber(ARGV[3])
 local claimed = tonumber(ARGV[4])
 local batch = ARGV[5]
-local FIRST = 6
+local refused = tonumber(ARGV[6])
+local FIRST = 7 + refused
 local CHUNK = 1000
 local nowS = tonumber(redis.call('TIME')[1])
 local current = math.floor(nowS / width)
 if current ~= claimed and #ARGV < FIRST then return -1 end
 
+local claimSubs = tonumber(redis.call('HGET', base .. ':' .. claimed .. ':m', 's')) or initialSubs
+for i = 7, 6 + refused do
+  local digest = ARGV[i]
+  redis.call('HDEL', base .. ':' .. claimed .. ':' .. ((string.byte(digest, 1) * 256 + string.byte(digest, 2)) % claimSubs), digest)
+end
 redis.call('HSET', base .. ':' .. claimed .. ':m', 'b' .. batch, '1')
 if current == claimed then return 0 end
 

@@ -3,29 +3,129 @@
   Two-step mode, step 2: writes a batch's counts, all of them or none.
 
   Input:
-    KEYS[1]       the batch's write receipt
-    KEYS[2..n+1]  its count keys
+    KEYS[1]       the batch's write receipt (keyed by the coordinator's batch id)
+    KEYS[2..m+1]  its count keys
     ARGV[1]       count TTL, seconds
     ARGV[2]       receipt TTL, seconds (the marker TTL)
-    ARGV[3..n+2]  one delta per count key, as a decimal string (Redis parses
-                  it as a 64-bit integer; Lua never turns it into a double)
+    ARGV[3]       layout of the rest: 'sums' or 'parts'
+    'sums':  ARGV[4..m+3]  one delta per count key: the batch's new parts
+                           summed per SKU (the usual call: one INCRBY per SKU)
+    'parts': ARGV[4]       N, the number of parts in the batch
+             ARGV[5..]     per new part: its batch index (1..N), k, then k
+                           pairs (count key index 1..m, delta)
+    Deltas are decimal strings: Redis parses them as 64-bit integers, Lua
+    never turns them into doubles.
 
   Output:
-    {refused, alreadyWritten}
-      refused         increments Redis refused (overflow, a foreign value)
-      alreadyWritten  1 when the receipt was there: nothing was written again
+    {outcome, refusedParts, refusals}
+      outcome       'written'; 'receipt' when the receipt was there (a rerun:
+                    nothing written again, the first run's answer returned);
+                    'isolate' when Redis refused a sum ('sums' only): nothing
+                    was written, call again with 'parts'
+      refusedParts  '' when no part was refused, else one character per
+                    batch part, '1' for a refused part
+      refusals      one {part index, count key, delta, Redis error} per
+                    refused part (the first change Redis refused in it)
 
   A script runs atomically, so the counts land together or not at all, and
-  the receipt written with them makes a retry after a lost reply a no-op
-  instead of a second count. INCRBY runs under pcall: a refused increment is
-  counted and does not stop the rest of the batch.
+  the receipt written with them makes a rerun (a lost reply, a dead thread:
+  the batch id is the same) a no-op instead of a second count.
+
+  Refusals. INCRBY is refused for a foreign value in a count
+  key (WRONGTYPE, not an integer) or a 64-bit overflow. A refused part must
+  count nothing, so that its replay from the dead-letter queue counts it
+  once: a group of increments is applied all or nothing (addAll: the applied
+  ones are taken back with the inverse increment, inside this one script, so
+  nobody sees the intermediate state). With 'sums' the whole batch is one
+  group: a refusal leaves everything as it was and asks for 'parts', where
+  each part is its own group. Only keys on which an INCRBY succeeded get the
+  count TTL: a foreign key is never touched.
 ]]
-if redis.call('EXISTS', KEYS[1]) == 1 then return {0, 1} end
-local refused = 0
-for i = 2, #KEYS do
-  local reply = redis.pcall('INCRBY', KEYS[i], ARGV[i + 1])
-  if type(reply) == 'table' and reply.err then refused = refused + 1 end
-  redis.call('EXPIRE', KEYS[i], ARGV[1])
+local done = redis.call('GET', KEYS[1])
+if done then
+  -- '1' (or the refused count of an older receipt): nothing was refused.
+  local sep = string.find(done, ':', 1, true)
+  if not sep then return {'receipt', '', {}} end
+  return {'receipt', string.sub(done, 1, sep - 1), cjson.decode(string.sub(done, sep + 1))}
 end
-redis.call('SET', KEYS[1], refused, 'EX', ARGV[2])
-return {refused, 0}
+
+local countTtl = ARGV[1]
+local receiptTtl = ARGV[2]
+local layout = ARGV[3]
+local m = #KEYS - 1
+
+local function negate(delta)
+  if delta == '0' then return '0' end
+  if string.sub(delta, 1, 1) == '-' then return string.sub(delta, 2) end
+  return '-' .. delta
+end
+
+-- Keys an INCRBY succeeded on (so they hold an integer): the only ones that get the count TTL.
+local touched = {}
+
+-- Applies INCRBY keys[i] deltas[i] for every i, all or nothing. Returns nil,
+-- or the position and error of the refused increment after taking back the
+-- ones before it (the inverse of an increment that succeeded cannot fail). A
+-- key taken back to 0 is deleted: the INCRBY may have created it, and a
+-- count of 0 reads the same as no key.
+local function addAll(keys, deltas)
+  for i = 1, #keys do
+    local reply = redis.pcall('INCRBY', keys[i], deltas[i])
+    if type(reply) == 'table' and reply.err then
+      for j = i - 1, 1, -1 do
+        if redis.call('INCRBY', keys[j], negate(deltas[j])) == 0 then redis.call('DEL', keys[j]) end
+      end
+      return i, reply.err
+    end
+    touched[keys[i]] = true
+  end
+  return nil
+end
+
+local function expireTouched()
+  for key in pairs(touched) do redis.call('EXPIRE', key, countTtl) end
+end
+
+if layout == 'sums' then
+  local keys, deltas = {}, {}
+  for i = 1, m do
+    keys[i] = KEYS[1 + i]
+    deltas[i] = ARGV[3 + i]
+  end
+  local refused = addAll(keys, deltas)
+  expireTouched()
+  if refused then return {'isolate', '', {}} end
+  redis.call('SET', KEYS[1], '1', 'EX', receiptTtl)
+  return {'written', '', {}}
+end
+
+if layout ~= 'parts' then return redis.error_reply('TALLY_SCRIPT_ARGS unknown layout ' .. tostring(layout)) end
+local n = tonumber(ARGV[4])
+local flags = {}
+for i = 1, n do flags[i] = '0' end
+local refusals = {}
+local pos = 5
+while pos <= #ARGV do
+  local part = tonumber(ARGV[pos])
+  local k = tonumber(ARGV[pos + 1])
+  pos = pos + 2
+  local keys, deltas = {}, {}
+  for c = 1, k do
+    keys[c] = KEYS[1 + tonumber(ARGV[pos])]
+    deltas[c] = ARGV[pos + 1]
+    pos = pos + 2
+  end
+  local at, err = addAll(keys, deltas)
+  if at then
+    flags[part] = '1'
+    refusals[#refusals + 1] = {part, keys[at], deltas[at], err}
+  end
+end
+expireTouched()
+if #refusals == 0 then
+  redis.call('SET', KEYS[1], '1', 'EX', receiptTtl)
+  return {'written', '', {}}
+end
+local refusedParts = table.concat(flags)
+redis.call('SET', KEYS[1], refusedParts .. ':' .. cjson.encode(refusals), 'EX', receiptTtl)
+return {'written', refusedParts, refusals}

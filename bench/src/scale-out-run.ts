@@ -1,0 +1,223 @@
+/**
+ * `pnpm bench --scale-out`: Tally (atomic mode) on a standalone Redis against Tally on a
+ * Redis Cluster of 3 masters (3 replicas), the same workload, pair by pair,
+ * with 1, 2 and 3 daemons on one queue. Both servers are the bench's own
+ * (a private redis-server and testkit's cluster), started once.
+ *
+ *   for each round, for each daemon count: standalone, then cluster (order rotated by round)
+ *     reset -> preload -> start N daemons at once -> [clock from the first one consuming]
+ *           -> every count at its truth and nothing ready -> [clock stops] -> SIGTERM all -> verify exact
+ *
+ * Every run must count exactly (exit 1 otherwise); the speeds never decide
+ * the exit code. On a 2-core machine several daemons and six Redis servers
+ * share the same two cores as RabbitMQ: the figures show the overheads, not
+ * what more machines would give.
+ */
+import { mkdir, writeFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import { setTimeout as sleep } from 'node:timers/promises';
+import amqp from 'amqplib';
+import { Cluster, Redis } from 'ioredis';
+import { countKey, shardOf } from '@tally/shared';
+import { readCounts } from '@tally/coordinator/counts';
+import { resetNamespace, startPrivateRedis, startRedisCluster, type PrivateRedis, type RedisCluster } from '@tally/testkit';
+import { compareWithTruth, describeTruthCheck, generateWorkload, publishAll, type Workload } from '@tally/workload';
+import { startContender, type RunningContender } from './contenders.js';
+import { queueState } from './broker.js';
+import type { BenchOptions } from './options.js';
+import { roundOrder } from './run-bench.js';
+import { median } from './stats.js';
+
+const VIRTUAL_SHARDS = 16;
+
+export interface ScaleOutRecord {
+  readonly topology: 'standalone' | 'cluster';
+  readonly daemons: number;
+  readonly round: number;
+  readonly messages: number;
+  readonly seconds: number;
+  readonly msgPerSec: number;
+  readonly correct: boolean;
+  readonly problem?: string;
+}
+
+interface Topology {
+  readonly name: 'standalone' | 'cluster';
+  readonly url: string;
+  readonly client: Redis | Cluster;
+}
+
+/** Reads the counts of `keys` grouped by virtual shard: one MGET per shard, which is one slot on a cluster. */
+async function readByShard(client: Redis | Cluster, keys: ReadonlyArray<{ key: string; vshard: number }>): Promise<Map<string, string | null>> {
+  const groups = new Map<number, string[]>();
+  for (const { key, vshard } of keys) {
+    const group = groups.get(vshard) ?? [];
+    group.push(key);
+    groups.set(vshard, group);
+  }
+  const values = new Map<string, string | null>();
+  await Promise.all(
+    [...groups.values()].map(async (group) => {
+      const replies = await client.mget(group);
+      group.forEach((key, i) => values.set(key, replies[i] ?? null));
+    }),
+  );
+  return values;
+}
+
+/** Epoch ms when every count reached its truth and nothing was ready; null after 20 s without progress. */
+async function watchDrain(
+  topology: Topology,
+  channel: amqp.Channel,
+  queue: string,
+  prefix: string,
+  truth: ReadonlyMap<string, number>,
+): Promise<number | null> {
+  let pending = [...truth].map(([sku, want]) => {
+    const vshard = shardOf(sku, VIRTUAL_SHARDS);
+    return { key: countKey(prefix, vshard, sku), vshard, want };
+  });
+  let lastProgress = Date.now();
+  for (;;) {
+    const values = await readByShard(topology.client, pending);
+    const still = pending.filter((p) => Number(values.get(p.key) ?? 0) !== p.want);
+    if (still.length < pending.length) lastProgress = Date.now();
+    pending = still;
+    if (pending.length === 0 && (await channel.checkQueue(queue)).messageCount === 0) return Date.now();
+    if (Date.now() - lastProgress > 20_000) return null;
+    await sleep(50);
+  }
+}
+
+async function runOne(options: BenchOptions, topology: Topology, daemons: number, round: number, workload: Workload, runId: string): Promise<ScaleOutRecord> {
+  const label = `${topology.name}.d${daemons}.r${round}`;
+  const queue = `bench.scale.${runId}.${label}`;
+  const prefix = `bench:${runId}:scale:${label}:`;
+  const messages = workload.publishes.length;
+  const base = { topology: topology.name, daemons, round, messages };
+  await resetNamespace({ amqpUrl: options.amqpUrl, redisUrl: topology.url, queue, prefix });
+  await publishAll(workload.publishes, { url: options.amqpUrl, queue });
+  await sleep(500);
+  const running: RunningContender[] = [];
+  let problem: string | undefined;
+  let seconds = Number.NaN;
+  try {
+    const started = await Promise.all(
+      Array.from({ length: daemons }, () =>
+        startContender({
+          // Atomic: exact with several daemons on one queue (two-step can count a duplicate twice
+          // when two daemons take its copies at the same instant; docs/scale-out.md), so every run is checked exactly.
+          contender: 'tally-atomic',
+          queue,
+          prefix,
+          amqpUrl: options.amqpUrl,
+          redisUrl: topology.url,
+          prefetch: options.prefetch,
+          ackEvery: options.ackEvery,
+          ackWaitMs: options.ackWaitMs,
+          expected: messages,
+          recordLatency: false,
+          tallyEnv: { TALLY_VIRTUAL_SHARDS: String(VIRTUAL_SHARDS), ...options.tallyEnv },
+        }),
+      ),
+    );
+    running.push(...started);
+    const connection = await amqp.connect(options.amqpUrl, { clientProperties: { connection_name: 'tally-bench-watch' } });
+    try {
+      const channel = await connection.createChannel();
+      const endedAt = await watchDrain(topology, channel, queue, prefix, workload.truth);
+      const startedAt = Math.min(...running.map((r) => r.consumingAt));
+      if (endedAt === null) problem = 'drain stalled';
+      else seconds = (endedAt - startedAt) / 1000;
+    } finally {
+      await connection.close().catch(() => {});
+    }
+  } catch (error) {
+    problem = `did not run: ${error instanceof Error ? error.message : String(error)}`;
+  } finally {
+    const exits = await Promise.all(running.map((r) => r.stop()));
+    if (problem === undefined && exits.some((e) => e.code !== 0))
+      problem = `a daemon exited with ${exits.map((e) => e.code ?? e.signal).join(', ')} on SIGTERM`;
+  }
+  if ((await queueState(options.amqpUrl, queue)).messageCount !== 0) problem ??= 'messages left in the queue';
+  const counts = await readCounts(topology.client, { prefix, virtualShards: VIRTUAL_SHARDS }, []);
+  const check = compareWithTruth(counts, workload.truth);
+  if (!check.exact) problem = `${problem ? `${problem}; ` : ''}counts: ${describeTruthCheck(check, counts, workload.truth)}`;
+  await resetNamespace({ amqpUrl: options.amqpUrl, redisUrl: topology.url, queue, prefix });
+  return { ...base, seconds, msgPerSec: messages / seconds, correct: problem === undefined, ...(problem ? { problem } : {}) };
+}
+
+export function scaleOutTable(records: readonly ScaleOutRecord[]): string {
+  const counts = [...new Set(records.map((r) => r.daemons))].sort((a, b) => a - b);
+  const rate = (topology: ScaleOutRecord['topology'], daemons: number): number =>
+    median(records.filter((r) => r.topology === topology && r.daemons === daemons && r.correct).map((r) => r.msgPerSec));
+  const lines = ['| daemons | standalone msg/s | cluster (3 masters) msg/s | cluster / standalone | all runs exact |', '|---:|---:|---:|---:|---|'];
+  for (const d of counts) {
+    const [s, c] = [rate('standalone', d), rate('cluster', d)];
+    const exact = records.filter((r) => r.daemons === d).every((r) => r.correct);
+    lines.push(`| ${d} | ${Math.round(s)} | ${Math.round(c)} | ${(c / s).toFixed(2)} | ${exact ? 'yes' : 'NO'} |`);
+  }
+  return lines.join('\n');
+}
+
+export async function runScaleOut(options: BenchOptions, outDir: string, log: (line: string) => void): Promise<number> {
+  const daemonCounts = options.quick ? [1, 2] : [1, 2, 3];
+  const runId = `${Date.now().toString(36)}${process.pid.toString(36)}`;
+  let standalone: PrivateRedis | null = null;
+  let cluster: RedisCluster | null = null;
+  const clients: Array<Redis | Cluster> = [];
+  const records: ScaleOutRecord[] = [];
+  try {
+    standalone = await startPrivateRedis();
+    cluster = await startRedisCluster();
+    log(`private redis-server on ${standalone.url}; cluster of 3 masters + 3 replicas on ${cluster.seedUrls.slice(0, 3).join(', ')} ...`);
+    const standaloneClient = new Redis(standalone.url, { connectionName: 'tally-bench' });
+    const clusterClient = new Cluster([...cluster.seeds], { redisOptions: { connectionName: 'tally-bench' } });
+    clients.push(standaloneClient, clusterClient);
+    const topologies: Topology[] = [
+      { name: 'standalone', url: standalone.url, client: standaloneClient },
+      { name: 'cluster', url: cluster.seedUrls.join(','), client: clusterClient },
+    ];
+    const workload = generateWorkload({
+      messages: options.messages,
+      skus: options.skus,
+      zipf: options.zipf,
+      minChanges: options.minChanges,
+      maxChanges: options.maxChanges,
+      duplicateRate: options.duplicateRate,
+      seed: options.seed,
+      badRate: 0,
+      idPrefix: 'scale',
+    });
+    log(`workload: ${workload.publishes.length} deliveries, ${workload.truth.size} SKUs; daemons ${daemonCounts.join(', ')}; ${options.rounds} round(s)`);
+    for (let round = 0; round < options.rounds; round++) {
+      for (const daemons of daemonCounts) {
+        // Pair by pair: the same daemon count on both topologies back to back, the order rotated each round.
+        for (const topology of roundOrder(topologies, round + daemons)) {
+          const record = await runOne(options, topology, daemons, round, workload, runId);
+          records.push(record);
+          log(
+            `  round ${round + 1} ${topology.name.padEnd(10)} ${daemons} daemon(s): ${Number.isFinite(record.msgPerSec) ? `${Math.round(record.msgPerSec)} msg/s` : 'no rate'} ` +
+              `${record.seconds.toFixed(2)} s  ${record.correct ? 'exact' : `PROBLEM: ${record.problem}`}`,
+          );
+        }
+      }
+    }
+  } finally {
+    for (const client of clients) client.disconnect();
+    await cluster?.stop();
+    await standalone?.stop();
+  }
+  const table = scaleOutTable(records);
+  process.stdout.write(`\n${table}\n\n`);
+  await mkdir(outDir, { recursive: true });
+  await writeFile(
+    join(outDir, 'scale-out.json'),
+    `${JSON.stringify({ finishedAt: new Date().toISOString(), quick: options.quick, messages: options.messages, records }, null, 2)}\n`,
+  );
+  await writeFile(join(outDir, 'scale-out.md'), `${table}\n`);
+  log(`wrote ${join(outDir, 'scale-out.json')}, ${join(outDir, 'scale-out.md')}`);
+  const failed = records.some((r) => !r.correct);
+  log(failed ? 'bench --scale-out: FAILED: a run miscounted or did not run' : 'bench --scale-out: every run counted exactly');
+  return failed ? 1 : 0;
+}

@@ -1,0 +1,128 @@
+/**
+ * Tally on a real Redis Cluster (3 masters, 3 replicas, started by testkit):
+ * the daemon detects it, writes every shard batch to its slot's master, and
+ * the CLI reads every master. The kill and failover scenarios are in the
+ * fault suite (test-faults/10-cluster.fault.ts).
+ */
+import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { expect } from 'chai';
+import { generateWorkload, publishAll } from '@tally/workload';
+import { startRedisCluster, type RedisCluster } from '@tally/testkit';
+import { keySlot, isCluster, scanNodes } from '@tally/runtime';
+import type { TallyMode } from '@tally/shared';
+import type { StatusReport } from '../../src/commands/status.js';
+import { cleanup, compare, startDaemon, stopDaemon, testSpace, waitForReadyEmpty, AMQP_URL, type DaemonProcess } from './harness.js';
+import { tallyCli, until } from './fleet-helpers.js';
+import { countKeysPerMaster, withRedisAt } from './cluster-helpers.js';
+
+describe('Redis Cluster (integration: 3 masters + 3 replicas of our own)', function () {
+  this.timeout(300_000);
+  let cluster: RedisCluster;
+  /** Two of the six nodes as seeds: the client finds the rest from them. */
+  let seeds: string;
+
+  before(async () => {
+    cluster = await startRedisCluster();
+    seeds = `${cluster.seedUrls[0]},${cluster.seedUrls[4]}`;
+  });
+
+  after(async () => {
+    await cluster?.stop();
+  });
+
+  it("computes every key's slot as the cluster does (hash tags included)", async () => {
+    const keys = ['foo', '{7}', 'tally:c:{7}:sku-1', 'tally:m:{7}:id', 'x{}y', '{}{7}', 'a{b}c{d}', 'é{ü}', 't.fleet:daemon:host:123:abcd', 'tally:stats'];
+    await withRedisAt(seeds, async (redis) => {
+      expect(isCluster(redis)).to.equal(true);
+      const node = scanNodes(redis)[0]!;
+      for (const key of keys) expect(keySlot(key), key).to.equal(Number(await node.cluster('KEYSLOT', key)));
+    });
+  });
+
+  for (const mode of ['atomic', 'two-step'] as TallyMode[]) {
+    it(`${mode}: exact counts with duplicates and bad messages, keys on every master, and the CLI (counts, stats, status, verify) reads the cluster`, async () => {
+      const space = testSpace(`cluster-${mode}`, { TALLY_REDIS_URL: seeds, TALLY_MODE: mode, TALLY_BATCH_SIZE: '200' });
+      const dir = await mkdtemp(join(tmpdir(), 'tally-cluster-test-'));
+      let daemon: DaemonProcess | null = null;
+      try {
+        const workload = generateWorkload({
+          messages: 4_000,
+          skus: 600,
+          seed: mode === 'atomic' ? 51 : 52,
+          duplicateRate: 0.05,
+          badRate: 0.02,
+          idPrefix: space.queue,
+        });
+        daemon = await startDaemon(space.env);
+        expect(daemon.logs.some((l) => l.includes('redis cluster detected') && l.includes('"masters":3'))).to.equal(true);
+        const status = await until(
+          'tally status listing the daemon',
+          async () => {
+            const r = JSON.parse((await tallyCli(space.env, 'status', '--json')).stdout) as StatusReport;
+            return r.daemons.length === 1 && r.daemons[0]!.consuming ? r : undefined;
+          },
+          30_000,
+          300,
+        );
+        expect(status.daemons[0]!.pid).to.equal(daemon.child.pid);
+        expect(status.layout?.mode).to.equal(mode);
+
+        await publishAll(workload.publishes, { url: AMQP_URL, queue: space.queue });
+        await waitForReadyEmpty(space.queue);
+        await sleep(500);
+        expect((await stopDaemon(daemon)).code).to.equal(0);
+
+        const countsOut = await tallyCli(space.env, 'counts', '--json');
+        expect(countsOut.code, countsOut.stderr).to.equal(0);
+        const counts = new Map(Object.entries(JSON.parse(countsOut.stdout) as Record<string, number>));
+        const diff = compare(counts, workload.truth);
+        expect(diff.exact, `lost ${diff.missingUnits}, excess ${diff.excessUnits}`).to.equal(true);
+        expect(counts.size).to.equal(workload.truth.size);
+
+        // --sku reads keys of several slots, each from its master.
+        const some = [...workload.truth.keys()].slice(0, 5);
+        const picked = JSON.parse((await tallyCli(space.env, 'counts', '--json', ...some.flatMap((sku) => ['--sku', sku]))).stdout) as Record<string, number>;
+        for (const sku of some) expect(picked[sku], sku).to.equal(workload.truth.get(sku));
+
+        const stats = JSON.parse((await tallyCli(space.env, 'stats', '--json')).stdout) as Record<string, number | string | null>;
+        expect(stats.mode).to.equal(mode);
+        expect(stats.received).to.equal(workload.publishes.length);
+        expect(stats.counted).to.equal(workload.good);
+        expect((stats.duplicates as number) + (stats.partial_duplicates as number)).to.equal(workload.duplicates);
+        expect(stats.dead_lettered).to.equal(workload.bad);
+
+        const truthFile = join(dir, 'truth.json');
+        await writeFile(truthFile, JSON.stringify({ counts: Object.fromEntries(workload.truth) }));
+        const verified = await tallyCli(space.env, 'verify', '--truth', truthFile, '--exact', '--json');
+        expect(verified.code, verified.stderr).to.equal(0);
+        expect(JSON.parse(verified.stdout)).to.include({ below: 0, above: 0, exact: workload.truth.size });
+
+        const perMaster = await withRedisAt(seeds, (redis) => countKeysPerMaster(redis, space.prefix));
+        expect(perMaster).to.have.length(3);
+        expect(perMaster.reduce((a, b) => a + b, 0)).to.equal(workload.truth.size);
+        expect(
+          perMaster.every((n) => n > 0),
+          `count keys per master: ${perMaster.join(', ')}`,
+        ).to.equal(true);
+
+        const after = JSON.parse((await tallyCli(space.env, 'status', '--json')).stdout) as StatusReport;
+        expect(after.daemons, 'a clean stop removes the heartbeat').to.deep.equal([]);
+        console.log(`      ${mode} on the cluster: ${workload.publishes.length} publishes, exact; count keys per master ${perMaster.join('/')}`);
+      } finally {
+        if (daemon !== null) await stopDaemon(daemon);
+        await cleanup(space);
+        await rm(dir, { recursive: true, force: true });
+      }
+    });
+  }
+
+  it('the CLI against a seed that is down reads the cluster through the other seed', async () => {
+    const space = testSpace('cluster-seed', { TALLY_REDIS_URL: `redis://127.0.0.1:1,${cluster.seedUrls[1]}` });
+    const out = await tallyCli(space.env, 'stats', '--json');
+    expect(out.code, out.stderr).to.equal(0);
+    expect(JSON.parse(out.stdout)).to.include({ received: 0 });
+  });
+});
