@@ -177,13 +177,13 @@ describe('two-step batch against a real Redis', function () {
     const client = createRedisClient(REDIS_URL, 'test');
     try {
       // Another daemon gets the redelivery at once: the dead one's claims are live, so it holds every part back.
-      const early = await runTwoStepBatch(client, settingsFor(prefix, { claimToken: 'b2', claimTtlMs: 1_500 }), redelivered(task), quiet);
+      const early = await runTwoStepBatch(client, settingsFor(prefix, { claimToken: 'b2', claimTtlMs: 5_000 }), redelivered(task), quiet);
       expect([...early.marked], 'held by the live claims').to.deep.equal(task.ids.map(() => 2));
       expect(await countsIn(redis, prefix, task), 'a held part adds nothing').to.deep.equal(expectedCounts(task));
       // Once the claims are older than the claim TTL they are taken over. The
       // redelivery finds no marker and counts again: double, never zero.
-      await new Promise((resolve) => setTimeout(resolve, 1_600));
-      const redelivery = await runTwoStepBatch(client, settingsFor(prefix, { claimToken: 'b2', claimTtlMs: 1_500 }), redelivered(task), quiet);
+      await new Promise((resolve) => setTimeout(resolve, 5_100));
+      const redelivery = await runTwoStepBatch(client, settingsFor(prefix, { claimToken: 'b2', claimTtlMs: 5_000 }), redelivered(task), quiet);
       expect(redelivery.claimTakeovers, 'every dead claim taken over, and said so').to.equal(task.ids.length);
       expect([...redelivery.marked].every((m) => m === 0)).to.equal(true);
       const doubled = new Map([...expectedCounts(task)].map(([sku, n]) => [sku, 2 * n]));
@@ -359,7 +359,8 @@ describe('two-step batch against a real Redis', function () {
         let checks = 0;
         // Until just under the TTL after the markers were written, every copy is a duplicate.
         while (performance.now() - markedAt < 1_850) {
-          const again = await run(client, settings, task, quiet);
+          // A copy is a new batch (a new batch id): the same id would be answered by the first run's receipt.
+          const again = await run(client, settings, redelivered(task), quiet);
           if (performance.now() - markedAt >= 2_000) break; // the check itself ran past the TTL: not evidence either way
           expect([...again.marked], `a duplicate ${Math.round(performance.now() - markedAt)} ms after`).to.deep.equal(task.ids.map(() => 1));
           checks++;
@@ -369,7 +370,7 @@ describe('two-step batch against a real Redis', function () {
         expect(await countsIn(redis, prefix, task), 'counted once').to.deep.equal(expectedCounts(task));
         // A marker lives at most one bucket width past the TTL: after that the same id counts again.
         await new Promise((resolve) => setTimeout(resolve, Math.max(0, 3_300 - (performance.now() - markedAt))));
-        const expired = await run(client, settings, task, quiet);
+        const expired = await run(client, settings, redelivered(task), quiet);
         expect([...expired.marked], 'markers expired with their buckets').to.deep.equal(task.ids.map(() => 0));
         expect((await readMarkers(redis, prefix)).hashes, 'only the live bucket is left').to.be.greaterThan(0);
       } finally {
@@ -407,7 +408,7 @@ describe('two-step batch against a real Redis', function () {
         expect(await redis.hget(markerMetaKey(prefix, 4, second + 1), 's'), 'sized for 10 markers').to.equal('1');
         // Every marker of the three buckets is still found: copies of all three batches are duplicates.
         for (const task of [big, small, tiny]) {
-          const again = await run(client, settings, task, quiet);
+          const again = await run(client, settings, redelivered(task), quiet);
           expect([...again.marked].every((m) => m === 1), `${task.ids[0]} found again`).to.equal(true);
         }
         const listpacks = await readMarkers(redis, prefix);
@@ -445,8 +446,11 @@ describe('two-step batch against a real Redis', function () {
       const digest = markerDigest(task.ids[0]!);
       const later = markerBucketKey(prefix, 6, occupiedIn, subBucketOf(digest, subs));
       expect(await redis.hget(later, digest as unknown as string)).to.equal('1');
-      expect(await redis.ttl(later), 'the later bucket lives the TTL from its end').to.be.within(4, 6);
-      const again = await runTwoStepBatch(client, settings, task, quiet);
+      // It expires at the later bucket's end plus the TTL: at least the TTL after the occupation.
+      const [nowS, nowUs] = await redis.time();
+      const expiresAtMs = Number(nowS) * 1000 + Number(nowUs) / 1000 + (await redis.pttl(later));
+      expect(expiresAtMs, 'the later bucket lives the TTL from its end').to.be.closeTo(((occupiedIn + 1) * 2 + 4) * 1000, 50);
+      const again = await runTwoStepBatch(client, settings, redelivered(task), quiet);
       expect([...again.marked]).to.deep.equal(task.ids.map(() => 1));
       expect(await countsIn(redis, prefix, task)).to.deep.equal(expectedCounts(task));
     } finally {
