@@ -73,7 +73,12 @@ export function markerMemoryVsTtlChart(results: BenchResults): string {
     xLabel: 'TALLY_MARKER_TTL_S (log scale)',
     yLabel: 'bytes of markers and receipts per message received in one TTL',
     xScale: 'log',
-    series: [{ name: `Tally two-step, time-bucketed digest hashes (${points[0]?.rate ?? '?'} msg/s)`, points: points.map((r) => ({ x: r.ttlS, y: r.bytesPerMessage })) }],
+    series: [
+      {
+        name: `Tally two-step, time-bucketed digest hashes (${points[0]?.rate ?? '?'} msg/s)`,
+        points: points.map((r) => ({ x: r.ttlS, y: r.bytesPerMessage })),
+      },
+    ],
     references: [{ name: 'before: one SET … EX key per marker (main, measured)', y: KEY_PER_MARKER_BYTES_PER_MESSAGE }],
   });
 }

@@ -84,7 +84,10 @@ async function markedProbes(ctx: BenchContext, prefix: string, probes: readonly 
       for (const bucket of [current, current - 1]) {
         const subs = subsOf.get(`${vshard}:${bucket}`)!;
         // No meta: no marker in that bucket yet; ask for a key that cannot exist, keeping the reply positions.
-        pipeline.hget(subs >= 1 ? markerBucketKey(prefix, vshard, bucket, subBucketOf(probe.digest, subs)) : markerMetaKey(prefix, vshard, bucket), probe.digest as unknown as string);
+        pipeline.hget(
+          subs >= 1 ? markerBucketKey(prefix, vshard, bucket, subBucketOf(probe.digest, subs)) : markerMetaKey(prefix, vshard, bucket),
+          probe.digest as unknown as string,
+        );
       }
     }
   }
@@ -122,7 +125,21 @@ async function markedProbes(ctx: BenchContext, prefix: string, probes: readonly 
 function failedLatencyRecord(plan: LatencyPlan, problem: string): LatencyRecord {
   const nan = Number.NaN;
   const method = isTally(plan.contender) ? 'marker-probe' : 'ack';
-  return { contender: plan.contender, round: plan.round, loadFraction: plan.loadFraction, targetRate: plan.rate, achievedRate: nan, published: plan.workload.publishes.length, samples: 0, p50Ms: nan, p99Ms: nan, maxMs: nan, method, correct: false, problem };
+  return {
+    contender: plan.contender,
+    round: plan.round,
+    loadFraction: plan.loadFraction,
+    targetRate: plan.rate,
+    achievedRate: nan,
+    published: plan.workload.publishes.length,
+    samples: 0,
+    p50Ms: nan,
+    p99Ms: nan,
+    maxMs: nan,
+    method,
+    correct: false,
+    problem,
+  };
 }
 
 export async function runLatency(ctx: BenchContext, plan: LatencyPlan): Promise<LatencyRecord> {

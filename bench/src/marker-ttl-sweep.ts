@@ -54,7 +54,13 @@ export async function runMarkerTtlSweep(ctx: BenchContext, plan: TtlSweepPlan): 
     const prefix = prefixName(ctx, 'tally-two-step', label);
     await resetSpace(ctx, queue, prefix);
     const seconds = 2.5 * ttl + 2;
-    const workload = generateWorkload({ ...plan.workload, messages: Math.round(plan.rate * seconds), duplicateRate: 0, seed: 300 + ttl, idPrefix: `ttl${ttl}` });
+    const workload = generateWorkload({
+      ...plan.workload,
+      messages: Math.round(plan.rate * seconds),
+      duplicateRate: 0,
+      seed: 300 + ttl,
+      idPrefix: `ttl${ttl}`,
+    });
     const connection = await amqp.connect(ctx.amqpUrl, { clientProperties: { connection_name: 'tally-bench-ttl-sweep' } });
     let problem: string | undefined;
     const samples: number[] = [];
@@ -80,7 +86,8 @@ export async function runMarkerTtlSweep(ctx: BenchContext, plan: TtlSweepPlan): 
           const due = Math.min(workload.publishes.length, Math.floor((elapsed / 1000) * plan.rate));
           while (sent < due) {
             const publish = workload.publishes[sent++]!;
-            if (!channel.sendToQueue(queue, publish.body, { persistent: true, contentType: 'application/json' })) await new Promise((resolve) => channel.once('drain', resolve));
+            if (!channel.sendToQueue(queue, publish.body, { persistent: true, contentType: 'application/json' }))
+              await new Promise((resolve) => channel.once('drain', resolve));
           }
           if (elapsed >= nextSample) {
             samples.push(await usedMemory(ctx));
@@ -105,8 +112,17 @@ export async function runMarkerTtlSweep(ctx: BenchContext, plan: TtlSweepPlan): 
     await resetSpace(ctx, queue, prefix);
     const mean = samples.reduce((a, b) => a + b, 0) / Math.max(1, samples.length);
     const bytesPerMessage = (mean - rest) / (plan.rate * ttl);
-    const record: MarkerTtlRecord = { ttlS: ttl, rate: plan.rate, samples: samples.length, markerBytes: mean - rest, bytesPerMessage, ...(problem ? { problem } : {}) };
-    ctx.log(`  marker TTL ${ttl} s at ${plan.rate} msg/s: ${Math.round(bytesPerMessage)} B per message received in one TTL (${samples.length} samples)${problem ? ` PROBLEM: ${problem}` : ''}`);
+    const record: MarkerTtlRecord = {
+      ttlS: ttl,
+      rate: plan.rate,
+      samples: samples.length,
+      markerBytes: mean - rest,
+      bytesPerMessage,
+      ...(problem ? { problem } : {}),
+    };
+    ctx.log(
+      `  marker TTL ${ttl} s at ${plan.rate} msg/s: ${Math.round(bytesPerMessage)} B per message received in one TTL (${samples.length} samples)${problem ? ` PROBLEM: ${problem}` : ''}`,
+    );
     records.push(record);
   }
   return records;

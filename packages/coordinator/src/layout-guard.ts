@@ -181,12 +181,7 @@ function proposedMarkers(config: LayoutConfig): MarkerLayout {
   };
 }
 
-async function runLayoutScript(
-  redis: RedisClient,
-  config: LayoutConfig,
-  lease: ModeLease | null,
-  maySwitch: boolean,
-): Promise<ScriptReply> {
+async function runLayoutScript(redis: RedisClient, config: LayoutConfig, lease: ModeLease | null, maySwitch: boolean): Promise<ScriptReply> {
   const reply = (await redis.eval(
     ENSURE_LAYOUT_LUA,
     1,
@@ -265,11 +260,14 @@ async function ensureMarkerFormat(redis: RedisClient, config: LayoutConfig, repl
       );
     }
     const proposed = proposedMarkers(config);
-    const [format, bucketS, subBuckets] = (await redis.eval(RECORD_MARKER_FORMAT_LUA, 1, key, proposed.format, String(proposed.bucketS), String(proposed.subBuckets))) as [
-      string | null,
-      string | null,
-      string | null,
-    ];
+    const [format, bucketS, subBuckets] = (await redis.eval(
+      RECORD_MARKER_FORMAT_LUA,
+      1,
+      key,
+      proposed.format,
+      String(proposed.bucketS),
+      String(proposed.subBuckets),
+    )) as [string | null, string | null, string | null];
     recorded = markerLayoutOf(format ?? '', bucketS ?? '', subBuckets ?? '');
   }
   if (recorded === null || recorded.format !== MARKER_FORMAT || !(recorded.bucketS >= 1) || !(recorded.subBuckets >= 1)) {
@@ -342,7 +340,8 @@ export async function ensureLayout(redis: RedisClient, config: LayoutConfig, lea
   if (first.otherModeLeases > 0) throw liveDaemonRefusal(config, recorded, first.otherModeLeases);
   const live = await findLiveMarker(redis, config.prefix);
   if (live !== null) {
-    const expiry = live.ttlS >= 0 ? `the one found, ${live.key}, expires in ${live.ttlS} s` : `the one found, ${live.key}, has no TTL and must be deleted by hand`;
+    const expiry =
+      live.ttlS >= 0 ? `the one found, ${live.key}, expires in ${live.ttlS} s` : `the one found, ${live.key}, has no TTL and must be deleted by hand`;
     throw new ModeSwitchRefusedError(
       `TALLY_MODE is ${config.mode} but prefix "${config.prefix}" runs in ${recorded} mode (Redis key ${key}) and its idempotency markers are still live (${expiry}). ` +
         `A ${recorded} daemon may still be consuming: a message handled by daemons of both modes can be counted twice in the two-step crash window, ` +

@@ -117,7 +117,8 @@ export function decodeBatchTask(wire: WireBatchTask): BatchTask {
   const changes: PartChanges[] = new Array(wire.parts);
   const digests: Buffer[] = new Array(wire.parts);
   const { flat } = wire;
-  if (wire.digests.length !== wire.parts * MARKER_DIGEST_BYTES) throw new TypeError(`malformed batch task: ${wire.digests.length} digest bytes for ${wire.parts} parts`);
+  if (wire.digests.length !== wire.parts * MARKER_DIGEST_BYTES)
+    throw new TypeError(`malformed batch task: ${wire.digests.length} digest bytes for ${wire.parts} parts`);
   let at = 0;
   for (let i = 0; i < wire.parts; i++) {
     const id = flat[at++];

@@ -80,7 +80,12 @@ describe('key layout', () => {
     for (const prefix of PREFIXES) {
       for (const vshard of VSHARDS) {
         for (const text of TRICKY_SKUS) {
-          for (const key of [countKey(prefix, vshard, text), legacyMarkerKey(prefix, vshard, text), markerBucketKey(prefix, vshard, 9, 3), receiptKey(prefix, vshard, text)]) {
+          for (const key of [
+            countKey(prefix, vshard, text),
+            legacyMarkerKey(prefix, vshard, text),
+            markerBucketKey(prefix, vshard, 9, 3),
+            receiptKey(prefix, vshard, text),
+          ]) {
             expect(key.startsWith(prefix), key).to.equal(true);
             expect(hashTag(key), key).to.equal(String(vshard));
           }
@@ -90,7 +95,14 @@ describe('key layout', () => {
   });
 
   it('keeps counts, markers and receipts apart', () => {
-    const keys = new Set([countKey('tally:', 1, 'x'), legacyMarkerKey('tally:', 1, 'x'), markerBucketKey('tally:', 1, 1, 1), receiptKey('tally:', 1, 'x'), statsKey('tally:'), layoutKey('tally:')]);
+    const keys = new Set([
+      countKey('tally:', 1, 'x'),
+      legacyMarkerKey('tally:', 1, 'x'),
+      markerBucketKey('tally:', 1, 1, 1),
+      receiptKey('tally:', 1, 'x'),
+      statsKey('tally:'),
+      layoutKey('tally:'),
+    ]);
     expect(keys.size).to.equal(6);
   });
 

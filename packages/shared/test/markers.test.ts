@@ -47,7 +47,7 @@ describe('marker digests', () => {
 describe('bucket arithmetic', () => {
   it('keeps a marker findable for at least the TTL and for at most one bucket width more', () => {
     let seed = 7;
-    const random = () => ((seed = (seed * 1_103_515_245 + 12_345) % 2 ** 31) / 2 ** 31);
+    const random = () => (seed = (seed * 1_103_515_245 + 12_345) % 2 ** 31) / 2 ** 31;
     for (let trial = 0; trial < 5_000; trial++) {
       const ttl = 1 + Math.floor(random() * 5_000);
       const width = 1 + Math.floor(random() * 2 * ttl);

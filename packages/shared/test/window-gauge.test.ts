@@ -29,6 +29,8 @@ describe('WindowGauge', () => {
     const task = decodeBatchTask(structuredClone(encodeBatchTask(3, 'b-3', 2, (i) => parts[i]!, undefined, Float64Array.of(1, 0.25))));
     expect([...task.shares!]).to.deep.equal([1, 0.25]);
     expect(decodeBatchTask(encodeBatchTask(3, 'b-3', 2, (i) => parts[i]!))).to.not.have.property('shares');
-    expect(() => decodeBatchTask({ vshard: 3, batchId: 'b-3', parts: 1, flat: ['m-1', 1, 'A', 1], digests: new Uint8Array(16), shares: Float64Array.of(1, 1) })).to.throw(/shares/);
+    expect(() =>
+      decodeBatchTask({ vshard: 3, batchId: 'b-3', parts: 1, flat: ['m-1', 1, 'A', 1], digests: new Uint8Array(16), shares: Float64Array.of(1, 1) }),
+    ).to.throw(/shares/);
   });
 });

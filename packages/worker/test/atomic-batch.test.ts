@@ -8,7 +8,6 @@ import { createRedisClient } from '@tally/runtime';
 import type { BatchLog } from '../src/batch-log.js';
 import { runTwoStepBatch } from '../src/two-step-batch.js';
 
-
 /** Tasks built by the tests carry the ids (the coordinator sends digests only). */
 type TestTask = BatchTask & { readonly ids: readonly string[] };
 const REDIS_URL = process.env.TALLY_REDIS_URL ?? 'redis://127.0.0.1:6379';
@@ -137,7 +136,12 @@ describe('atomic batch against a real Redis', function () {
   it('counts only the parts whose marker is absent, and the same id twice in one batch once', async () => {
     const task = taskFor(runId, 2, 20);
     // Parts 0..4 were counted before; part 7 appears again at the end of the batch.
-    await runAtomicBatch(client, settingsFor(prefix), { vshard: 2, batchId: randomUUID(), ids: task.ids.slice(0, 5), changes: task.changes.slice(0, 5).map(() => []) }, quiet);
+    await runAtomicBatch(
+      client,
+      settingsFor(prefix),
+      { vshard: 2, batchId: randomUUID(), ids: task.ids.slice(0, 5), changes: task.changes.slice(0, 5).map(() => []) },
+      quiet,
+    );
     const withRepeat: TestTask = { vshard: 2, batchId: randomUUID(), ids: [...task.ids, task.ids[7]!], changes: [...task.changes, task.changes[7]!] };
     const result = await runAtomicBatch(client, settingsFor(prefix), withRepeat, quiet);
     const expectedMarked = withRepeat.ids.map((_, i) => (i < 5 || i === 20 ? 1 : 0));
@@ -260,7 +264,10 @@ describe('atomic batch against a real Redis', function () {
           const skuPrefix = `${mode}-${r}-`;
           const renamed: TestTask = { ...task, changes: task.changes.map((part) => part.map(([sku, d]) => [skuPrefix + sku, d] as [string, number])) };
           // Two daemons: two claim tokens, two batch ids.
-          const [a, b] = await Promise.all([run(client, settingsFor(prefix, mode, 'a1'), renamed, quiet), run(other, settingsFor(prefix, mode, 'b2'), redelivered(renamed), quiet)]);
+          const [a, b] = await Promise.all([
+            run(client, settingsFor(prefix, mode, 'a1'), renamed, quiet),
+            run(other, settingsFor(prefix, mode, 'b2'), redelivered(renamed), quiet),
+          ]);
           const counts = await countsIn(redis, prefix, renamed);
           let excess = 0n;
           for (const [sku, want] of expectedCounts(renamed)) {

@@ -3,13 +3,22 @@ import { randomBytes, randomUUID } from 'node:crypto';
 import { fileURLToPath } from 'node:url';
 import { expect } from 'chai';
 import { Redis } from 'ioredis';
-import { bucketOf, countKey, markerBucketKey, markerDigest, markerMetaKey, subBucketOf, subBucketsAfter, type BatchTask, type WorkerSettings } from '@tally/shared';
+import {
+  bucketOf,
+  countKey,
+  markerBucketKey,
+  markerDigest,
+  markerMetaKey,
+  subBucketOf,
+  subBucketsAfter,
+  type BatchTask,
+  type WorkerSettings,
+} from '@tally/shared';
 import { createRedisClient } from '@tally/runtime';
 import type { BatchLog } from '../src/batch-log.js';
 import { runAtomicBatch } from '../src/atomic-batch.js';
 import { runTwoStepBatch, WRITE_COUNTS } from '../src/two-step-batch.js';
 import { markerEntry, readMarkers, startPrivateRedis, startProxy } from '@tally/testkit';
-
 
 /** Tasks built by the tests carry the ids (the coordinator sends digests only). */
 type TestTask = BatchTask & { readonly ids: readonly string[] };
@@ -105,7 +114,12 @@ describe('two-step batch against a real Redis', function () {
       expect(await markersIn(redis, prefix, task)).to.equal(task.ids.length);
       const [seconds] = await redis.time();
       const settings = settingsFor(prefix);
-      const markerHash = markerBucketKey(prefix, task.vshard, bucketOf(Number(seconds), settings.markerBucketS), subBucketOf(markerDigest(task.ids[0]!), settings.markerSubBuckets));
+      const markerHash = markerBucketKey(
+        prefix,
+        task.vshard,
+        bucketOf(Number(seconds), settings.markerBucketS),
+        subBucketOf(markerDigest(task.ids[0]!), settings.markerSubBuckets),
+      );
       // The bucket's end plus the marker TTL: at least the TTL, at most one bucket width more.
       expect(await redis.ttl(markerHash)).to.be.within(595, 900);
       expect(await claimsIn(redis, prefix, task), 'every claim became done').to.equal(0);
@@ -142,7 +156,10 @@ describe('two-step batch against a real Redis', function () {
       const receipt = seen.findIndex((line) => line.startsWith(`set ${prefix}w:`));
       const lastClaim = seen.map((line) => line.startsWith('claim ')).lastIndexOf(true);
       expect(firstMarkerSet, 'markers were set').to.be.greaterThan(-1);
-      expect(lastClaim, 'the parts were claimed before the first INCRBY').to.be.within(0, seen.findIndex((line) => line.startsWith('incrby ')));
+      expect(lastClaim, 'the parts were claimed before the first INCRBY').to.be.within(
+        0,
+        seen.findIndex((line) => line.startsWith('incrby ')),
+      );
       expect(seen.filter((line) => line.startsWith('incrby ')).length, 'one INCRBY per SKU').to.equal(expectedCounts(task).size);
       expect(lastIncr, 'every INCRBY comes before the first marker SET').to.be.lessThan(firstMarkerSet);
       expect(receipt, 'the write receipt lands with the counts, before any marker').to.be.within(lastIncr, firstMarkerSet);
@@ -214,7 +231,10 @@ describe('two-step batch against a real Redis', function () {
     try {
       let hookCalls = 0;
       const rerun = await runTwoStepBatch(client, settingsFor(prefix), task, quiet, { afterCountWrite: () => void hookCalls++ });
-      expect([...rerun.marked].every((m) => m === 0), 'the parts are still new').to.equal(true);
+      expect(
+        [...rerun.marked].every((m) => m === 0),
+        'the parts are still new',
+      ).to.equal(true);
       expect(hookCalls, 'the receipt answered: nothing was written again').to.equal(0);
       expect(await countsIn(redis, prefix, task), 'counted once, not twice').to.deep.equal(expectedCounts(task));
       expect(await markersIn(redis, prefix, task)).to.equal(task.ids.length);
@@ -409,7 +429,10 @@ describe('two-step batch against a real Redis', function () {
         // Every marker of the three buckets is still found: copies of all three batches are duplicates.
         for (const task of [big, small, tiny]) {
           const again = await run(client, settings, redelivered(task), quiet);
-          expect([...again.marked].every((m) => m === 1), `${task.ids[0]} found again`).to.equal(true);
+          expect(
+            [...again.marked].every((m) => m === 1),
+            `${task.ids[0]} found again`,
+          ).to.equal(true);
         }
         const listpacks = await readMarkers(redis, prefix);
         expect(listpacks.done.size).to.equal(713);
