@@ -1,6 +1,6 @@
 /**
  * Starting and stopping each contender as a child process of the bench, so
- * its CPU time and peak RSS are its own: the ceiling and naive consumers in
+ * its CPU time and peak RSS are its own: the ceiling, naive and batched consumers in
  * ./consumers, and the real Tally daemon (its built entry, as `pnpm start`
  * runs it) configured only through TALLY_* variables.
  */
@@ -14,6 +14,7 @@ export const DAEMON_MAIN = fileURLToPath(import.meta.resolve('@tally/coordinator
 const CONSUMERS: Partial<Record<ContenderName, string>> = {
   ceiling: fileURLToPath(new URL('./consumers/ceiling.js', import.meta.url)),
   naive: fileURLToPath(new URL('./consumers/naive.js', import.meta.url)),
+  batched: fileURLToPath(new URL('./consumers/batched.js', import.meta.url)),
 };
 
 export interface ContenderRun {
@@ -40,7 +41,7 @@ export interface RunningContender {
   readonly pid: number;
   /** Epoch ms at which the contender started consuming, by its own clock reading. */
   readonly consumingAt: number;
-  /** Resolves with the consumer's `done` report (ceiling, naive only). */
+  /** Resolves with the consumer's `done` report (ceiling, naive, batched only). */
   readonly done: Promise<Extract<ConsumerReport, { event: 'done' }>>;
   readonly exited: Promise<{ code: number | null; signal: NodeJS.Signals | null }>;
   alive(): boolean;

@@ -18,7 +18,7 @@ export interface ConsumerSettings {
   readonly ackEvery: number;
   /** ...or once the oldest unacked delivery waited this long (the daemon's TALLY_BATCH_WAIT_MS default). */
   readonly ackWaitMs: number;
-  /** naive only. */
+  /** naive and batched only. */
   readonly redisUrl?: string;
   readonly prefix?: string;
   readonly markerTtlS?: number;

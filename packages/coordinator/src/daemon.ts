@@ -251,6 +251,8 @@ export class Daemon {
       'starting',
     );
     this.built = await this.openRuntime();
+    // Threads ready before the first delivery: no prefetch window held while they start.
+    await this.built.pools.warm();
     await this.built.link.start();
     this.state = 'running';
     // Often enough to ack behind a stalled head within a second of the threshold; cheap when nothing stalls.

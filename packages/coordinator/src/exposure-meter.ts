@@ -27,8 +27,24 @@
  *
  * A message with parts on several shards counts as 1/parts per part, so a
  * half-finished delivery is half a message at risk.
+ *
+ * A sample interval far longer than the sampling period means the process
+ * was not running in between (SIGSTOP, a paused VM, a suspended container):
+ * nothing could have been crashed into during that time, and what the
+ * gauges show at the end of it stood still. Such an interval is left out
+ * (longer than `maxGapMs`, 10 periods by default), instead of counting a
+ * frozen second of loaded time with the window the daemon froze in. An event
+ * loop merely late by a few periods is still counted.
  */
 import type { CounterName } from '@tally/shared';
+
+/** How often the meter samples, and the longest interval it still integrates. */
+export interface MeterSampling {
+  readonly periodMs: number;
+  readonly maxGapMs: number;
+}
+
+export const DEFAULT_SAMPLING: MeterSampling = { periodMs: 50, maxGapMs: 500 };
 
 export interface ExposureSink {
   add(name: CounterName, amount: number): void;
@@ -63,6 +79,7 @@ export class ExposureMeter {
      * step and has no window.
      */
     private readonly windowNow: (() => number) | null,
+    private readonly sampling: MeterSampling = DEFAULT_SAMPLING,
   ) {}
 
   /** A new channel: the old channel's deliveries go back to the broker while their markers are fresh. */
@@ -111,7 +128,8 @@ export class ExposureMeter {
   sample(now = performance.now()): void {
     const elapsed = now - this.lastSample;
     this.lastSample = now;
-    if (elapsed > 0 && this.loaded()) {
+    // Longer than maxGapMs: the process was frozen (see the file's comment).
+    if (elapsed > 0 && elapsed <= this.sampling.maxGapMs && this.loaded()) {
       this.carry.loaded += elapsed;
       this.carry.occupied += this.occupiedUnacked * elapsed;
       if (this.windowNow !== null) this.carry.window += this.windowNow() * elapsed;
@@ -121,10 +139,10 @@ export class ExposureMeter {
     this.hand('occupied_unacked_message_ms', 'occupied');
   }
 
-  start(intervalMs = 50): void {
+  start(): void {
     if (this.timer) return;
     this.lastSample = performance.now();
-    this.timer = setInterval(() => this.sample(), intervalMs);
+    this.timer = setInterval(() => this.sample(), this.sampling.periodMs);
     this.timer.unref();
   }
 

@@ -55,6 +55,15 @@ export class WorkerPools {
     return reply.result;
   }
 
+  /**
+   * Starts every thread and connects it to Redis (the thread's `warm`).
+   * Best effort: a thread that cannot connect yet fails its batches the
+   * usual way (retried, logged), so a failure here is not reported twice.
+   */
+  async warm(): Promise<void> {
+    await Promise.allSettled(this.pools.map((pool) => pool.run(null, { name: 'warm' })));
+  }
+
   /** Asks every thread to export its buffered spans (a no-op when tracing is off). */
   async flushTelemetry(): Promise<void> {
     await Promise.allSettled(this.pools.map((pool) => pool.run(null, { name: 'flushTelemetry' })));

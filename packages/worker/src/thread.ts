@@ -77,6 +77,16 @@ export default async function processBatch(wire: WireBatchTask): Promise<BatchRe
   }
 }
 
+/**
+ * Nothing but a Redis round trip: the coordinator runs it on every thread
+ * before it consumes, so the thread has loaded its modules and connected by
+ * the time the first deliveries arrive, instead of a restarted daemon
+ * holding a full prefetch window while its threads start.
+ */
+export async function warm(): Promise<void> {
+  await redis.ping();
+}
+
 /** Exports this thread's buffered spans; the coordinator calls it before stopping the threads. */
 export async function flushTelemetry(): Promise<void> {
   await tracing?.flush();

@@ -5,7 +5,7 @@
  * could have had.
  */
 import type { Redis } from 'ioredis';
-import { markerScanPattern, parseMessage, shardOf, splitByShard, type PartChanges } from '@tally/shared';
+import { markerKey, markerScanPattern, parseMessage, shardOf, splitByShard, type PartChanges } from '@tally/shared';
 import type { Publish } from '@tally/workload';
 import { readCounts } from '../../src/commands/counts.js';
 
@@ -66,4 +66,75 @@ export function largestBatchUnits(parts: PartsById, vshard: number, batchSize: n
   }
   sizes.sort((a, b) => b - a);
   return sizes.slice(0, batchSize).reduce((a, b) => a + b, 0);
+}
+
+/** One part of a good message, with the queue position of its first publish. */
+interface LedgerPart {
+  readonly position: number;
+  readonly vshard: number;
+  readonly key: string;
+  readonly units: number;
+}
+
+/**
+ * `unmarkedUnitsPerShard` for a run that measures many times (a daemon
+ * frozen by SIGSTOP, dozens of times), without scanning every marker each
+ * time: markers outlive the run (its TTL exceeds it), so a part found marked
+ * stays marked and is not asked again, and a part is asked about only once
+ * the broker can have delivered it. The queue is a classic FIFO queue
+ * published in order, whose requeued deliveries keep their place: only the
+ * first `published - ready` positions (the most there ever were) have been
+ * delivered; `prefetch` more are asked about for safety. A crash test checks
+ * it against the full scan while no daemon runs (`unmarkedUnitsPerShard`).
+ */
+export class UnmarkedLedger {
+  private readonly parts: LedgerPart[] = [];
+  private readonly skus: string[];
+  private readonly shardOfSku = new Map<string, number>();
+  /** Parts asked about and not marked yet. */
+  private pending: LedgerPart[] = [];
+  private next = 0;
+  private deliveredMost = 0;
+  private readonly markedUnits: number[];
+
+  constructor(
+    publishes: readonly Publish[],
+    parts: PartsById,
+    private readonly prefix: string,
+    private readonly virtualShards: number,
+    private readonly slack: number,
+  ) {
+    const seen = new Set<string>();
+    publishes.forEach((publish, position) => {
+      if (publish.kind !== 'good' || publish.id === undefined || seen.has(publish.id)) return;
+      seen.add(publish.id);
+      for (const [vshard, part] of parts.get(publish.id) ?? []) {
+        this.parts.push({ position, vshard, key: markerKey(prefix, vshard, publish.id), units: part.reduce((sum, [, delta]) => sum + delta, 0) });
+        for (const [sku] of part) this.shardOfSku.set(sku, vshard);
+      }
+    });
+    this.skus = [...this.shardOfSku.keys()];
+    this.markedUnits = new Array<number>(virtualShards).fill(0);
+  }
+
+  /** Units written but not covered by a marker, per shard, with `delivered` (published minus ready) as the broker reports it now. */
+  async measure(redis: Redis, delivered: number): Promise<number[]> {
+    this.deliveredMost = Math.max(this.deliveredMost, delivered);
+    while (this.next < this.parts.length && this.parts[this.next]!.position < this.deliveredMost + this.slack) this.pending.push(this.parts[this.next++]!);
+    const pipeline = redis.pipeline();
+    for (const part of this.pending) pipeline.exists(part.key);
+    const answers = (await pipeline.exec()) ?? [];
+    const still: LedgerPart[] = [];
+    this.pending.forEach((part, i) => {
+      const [error, exists] = answers[i] ?? [new Error('no answer'), 0];
+      if (error) throw error;
+      if (exists === 1) this.markedUnits[part.vshard]! += part.units;
+      else still.push(part);
+    });
+    this.pending = still;
+    const counts = await readCounts(redis, { prefix: this.prefix, virtualShards: this.virtualShards }, this.skus);
+    const totals = this.markedUnits.map((units) => -units);
+    for (const [sku, value] of counts) totals[this.shardOfSku.get(sku)!]! += Number(value);
+    return totals;
+  }
 }

@@ -1,6 +1,9 @@
 import { expect } from 'chai';
 import { WindowGauge, type CounterName } from '@tally/shared';
-import { ExposureMeter } from '../../src/exposure-meter.js';
+import { ExposureMeter, type MeterSampling } from '../../src/exposure-meter.js';
+
+/** Sampled once a second: the tests below step time by whole seconds. */
+const SECONDS: MeterSampling = { periodMs: 1000, maxGapMs: 10_000 };
 
 function sink(): { totals: Map<CounterName, number>; add(name: CounterName, amount: number): void } {
   const totals = new Map<CounterName, number>();
@@ -11,7 +14,7 @@ describe('ExposureMeter', () => {
   it('integrates occupied-but-unacked messages over loaded time, and drops them once acked', () => {
     const out = sink();
     let loaded = true;
-    const meter = new ExposureMeter(out, () => loaded, () => 0);
+    const meter = new ExposureMeter(out, () => loaded, () => 0, SECONDS);
     const link = {};
     meter.channelChanged(link);
     meter.sample(0);
@@ -37,7 +40,7 @@ describe('ExposureMeter', () => {
     const out = sink();
     let loaded = true;
     const gauge = WindowGauge.create(4);
-    const meter = new ExposureMeter(out, () => loaded, () => gauge.messages());
+    const meter = new ExposureMeter(out, () => loaded, () => gauge.messages(), SECONDS);
     meter.sample(0);
     // Shard 1 sends its count write for 100 new parts, shard 3 for 40 parts of half a message each.
     gauge.open(1, 100);
@@ -55,7 +58,7 @@ describe('ExposureMeter', () => {
 
   it('ignores tags of a dead channel and has no window in atomic mode', () => {
     const out = sink();
-    const meter = new ExposureMeter(out, () => true, null);
+    const meter = new ExposureMeter(out, () => true, null, SECONDS);
     const old = {};
     const live = {};
     meter.channelChanged(old);
@@ -66,5 +69,26 @@ describe('ExposureMeter', () => {
     meter.sample(100);
     expect(out.totals.get('occupied_unacked_message_ms')).to.equal(100);
     expect(out.totals.get('window_message_ms')).to.equal(undefined);
+  });
+
+  it('leaves out a sample interval far longer than the period: the process was frozen (SIGSTOP, a paused VM)', () => {
+    const out = sink();
+    const gauge = WindowGauge.create(2);
+    const meter = new ExposureMeter(out, () => true, () => gauge.messages(), { periodMs: 50, maxGapMs: 500 });
+    meter.sample(0);
+    gauge.open(0, 100);
+    meter.sample(50);
+    // Late by a few periods (a busy event loop): still counted.
+    meter.sample(450);
+    expect(out.totals.get('loaded_ms')).to.equal(450);
+    expect(out.totals.get('window_message_ms')).to.equal(45_000);
+    // Frozen for 3 s with the window open: neither loaded time nor window time.
+    meter.sample(3450);
+    expect(out.totals.get('loaded_ms')).to.equal(450);
+    expect(out.totals.get('window_message_ms')).to.equal(45_000);
+    // Sampling goes on from the end of the gap.
+    meter.sample(3500);
+    expect(out.totals.get('loaded_ms')).to.equal(500);
+    expect(out.totals.get('window_message_ms')).to.equal(50_000);
   });
 });
