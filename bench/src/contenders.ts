@@ -36,7 +36,6 @@ export interface ContenderRun {
   readonly nodeArgs?: readonly string[];
 }
 
-
 export interface RunningContender {
   readonly pid: number;
   /** Epoch ms at which the contender started consuming, by its own clock reading. */
@@ -72,7 +71,11 @@ function childFor(run: ContenderRun): ChildProcess {
       ...run.tallyEnv,
       // Tracing's cost: every batch sampled, exported over OTLP/HTTP protobuf as to Jaeger.
       ...(run.contender === 'tally-traced'
-        ? { OTEL_EXPORTER_OTLP_ENDPOINT: run.traceSinkUrl ?? 'http://127.0.0.1:4318', OTEL_EXPORTER_OTLP_PROTOCOL: 'http/protobuf', OTEL_TRACES_SAMPLER: 'always_on' }
+        ? {
+            OTEL_EXPORTER_OTLP_ENDPOINT: run.traceSinkUrl ?? 'http://127.0.0.1:4318',
+            OTEL_EXPORTER_OTLP_PROTOCOL: 'http/protobuf',
+            OTEL_TRACES_SAMPLER: 'always_on',
+          }
         : {}),
     };
     return spawn(process.execPath, [...nodeArgs, DAEMON_MAIN], { env, stdio: ['ignore', 'pipe', 'pipe'] });
@@ -90,7 +93,10 @@ function childFor(run: ContenderRun): ChildProcess {
     redisUrl: run.redisUrl,
     prefix: run.prefix,
   };
-  return spawn(process.execPath, [...nodeArgs, script], { env: { ...process.env, [SETTINGS_ENV]: JSON.stringify(settings) }, stdio: ['ignore', 'pipe', 'pipe'] });
+  return spawn(process.execPath, [...nodeArgs, script], {
+    env: { ...process.env, [SETTINGS_ENV]: JSON.stringify(settings) },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
 }
 
 /** Parses a stdout line: the consumers' reports and the daemon's pino logs are both JSON. */

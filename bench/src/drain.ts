@@ -210,4 +210,3 @@ export async function runDrain(ctx: BenchContext, plan: DrainPlan): Promise<Drai
   };
   return memory ? { record, memory } : { record };
 }
-

@@ -58,7 +58,15 @@ export function renderSummaryTable(summary: readonly ContenderSummary[]): string
 
 export function renderSweepTable(sweeps: readonly SweepRecord[]): string {
   const header = ['sweep', 'setting', 'contender', 'msg/s', 'ceiling msg/s', '× ceiling', 'correct'];
-  const rows = sweeps.map((s) => [s.sweep, s.label, s.contender, cell(s.msgPerSec), cell(s.ceilingMsgPerSec), cell(s.ratioToCeiling, 2), s.correct ? 'yes' : 'NO']);
+  const rows = sweeps.map((s) => [
+    s.sweep,
+    s.label,
+    s.contender,
+    cell(s.msgPerSec),
+    cell(s.ceilingMsgPerSec),
+    cell(s.ratioToCeiling, 2),
+    s.correct ? 'yes' : 'NO',
+  ]);
   return markdownTable(header, rows);
 }
 
@@ -91,7 +99,8 @@ export function renderReport(results: BenchResults): string {
     renderSummaryTable(results.summary),
     '',
   ];
-  if (results.sweeps.length > 0) parts.push('## Sweeps (Tally, each point paired with a ceiling drain of the same workload)', '', renderSweepTable(results.sweeps), '');
+  if (results.sweeps.length > 0)
+    parts.push('## Sweeps (Tally, each point paired with a ceiling drain of the same workload)', '', renderSweepTable(results.sweeps), '');
   if (results.latencies.length > 0) parts.push('## Latency runs', '', renderLatencyTable(results), '');
   if (results.problems.length > 0) parts.push('## Problems', '', ...results.problems.map((p) => `- ${p}`), '');
   return parts.join('\n');

@@ -149,9 +149,15 @@ export function summarize(
       ...(half.length > 0 ? { latencyMethod: half[0]!.method } : {}),
       cpuSecondsPerMillion: median(finite(byRound(drains, contender, rounds, (d) => (d.messages > 0 ? (d.cpuSeconds * 1e6) / d.messages : null)))),
       peakRssMb: median(finite(byRound(drains, contender, rounds, (d) => d.peakRssBytes / (1024 * 1024)))),
-      redisCommandsPerMessage: median(finite(byRound(drains, contender, rounds, (d) => (d.redisCommands === null || d.messages === 0 ? null : d.redisCommands / d.messages)))),
-      redisBytesPerMessage: median(finite(byRound(drains, contender, rounds, (d) => (d.redisMemoryBytes === null || d.messages === 0 ? null : d.redisMemoryBytes / d.messages)))),
-      redisCpuUsPerMessage: median(finite(byRound(drains, contender, rounds, (d) => (d.redisCpuSeconds === null || d.messages === 0 ? null : (d.redisCpuSeconds * 1e6) / d.messages)))),
+      redisCommandsPerMessage: median(
+        finite(byRound(drains, contender, rounds, (d) => (d.redisCommands === null || d.messages === 0 ? null : d.redisCommands / d.messages))),
+      ),
+      redisBytesPerMessage: median(
+        finite(byRound(drains, contender, rounds, (d) => (d.redisMemoryBytes === null || d.messages === 0 ? null : d.redisMemoryBytes / d.messages))),
+      ),
+      redisCpuUsPerMessage: median(
+        finite(byRound(drains, contender, rounds, (d) => (d.redisCpuSeconds === null || d.messages === 0 ? null : (d.redisCpuSeconds * 1e6) / d.messages))),
+      ),
       markerBytesPerMarker: median(marks.map((m) => m.bytesPerMarker)),
       markerBytesPerMessage: median(marks.map((m) => m.bytesPerMessage)),
       correct,

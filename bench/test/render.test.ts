@@ -69,8 +69,22 @@ describe('svg chart', () => {
       yLabel: 'msg/s',
       xScale: 'log',
       series: [
-        { name: 'Tally', points: [{ x: 50, y: 8_000 }, { x: 200, y: 12_000 }, { x: 500, y: 15_000 }, { x: 2_000, y: 14_000 }] },
-        { name: 'ceiling', points: [{ x: 50, y: 20_000 }, { x: 2_000, y: 21_000 }] },
+        {
+          name: 'Tally',
+          points: [
+            { x: 50, y: 8_000 },
+            { x: 200, y: 12_000 },
+            { x: 500, y: 15_000 },
+            { x: 2_000, y: 14_000 },
+          ],
+        },
+        {
+          name: 'ceiling',
+          points: [
+            { x: 50, y: 20_000 },
+            { x: 2_000, y: 21_000 },
+          ],
+        },
       ],
       references: [{ name: 'naive', y: 3_000 }],
     });
@@ -89,7 +103,20 @@ describe('svg chart', () => {
   });
 
   it('puts a higher y higher on the page, and survives missing data', () => {
-    const svg = renderLineChart({ title: 't', xLabel: 'x', yLabel: 'y', series: [{ name: 's', points: [{ x: 1, y: 10 }, { x: 2, y: 20 }] }] });
+    const svg = renderLineChart({
+      title: 't',
+      xLabel: 'x',
+      yLabel: 'y',
+      series: [
+        {
+          name: 's',
+          points: [
+            { x: 1, y: 10 },
+            { x: 2, y: 20 },
+          ],
+        },
+      ],
+    });
     const ys = [...svg.matchAll(/<circle class="point" cx="[\d.]+" cy="([\d.]+)"/g)].map((m) => Number(m[1]));
     expect(ys[1]).to.be.lessThan(ys[0]!);
     const empty = renderLineChart({ title: 't', xLabel: 'x', yLabel: 'y', yScale: 'log', series: [{ name: 's', points: [{ x: 1, y: Number.NaN }] }] });

@@ -28,7 +28,13 @@ export interface ConsumerSettings {
 
 export type ConsumerReport =
   | { readonly event: 'consuming'; readonly at: number }
-  | { readonly event: 'done'; readonly at: number; readonly acked: number; readonly duplicates: number; readonly samples?: Array<[publishedAt: number, latencyMs: number]> }
+  | {
+      readonly event: 'done';
+      readonly at: number;
+      readonly acked: number;
+      readonly duplicates: number;
+      readonly samples?: Array<[publishedAt: number, latencyMs: number]>;
+    }
   | { readonly event: 'error'; readonly message: string };
 
 export function readSettings(env: NodeJS.ProcessEnv): ConsumerSettings {

@@ -170,7 +170,10 @@ describe('two-step batch against a real Redis', function () {
     try {
       let hookCalls = 0;
       const rerun = await runTwoStepBatch(client, settingsFor(prefix), task, quiet, { afterCountWrite: () => void hookCalls++ });
-      expect([...rerun.marked].every((m) => m === 0), 'the parts are still new').to.equal(true);
+      expect(
+        [...rerun.marked].every((m) => m === 0),
+        'the parts are still new',
+      ).to.equal(true);
       expect(hookCalls, 'the receipt answered: nothing was written again').to.equal(0);
       expect(await countsIn(redis, prefix, task), 'counted once, not twice').to.deep.equal(expectedCounts(task));
       expect(await markersIn(redis, prefix, task)).to.equal(task.ids.length);
