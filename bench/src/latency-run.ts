@@ -63,7 +63,21 @@ function probeKeys(ctx: BenchContext, prefix: string, body: Buffer, id: string):
 function failedLatencyRecord(plan: LatencyPlan, problem: string): LatencyRecord {
   const nan = Number.NaN;
   const method = isTally(plan.contender) ? 'marker-probe' : 'ack';
-  return { contender: plan.contender, round: plan.round, loadFraction: plan.loadFraction, targetRate: plan.rate, achievedRate: nan, published: plan.workload.publishes.length, samples: 0, p50Ms: nan, p99Ms: nan, maxMs: nan, method, correct: false, problem };
+  return {
+    contender: plan.contender,
+    round: plan.round,
+    loadFraction: plan.loadFraction,
+    targetRate: plan.rate,
+    achievedRate: nan,
+    published: plan.workload.publishes.length,
+    samples: 0,
+    p50Ms: nan,
+    p99Ms: nan,
+    maxMs: nan,
+    method,
+    correct: false,
+    problem,
+  };
 }
 
 export async function runLatency(ctx: BenchContext, plan: LatencyPlan): Promise<LatencyRecord> {
@@ -137,7 +151,8 @@ export async function runLatency(ctx: BenchContext, plan: LatencyPlan): Promise<
             timestamp: now,
             ...(publish.messageId !== undefined ? { messageId: publish.messageId } : {}),
           });
-          if (tally && sent % every === 0 && publish.id !== undefined && now >= measureFrom) outstanding.push({ keys: probeKeys(ctx, prefix, publish.body, publish.id), publishedAt: now });
+          if (tally && sent % every === 0 && publish.id !== undefined && now >= measureFrom)
+            outstanding.push({ keys: probeKeys(ctx, prefix, publish.body, publish.id), publishedAt: now });
           sent++;
           if (!ok) await new Promise((resolve) => channel.once('drain', resolve));
         }

@@ -17,7 +17,10 @@ export function parseProcStat(text: string): CpuTicks {
   const close = text.lastIndexOf(')');
   if (close < 0) throw new Error('not a /proc/<pid>/stat line');
   // After "pid (comm) " the fields start at field 3 (state).
-  const fields = text.slice(close + 2).trim().split(/\s+/);
+  const fields = text
+    .slice(close + 2)
+    .trim()
+    .split(/\s+/);
   const utime = Number(fields[14 - 3]);
   const stime = Number(fields[15 - 3]);
   if (!Number.isFinite(utime) || !Number.isFinite(stime)) throw new Error('unparseable /proc/<pid>/stat line');

@@ -55,7 +55,9 @@ export async function runProfile(options: BenchOptions, dir: string, log: (line:
       workload,
       nodeArgs: ['--cpu-prof', `--cpu-prof-dir=${dir}`],
     });
-    log(`profiled drain: ${record.messages} deliveries in ${record.seconds.toFixed(2)} s = ${Math.round(record.msgPerSec)} msg/s (profiler overhead included), cpu ${record.cpuSeconds.toFixed(2)} s, ${record.correct ? 'counted correctly' : `PROBLEM: ${record.problem}`}`);
+    log(
+      `profiled drain: ${record.messages} deliveries in ${record.seconds.toFixed(2)} s = ${Math.round(record.msgPerSec)} msg/s (profiler overhead included), cpu ${record.cpuSeconds.toFixed(2)} s, ${record.correct ? 'counted correctly' : `PROBLEM: ${record.problem}`}`,
+    );
     log(await summarizeProfiles(dir));
     return record.correct ? 0 : 1;
   } finally {

@@ -99,7 +99,7 @@ export function summarizeProfile(profile: CpuProfile, top = 15): ProfileSummary 
     const entry = functions.get(key) ?? { name, where, micros: 0 };
     entry.micros += micros;
     functions.set(key, entry);
-    const file = url === '' ? name.startsWith('(') ? name : '(native)' : shortWhere(url);
+    const file = url === '' ? (name.startsWith('(') ? name : '(native)') : shortWhere(url);
     files.set(file, (files.get(file) ?? 0) + micros);
   }
   const busy = total - idle;
@@ -113,8 +113,14 @@ export function summarizeProfile(profile: CpuProfile, top = 15): ProfileSummary 
     wallMs: (profile.endTime - profile.startTime) / 1000,
     busyMs: busy / 1000,
     idleMs: idle / 1000,
-    functions: [...functions.values()].map((f) => row(f.name, f.where, f.micros)).sort(byDescendingSelf).slice(0, top),
-    files: [...files.entries()].map(([file, micros]) => row(file, '', micros)).sort(byDescendingSelf).slice(0, top),
+    functions: [...functions.values()]
+      .map((f) => row(f.name, f.where, f.micros))
+      .sort(byDescendingSelf)
+      .slice(0, top),
+    files: [...files.entries()]
+      .map(([file, micros]) => row(file, '', micros))
+      .sort(byDescendingSelf)
+      .slice(0, top),
   };
 }
 

@@ -91,14 +91,20 @@ export function renderLineChart(spec: ChartSpec): string {
   const plotH = height - margin.top - margin.bottom;
   const points = spec.series.flatMap((s) => s.points).filter((p) => Number.isFinite(p.x) && Number.isFinite(p.y));
   const refs = (spec.references ?? []).filter((r) => Number.isFinite(r.y));
-  const [x0, x1] = range(points.map((p) => p.x), xScale, false);
+  const [x0, x1] = range(
+    points.map((p) => p.x),
+    xScale,
+    false,
+  );
   const [y0, y1] = range([...points.map((p) => p.y), ...refs.map((r) => r.y)], yScale, true);
   const t = (v: number, scale: 'linear' | 'log') => (scale === 'log' ? Math.log10(v) : v);
   const px = (x: number) => margin.left + ((t(x, xScale) - t(x0, xScale)) / (t(x1, xScale) - t(x0, xScale) || 1)) * plotW;
   const py = (y: number) => margin.top + plotH - ((t(y, yScale) - t(y0, yScale)) / (t(y1, yScale) - t(y0, yScale) || 1)) * plotH;
   const f = (n: number) => n.toFixed(1);
   const out: string[] = [];
-  out.push(`<svg xmlns="http://www.w3.org/2000/svg" width="${width}" height="${height}" viewBox="0 0 ${width} ${height}" font-family="sans-serif" font-size="12">`);
+  out.push(
+    `<svg xmlns="http://www.w3.org/2000/svg" width="${width}" height="${height}" viewBox="0 0 ${width} ${height}" font-family="sans-serif" font-size="12">`,
+  );
   out.push(`<title>${escapeXml(spec.title)}</title>`);
   out.push(`<rect x="0" y="0" width="${width}" height="${height}" fill="#ffffff"/>`);
   out.push(`<text x="${width / 2}" y="22" text-anchor="middle" font-size="15" font-weight="bold">${escapeXml(spec.title)}</text>`);
@@ -113,18 +119,24 @@ export function renderLineChart(spec: ChartSpec): string {
   }
   out.push(`<rect x="${margin.left}" y="${margin.top}" width="${plotW}" height="${plotH}" fill="none" stroke="#333333"/>`);
   out.push(`<text x="${margin.left + plotW / 2}" y="${height - 14}" text-anchor="middle">${escapeXml(spec.xLabel)}</text>`);
-  out.push(`<text x="18" y="${margin.top + plotH / 2}" text-anchor="middle" transform="rotate(-90 18 ${margin.top + plotH / 2})">${escapeXml(spec.yLabel)}</text>`);
+  out.push(
+    `<text x="18" y="${margin.top + plotH / 2}" text-anchor="middle" transform="rotate(-90 18 ${margin.top + plotH / 2})">${escapeXml(spec.yLabel)}</text>`,
+  );
   // Legend entries, one line each, beside the plot.
   let legendY = margin.top + 10;
   const legend = (colour: string, name: string, dashed: boolean) => {
     const lx = margin.left + plotW + 14;
-    out.push(`<line x1="${lx}" y1="${legendY}" x2="${lx + 22}" y2="${legendY}" stroke="${colour}" stroke-width="2"${dashed ? ' stroke-dasharray="6 4"' : ''}/>`);
+    out.push(
+      `<line x1="${lx}" y1="${legendY}" x2="${lx + 22}" y2="${legendY}" stroke="${colour}" stroke-width="2"${dashed ? ' stroke-dasharray="6 4"' : ''}/>`,
+    );
     out.push(`<text x="${lx + 28}" y="${legendY + 4}">${escapeXml(name)}</text>`);
     legendY += 18;
   };
   refs.forEach((r, i) => {
     const colour = REFERENCE_COLOURS[i % REFERENCE_COLOURS.length]!;
-    out.push(`<line class="reference" x1="${margin.left}" y1="${f(py(r.y))}" x2="${margin.left + plotW}" y2="${f(py(r.y))}" stroke="${colour}" stroke-width="1.5" stroke-dasharray="6 4"/>`);
+    out.push(
+      `<line class="reference" x1="${margin.left}" y1="${f(py(r.y))}" x2="${margin.left + plotW}" y2="${f(py(r.y))}" stroke="${colour}" stroke-width="1.5" stroke-dasharray="6 4"/>`,
+    );
     legend(colour, `${r.name} (${tickText(r.y)})`, true);
   });
   spec.series.forEach((s, i) => {
@@ -132,10 +144,14 @@ export function renderLineChart(spec: ChartSpec): string {
     const usable = s.points.filter((p) => Number.isFinite(p.x) && Number.isFinite(p.y) && (xScale === 'linear' || p.x > 0) && (yScale === 'linear' || p.y > 0));
     const sorted = [...usable].sort((a, b) => a.x - b.x);
     if (sorted.length > 1) {
-      out.push(`<polyline class="series" fill="none" stroke="${colour}" stroke-width="2" points="${sorted.map((p) => `${f(px(p.x))},${f(py(p.y))}`).join(' ')}"/>`);
+      out.push(
+        `<polyline class="series" fill="none" stroke="${colour}" stroke-width="2" points="${sorted.map((p) => `${f(px(p.x))},${f(py(p.y))}`).join(' ')}"/>`,
+      );
     }
     for (const p of sorted) {
-      out.push(`<circle class="point" cx="${f(px(p.x))}" cy="${f(py(p.y))}" r="3.5" fill="${colour}"><title>${escapeXml(`${s.name}: ${tickText(p.x)}, ${tickText(p.y)}`)}</title></circle>`);
+      out.push(
+        `<circle class="point" cx="${f(px(p.x))}" cy="${f(py(p.y))}" r="3.5" fill="${colour}"><title>${escapeXml(`${s.name}: ${tickText(p.x)}, ${tickText(p.y)}`)}</title></circle>`,
+      );
     }
     legend(colour, s.name, false);
   });

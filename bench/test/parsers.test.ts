@@ -17,7 +17,10 @@ describe('parsers', () => {
     const before = commandCalls(parseInfo('# Commandstats\r\ncmdstat_get:calls=3,usec=10,usec_per_call=3.3\r\ncmdstat_set:calls=1,usec=1\r\n'));
     const after = commandCalls(parseInfo('# Commandstats\r\ncmdstat_get:calls=10,usec=10\r\ncmdstat_set:calls=1,usec=1\r\ncmdstat_mget:calls=2,usec=4\r\n'));
     const delta = callsDelta(before, after);
-    expect([...delta]).to.deep.equal([['get', 7], ['mget', 2]]);
+    expect([...delta]).to.deep.equal([
+      ['get', 7],
+      ['mget', 2],
+    ]);
     expect(sumValues(delta)).to.equal(9);
   });
 

@@ -571,7 +571,9 @@ export class Daemon {
         failBatchSpan(span, error);
         this.log.error(
           { vshard, batchId: id, parts: to - from, failureClass: 'data', err: describeError(error), trace_id: traceparent?.slice(3, 35) },
-          to - from === 1 ? 'redis refused a part for its data: its message goes to the dead-letter queue (count-refused)' : 'batch refused for its data; isolating its parts',
+          to - from === 1
+            ? 'redis refused a part for its data: its message goes to the dead-letter queue (count-refused)'
+            : 'batch refused for its data; isolating its parts',
         );
       });
     } catch (error) {

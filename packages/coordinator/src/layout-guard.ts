@@ -1,13 +1,5 @@
 import { scanNodes, type RedisClient } from '@tally/runtime';
-import {
-  layoutKey,
-  markerScanPattern,
-  ModeSwitchRefusedError,
-  SHARD_HASH,
-  ShardLayoutMismatchError,
-  type TallyConfig,
-  type TallyMode,
-} from '@tally/shared';
+import { layoutKey, markerScanPattern, ModeSwitchRefusedError, SHARD_HASH, ShardLayoutMismatchError, type TallyConfig, type TallyMode } from '@tally/shared';
 
 export interface Layout {
   readonly virtualShards: number;
@@ -247,7 +239,8 @@ export async function ensureLayout(
   if (first.otherModeLeases > 0) throw liveDaemonRefusal(config, recorded, first.otherModeLeases);
   const live = await findLiveMarker(redis, config.prefix);
   if (live !== null) {
-    const expiry = live.ttlS >= 0 ? `the one found, ${live.key}, expires in ${live.ttlS} s` : `the one found, ${live.key}, has no TTL and must be deleted by hand`;
+    const expiry =
+      live.ttlS >= 0 ? `the one found, ${live.key}, expires in ${live.ttlS} s` : `the one found, ${live.key}, has no TTL and must be deleted by hand`;
     throw new ModeSwitchRefusedError(
       `TALLY_MODE is ${config.mode} but prefix "${config.prefix}" runs in ${recorded} mode (Redis key ${key}) and its idempotency markers are still live (${expiry}). ` +
         `A ${recorded} daemon may still be consuming: a message handled by daemons of both modes can be counted twice in the two-step crash window, ` +

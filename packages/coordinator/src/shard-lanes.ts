@@ -56,7 +56,14 @@ export class ShardLanes {
     private readonly options: LaneOptions,
     private readonly dispatch: DispatchBatch,
   ) {
-    this.lanes = Array.from({ length: options.virtualShards }, () => ({ pending: [], arrivedAt: [], pendingChanges: 0, busy: false, drainRequested: false, timer: null }));
+    this.lanes = Array.from({ length: options.virtualShards }, () => ({
+      pending: [],
+      arrivedAt: [],
+      pendingChanges: 0,
+      busy: false,
+      drainRequested: false,
+      timer: null,
+    }));
   }
 
   add(vshard: number, part: PendingPart): void {
@@ -152,9 +159,7 @@ export class ShardLanes {
     void this.dispatch(vshard, parts).finally(() => {
       lane.busy = false;
       this.busyLanes--;
-      const due =
-        lane.pending.length > 0 &&
-        (lane.drainRequested || this.full(lane) || performance.now() - lane.arrivedAt[0]! >= this.options.batchWaitMs);
+      const due = lane.pending.length > 0 && (lane.drainRequested || this.full(lane) || performance.now() - lane.arrivedAt[0]! >= this.options.batchWaitMs);
       if (due) this.flush(vshard);
       else this.arm(vshard);
       if (this.pendingParts === 0 && this.busyLanes === 0) {

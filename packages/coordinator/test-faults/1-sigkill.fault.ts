@@ -160,7 +160,9 @@ describe('faults: repeated SIGKILL', function () {
       console.log(
         `      sampled mean ${sampledMean.toFixed(1)} units over ${allSamples.length} (${allSamples.filter((units) => units > 0).length} inside a window); W ${estimate.perCrash.window.toFixed(1)} messages × ${units.mean.toFixed(2)} units = ${estimatedPerCrash.toFixed(1)} over ${estimate.perCrash.loadedSeconds.toFixed(1)} s loaded; ratio ${ratio.toFixed(3)}; bootstrap over victims: relative SE ${spread.relativeStandardError.toFixed(3)}, outside 1/${TOLERANCE}..${TOLERANCE} ${(spread.outsideShare * 100).toFixed(2)}%`,
       );
-      console.log(`      kill phase ${phaseSeconds.toFixed(0)} s; longest freeze measurement ${longestMeasureMs.toFixed(0)} ms; stats ${JSON.stringify(stats)}`);
+      console.log(
+        `      kill phase ${phaseSeconds.toFixed(0)} s; longest freeze measurement ${longestMeasureMs.toFixed(0)} ms; stats ${JSON.stringify(stats)}`,
+      );
 
       expect(fleet.violations, 'daemons that exited on their own').to.deep.equal([]);
       expect(fleet.kills).to.equal(KILLS);

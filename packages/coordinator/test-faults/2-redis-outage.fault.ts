@@ -36,7 +36,9 @@ describe('faults: Redis goes away and comes back', function () {
       await sleep(1_500);
       await fleet.stop(daemon);
 
-      const felt = daemon.logs.filter((l) => l.includes('redis step failed') || l.includes('redis connection ended') || l.includes('stats flush failed')).length;
+      const felt = daemon.logs.filter(
+        (l) => l.includes('redis step failed') || l.includes('redis connection ended') || l.includes('stats flush failed'),
+      ).length;
       const { check, stats, units, bound, estimate, dead } = await outageOutcome(space, workload, config, shape);
       rows.push({
         scenario: 'Redis away (proxy)',

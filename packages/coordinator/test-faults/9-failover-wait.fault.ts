@@ -1,6 +1,7 @@
+import { once } from 'node:events';
+import net from 'node:net';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { expect } from 'chai';
-import { Redis } from 'ioredis';
 import { startPrivateRedis, startProxy, type PrivateRedis } from '@tally/testkit';
 import { generateWorkload, publishAll } from '@tally/workload';
 import { cleanup, testSpace, waitForReadyBelow, waitForReadyEmpty, AMQP_URL } from '../test/integration/harness.js';
@@ -14,7 +15,8 @@ import { rows } from './report.js';
  * A failover to a replica that lags. The daemon reaches a
  * private master through a TCP proxy; mid-stream replication is stalled
  * (the replica SIGSTOPped for a second), the master is SIGKILLed, the replica
- * is promoted (REPLICAOF NO ONE) and the proxy pointed at it, and a fresh
+ * is promoted (REPLICAOF NO ONE) before it has read what the master had sent
+ * it, and the proxy pointed at it, and a fresh
  * replica follows the new master. Without WAIT the deliveries acked during
  * the stall are lost with the old master: measured and reported, not
  * asserted (it depends on what was in flight). With
@@ -47,10 +49,20 @@ describe('faults: a failover without WAIT against one with it', function () {
         process.kill(redis.replica.pid, 'SIGSTOP');
         await sleep(1_000);
         process.kill(redis.master.pid, 'SIGKILL');
+        // The promotion is queued while the replica is still stopped: it runs
+        // in the replica's first turns, before it has read the rest of the
+        // stream the master sent it during the stall, which is then dropped
+        // as a lagging replica's would be. Sent after SIGCONT instead, it
+        // usually arrives after the replica caught up, and the failover loses
+        // nothing a WAIT could have guarded.
+        const promotion = net.connect(redis.replica.port, '127.0.0.1');
+        await once(promotion, 'connect');
+        promotion.write('*3\r\n$9\r\nREPLICAOF\r\n$2\r\nNO\r\n$3\r\nONE\r\n');
+        await sleep(50); // the command is in the replica's socket buffer
         process.kill(redis.replica.pid, 'SIGCONT');
-        const promoted = new Redis(redis.replica.url);
-        await promoted.call('REPLICAOF', 'NO', 'ONE');
-        promoted.disconnect();
+        const [reply] = (await once(promotion, 'data')) as [Buffer];
+        promotion.destroy();
+        expect(reply.toString('latin1'), 'the replica was promoted').to.match(/^\+OK/);
         proxy.retarget(redis.replica.port);
         proxy.cutAll();
         // The promoted master gets a replica of its own, or WAIT 1 could never be satisfied again.

@@ -28,8 +28,10 @@ export class DaemonFleet {
       const intent = this.intended.get(daemon);
       const tail = `stderr: ${daemon.stderr.join('').slice(-300)}; last log: ${daemon.logs.at(-1) ?? ''}`;
       if (intent === undefined) this.violations.push(`daemon ${daemon.child.pid} exited on its own (code ${code}, signal ${signal}); ${tail}`);
-      else if (intent === 'term' && code !== 0) this.violations.push(`daemon ${daemon.child.pid} exited with code ${code} (signal ${signal}) after SIGTERM; ${tail}`);
-      else if (intent === 'kill' && signal !== 'SIGKILL') this.violations.push(`daemon ${daemon.child.pid} ended with code ${code} before our SIGKILL landed; ${tail}`);
+      else if (intent === 'term' && code !== 0)
+        this.violations.push(`daemon ${daemon.child.pid} exited with code ${code} (signal ${signal}) after SIGTERM; ${tail}`);
+      else if (intent === 'kill' && signal !== 'SIGKILL')
+        this.violations.push(`daemon ${daemon.child.pid} ended with code ${code} before our SIGKILL landed; ${tail}`);
     });
     await daemon.waitForLog('"msg":"consuming"', 60_000);
     return daemon;

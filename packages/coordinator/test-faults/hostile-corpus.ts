@@ -29,7 +29,11 @@ function notA(want: 'string' | 'array' | 'integer'): fc.Arbitrary<unknown> {
     null: fc.constant(null),
   };
   const excluded = want === 'integer' ? ['integer'] : [want];
-  return fc.oneof(...Object.entries(all).filter(([name]) => !excluded.includes(name)).map(([, arb]) => arb));
+  return fc.oneof(
+    ...Object.entries(all)
+      .filter(([name]) => !excluded.includes(name))
+      .map(([, arb]) => arb),
+  );
 }
 
 export function hostileCorpus(seed: number, count: number, maxBytes: number, idPrefix: string): HostileSample[] {
@@ -57,10 +61,22 @@ export function hostileCorpus(seed: number, count: number, maxBytes: number, idP
       body: json({ id: id(), changes: [{ sku: 'A', delta: 1 }], pad: 'x'.repeat(maxBytes + extra) }),
       codes: codes('oversized-body'),
     })),
-    notA('string').map((value) => ({ kind: 'wrong type: id', body: json({ id: value, changes: [{ sku: 'A', delta: 1 }] }), codes: codes('invalid-id', 'missing-id') })),
-    notA('array').map((value) => ({ kind: 'wrong type: changes', body: json({ id: id(), changes: value }), codes: codes('changes-not-array', 'missing-changes') })),
+    notA('string').map((value) => ({
+      kind: 'wrong type: id',
+      body: json({ id: value, changes: [{ sku: 'A', delta: 1 }] }),
+      codes: codes('invalid-id', 'missing-id'),
+    })),
+    notA('array').map((value) => ({
+      kind: 'wrong type: changes',
+      body: json({ id: id(), changes: value }),
+      codes: codes('changes-not-array', 'missing-changes'),
+    })),
     notA('string').map((value) => ({ kind: 'wrong type: sku', body: json({ id: id(), changes: [{ sku: value, delta: 1 }] }), codes: codes('invalid-sku') })),
-    notA('integer').map((value) => ({ kind: 'wrong type: delta', body: json({ id: id(), changes: [{ sku: 'A', delta: value }] }), codes: codes('invalid-delta') })),
+    notA('integer').map((value) => ({
+      kind: 'wrong type: delta',
+      body: json({ id: id(), changes: [{ sku: 'A', delta: value }] }),
+      codes: codes('invalid-delta'),
+    })),
     fc.oneof(fc.integer(), fc.boolean(), fc.array(fc.string())).map((value) => ({
       kind: 'wrong type: type',
       body: json({ id: id(), changes: [{ sku: 'A', delta: 1, type: value }] }),

@@ -15,8 +15,7 @@ export const COUNTERS = Object.freeze({
   write_retries: 'count writes retried after a Redis error (each resolved by its write receipt)',
   count_errors:
     'parts Redis refused to count (a foreign value in a count key, a 64-bit overflow): each counted nothing and its message was dead-lettered count-refused',
-  wait_timeouts:
-    'WAITs (TALLY_REDIS_WAIT_REPLICAS) that timed out before enough replicas acknowledged a batch: retried, its deliveries unacked meanwhile',
+  wait_timeouts: 'WAITs (TALLY_REDIS_WAIT_REPLICAS) that timed out before enough replicas acknowledged a batch: retried, its deliveries unacked meanwhile',
   // Exposure: time integrals, not events, taken while the daemon is under
   // load. Divided by loaded_ms they give how many messages a crash under load
   // puts at risk; the deviation estimator (`tally deviation`) reads them.

@@ -51,7 +51,11 @@ export function deadLetterReason(headers: Readonly<Record<string, unknown>> | un
   if (typeof broker === 'string' && Object.hasOwn(BROKER_DEAD_REASONS, broker)) {
     const queue = headers?.['x-first-death-queue'];
     const from = typeof queue === 'string' ? ` by queue ${queue}` : Buffer.isBuffer(queue) ? ` by queue ${queue.toString('utf8')}` : '';
-    return { code: BROKER_DEAD_REASONS[broker as keyof typeof BROKER_DEAD_REASONS], detail: `dead-lettered by the broker (${broker})${from}`, source: 'broker' };
+    return {
+      code: BROKER_DEAD_REASONS[broker as keyof typeof BROKER_DEAD_REASONS],
+      detail: `dead-lettered by the broker (${broker})${from}`,
+      source: 'broker',
+    };
   }
   return { code: 'unknown', detail: '', source: 'unknown' };
 }

@@ -37,8 +37,7 @@ export const BAD_MESSAGE_REASONS = [
 export type BadMessageReason = (typeof BAD_MESSAGE_REASONS)[number];
 
 export type ParseResult =
-  | { readonly ok: true; readonly message: InventoryMessage }
-  | { readonly ok: false; readonly reason: BadMessageReason; readonly detail: string };
+  { readonly ok: true; readonly message: InventoryMessage } | { readonly ok: false; readonly reason: BadMessageReason; readonly detail: string };
 
 export const MESSAGE_LIMITS = Object.freeze({
   maxIdLength: 256,

@@ -106,7 +106,10 @@ export function assessRedis(facts: RedisFacts, settings: RedisRequirementSetting
   const warnings: RedisWarning[] = [];
 
   if (facts.version === null) {
-    warnings.push({ code: 'TALLY_REDIS_UNKNOWN', message: `Redis did not report redis_version; Tally needs Redis ${MIN_VERSION_TEXT} or newer (the script probe checks what it can)` });
+    warnings.push({
+      code: 'TALLY_REDIS_UNKNOWN',
+      message: `Redis did not report redis_version; Tally needs Redis ${MIN_VERSION_TEXT} or newer (the script probe checks what it can)`,
+    });
   } else {
     const version = parseVersion(facts.version);
     if (version === null || !versionAtLeast(version, MIN_REDIS_VERSION)) {
@@ -119,7 +122,10 @@ export function assessRedis(facts: RedisFacts, settings: RedisRequirementSetting
 
   const policy = facts.maxmemoryPolicy;
   if (policy === null) {
-    warnings.push({ code: 'TALLY_REDIS_UNKNOWN', message: 'could not read maxmemory-policy (CONFIG GET refused and INFO has no maxmemory_policy); make sure it is noeviction' });
+    warnings.push({
+      code: 'TALLY_REDIS_UNKNOWN',
+      message: 'could not read maxmemory-policy (CONFIG GET refused and INFO has no maxmemory_policy); make sure it is noeviction',
+    });
   } else if (policy !== 'noeviction') {
     if (settings.allowEviction) {
       warnings.push({

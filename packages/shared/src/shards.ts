@@ -59,11 +59,7 @@ export type PartChanges = Array<[sku: string, delta: number]>;
  * inside the message stays in its part with delta 0: the part still exists,
  * so its marker is still occupied and a redelivery is still recognised.
  */
-export function splitByShard(
-  changes: readonly Change[],
-  virtualShards: number,
-  acceptTypes: ReadonlySet<string> | null,
-): Map<number, PartChanges> {
+export function splitByShard(changes: readonly Change[], virtualShards: number, acceptTypes: ReadonlySet<string> | null): Map<number, PartChanges> {
   const parts = new Map<number, PartChanges>();
   // Index by SKU so a message with thousands of changes stays linear.
   const entries = new Map<string, [string, number]>();

@@ -4,17 +4,26 @@ import { decodeBatchTask, encodeBatchTask, type PartChanges } from '../src/index
 describe('batch protocol (the thread boundary)', () => {
   it('round-trips parts, ids with any characters, empty and big parts, and the traceparent', () => {
     const parts: Array<{ id: string; changes: PartChanges }> = [
-      { id: 'm-1', changes: [['A', 1], ['B', -2]] },
+      {
+        id: 'm-1',
+        changes: [
+          ['A', 1],
+          ['B', -2],
+        ],
+      },
       { id: 'weird, "id" {7}\u00e9', changes: [['ü', Number.MAX_SAFE_INTEGER]] },
       { id: 'm-3', changes: [] },
       { id: 'm-4', changes: Array.from({ length: 300 }, (_, i): [string, number] => [`S${i}`, i - 150]) },
     ];
     const traceparent = '00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01';
     const wire = encodeBatchTask(7, 'batch-7a', parts.length, (i) => parts[i]!, traceparent);
-    expect(wire.flat.every((v) => typeof v === 'string' || typeof v === 'number'), 'primitives only').to.equal(true);
+    expect(
+      wire.flat.every((v) => typeof v === 'string' || typeof v === 'number'),
+      'primitives only',
+    ).to.equal(true);
     const task = decodeBatchTask(structuredClone(wire));
     expect(task.vshard).to.equal(7);
-    expect(task.batchId, 'the coordinator\'s batch id crosses unchanged').to.equal('batch-7a');
+    expect(task.batchId, "the coordinator's batch id crosses unchanged").to.equal('batch-7a');
     expect(task.ids).to.deep.equal(parts.map((p) => p.id));
     expect(task.changes).to.deep.equal(parts.map((p) => p.changes));
     // Against the input, not the encoder's output: an encoder that dropped it would pass the latter.

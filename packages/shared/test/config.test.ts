@@ -89,7 +89,17 @@ describe('loadConfig', () => {
 
   it('treats empty and blank values as unset', () => {
     const env: Record<string, string> = {};
-    for (const name of ['TALLY_AMQP_URL', 'TALLY_REDIS_URL', 'TALLY_QUEUE', 'TALLY_MODE', 'TALLY_WORKERS', 'TALLY_BATCH_SIZE', 'TALLY_METRICS_PORT', 'TALLY_LOG_LEVEL', 'TALLY_ACCEPT_TYPES']) {
+    for (const name of [
+      'TALLY_AMQP_URL',
+      'TALLY_REDIS_URL',
+      'TALLY_QUEUE',
+      'TALLY_MODE',
+      'TALLY_WORKERS',
+      'TALLY_BATCH_SIZE',
+      'TALLY_METRICS_PORT',
+      'TALLY_LOG_LEVEL',
+      'TALLY_ACCEPT_TYPES',
+    ]) {
       env[name] = '  ';
     }
     expect(loadConfig(env)).to.deep.equal(loadConfig({}));

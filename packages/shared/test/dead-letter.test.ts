@@ -3,7 +3,11 @@ import { deadLetterReason } from '../src/dead-letter.js';
 
 describe('deadLetterReason', () => {
   it("reads Tally's own reason header", () => {
-    expect(deadLetterReason({ 'x-tally-reason': 'malformed-json: Unexpected token' })).to.deep.equal({ code: 'malformed-json', detail: 'Unexpected token', source: 'tally' });
+    expect(deadLetterReason({ 'x-tally-reason': 'malformed-json: Unexpected token' })).to.deep.equal({
+      code: 'malformed-json',
+      detail: 'Unexpected token',
+      source: 'tally',
+    });
     expect(deadLetterReason({ 'x-tally-reason': Buffer.from('missing-id: no id') }).code).to.equal('missing-id');
   });
 
@@ -21,7 +25,14 @@ describe('deadLetterReason', () => {
   });
 
   it('says unknown for anything else, hostile values included', () => {
-    for (const headers of [undefined, {}, { 'x-first-death-reason': 'toString' }, { 'x-first-death-reason': 42 }, { 'x-tally-reason': '' }, { 'x-tally-reason': { a: 1 } }]) {
+    for (const headers of [
+      undefined,
+      {},
+      { 'x-first-death-reason': 'toString' },
+      { 'x-first-death-reason': 42 },
+      { 'x-tally-reason': '' },
+      { 'x-tally-reason': { a: 1 } },
+    ]) {
       expect(deadLetterReason(headers as Record<string, unknown> | undefined).code).to.equal('unknown');
     }
   });

@@ -1,15 +1,5 @@
 import { expect } from 'chai';
-import {
-  countKey,
-  countScanPattern,
-  escapeGlob,
-  layoutKey,
-  markerKey,
-  markerScanPattern,
-  receiptKey,
-  skuOfCountKey,
-  statsKey,
-} from '../src/keys.js';
+import { countKey, countScanPattern, escapeGlob, layoutKey, markerKey, markerScanPattern, receiptKey, skuOfCountKey, statsKey } from '../src/keys.js';
 
 /** Redis Cluster's hash tag rule: the text between the first '{' and the first '}' after it, if non-empty. */
 function hashTag(key: string): string | null {

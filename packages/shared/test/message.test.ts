@@ -1,13 +1,5 @@
 import { expect } from 'chai';
-import {
-  BAD_MESSAGE_REASONS,
-  formatReason,
-  MESSAGE_LIMITS,
-  parseMessage,
-  type BadMessageReason,
-  type ParseOptions,
-  type ParseResult,
-} from '../src/message.js';
+import { BAD_MESSAGE_REASONS, formatReason, MESSAGE_LIMITS, parseMessage, type BadMessageReason, type ParseOptions, type ParseResult } from '../src/message.js';
 
 const OPTIONS: ParseOptions = { maxBytes: 65_536 };
 const MAX = Number.MAX_SAFE_INTEGER;
@@ -92,7 +84,12 @@ const BAD_CASES: readonly BadCase[] = [
   { name: 'id is a boolean', body: json({ id: true, changes: [] }), reason: 'invalid-id', detail: ['id'] },
   { name: 'id is empty', body: json({ id: '', changes: [] }), messageId: 'from-property', reason: 'invalid-id', detail: ['id', 'empty'] },
   { name: 'id with a lone surrogate', body: json({ id: 'm-\ud800', changes: [] }), reason: 'invalid-id', detail: ['id', 'surrogate'] },
-  { name: 'sku with a lone surrogate', body: json({ id: 'm-1', changes: [{ sku: 'A\udc00', delta: 1 }] }), reason: 'invalid-sku', detail: ['changes[0].sku', 'surrogate'] },
+  {
+    name: 'sku with a lone surrogate',
+    body: json({ id: 'm-1', changes: [{ sku: 'A\udc00', delta: 1 }] }),
+    reason: 'invalid-sku',
+    detail: ['changes[0].sku', 'surrogate'],
+  },
   {
     name: 'id too long',
     body: json({ id: 'i'.repeat(MESSAGE_LIMITS.maxIdLength + 1), changes: [] }),
@@ -101,7 +98,13 @@ const BAD_CASES: readonly BadCase[] = [
   },
   { name: 'messageId property is a number (no id in body)', body: json({ changes: [] }), messageId: 42, reason: 'invalid-id', detail: ['messageId', '42'] },
   { name: 'messageId property is an object (no id in body)', body: json({ changes: [] }), messageId: { id: 'x' }, reason: 'invalid-id', detail: ['messageId'] },
-  { name: 'messageId property is a Buffer (no id in body)', body: json({ changes: [] }), messageId: Buffer.from('m-1'), reason: 'invalid-id', detail: ['messageId'] },
+  {
+    name: 'messageId property is a Buffer (no id in body)',
+    body: json({ changes: [] }),
+    messageId: Buffer.from('m-1'),
+    reason: 'invalid-id',
+    detail: ['messageId'],
+  },
   {
     name: 'messageId property too long (no id in body)',
     body: json({ changes: [] }),
@@ -169,13 +172,27 @@ const BAD_CASES: readonly BadCase[] = [
   },
   {
     name: 'per-SKU sum beyond the safe range',
-    body: json({ id: 'm-1', changes: [{ sku: 'a', delta: MAX }, { sku: 'b', delta: 1 }, { sku: 'a', delta: 1 }] }),
+    body: json({
+      id: 'm-1',
+      changes: [
+        { sku: 'a', delta: MAX },
+        { sku: 'b', delta: 1 },
+        { sku: 'a', delta: 1 },
+      ],
+    }),
     reason: 'unsafe-delta',
     detail: ['changes[2]', '"a"'],
   },
   {
     name: 'per-SKU sum of |delta| beyond the safe range, signs mixed',
-    body: json({ id: 'm-1', changes: [{ sku: 'a', delta: -MAX }, { sku: 'a', delta: 5 }, { sku: 'a', delta: -6 }] }),
+    body: json({
+      id: 'm-1',
+      changes: [
+        { sku: 'a', delta: -MAX },
+        { sku: 'a', delta: 5 },
+        { sku: 'a', delta: -6 },
+      ],
+    }),
     reason: 'unsafe-delta',
     detail: ['changes[1]'],
   },
@@ -249,7 +266,14 @@ describe('parseMessage', () => {
     });
 
     it('checks per-SKU sums per SKU, not across SKUs', () => {
-      const body = json({ id: 'm-1', changes: [{ sku: 'a', delta: MAX }, { sku: 'b', delta: MAX }, { sku: 'c', delta: MAX }] });
+      const body = json({
+        id: 'm-1',
+        changes: [
+          { sku: 'a', delta: MAX },
+          { sku: 'b', delta: MAX },
+          { sku: 'c', delta: MAX },
+        ],
+      });
       expectGood(parseMessage(body, undefined, OPTIONS));
     });
   });
@@ -275,10 +299,19 @@ describe('parseMessage', () => {
         id: 'm-1',
         source: 'pos-17',
         nested: { deep: [1, 2, 3] },
-        changes: [{ sku: 'a', delta: 3, warehouse: 'north', note: null }, { sku: 'b', delta: -1, type: 'sale', extra: [1] }],
+        changes: [
+          { sku: 'a', delta: 3, warehouse: 'north', note: null },
+          { sku: 'b', delta: -1, type: 'sale', extra: [1] },
+        ],
       });
       const message = expectGood(parseMessage(body, undefined, OPTIONS));
-      expect(message).to.deep.equal({ id: 'm-1', changes: [{ sku: 'a', delta: 3 }, { sku: 'b', delta: -1, type: 'sale' }] });
+      expect(message).to.deep.equal({
+        id: 'm-1',
+        changes: [
+          { sku: 'a', delta: 3 },
+          { sku: 'b', delta: -1, type: 'sale' },
+        ],
+      });
     });
 
     it('leaves out the type key when the change has no type', () => {
@@ -292,7 +325,9 @@ describe('parseMessage', () => {
     });
 
     it('accepts -0 and 1.0 as integers', () => {
-      const message = expectGood(parseMessage(text('{"id":"m-1","changes":[{"sku":"a","delta":-0},{"sku":"b","delta":1.0},{"sku":"c","delta":2e3}]}'), undefined, OPTIONS));
+      const message = expectGood(
+        parseMessage(text('{"id":"m-1","changes":[{"sku":"a","delta":-0},{"sku":"b","delta":1.0},{"sku":"c","delta":2e3}]}'), undefined, OPTIONS),
+      );
       expect(message.changes.map((c) => c.delta)).to.deep.equal([-0, 1, 2000]);
     });
 
@@ -320,7 +355,11 @@ describe('parseMessage', () => {
     });
 
     it('keeps the order of changes, including repeated SKUs', () => {
-      const changes = [{ sku: 'b', delta: 1 }, { sku: 'a', delta: 2 }, { sku: 'b', delta: -3 }];
+      const changes = [
+        { sku: 'b', delta: 1 },
+        { sku: 'a', delta: 2 },
+        { sku: 'b', delta: -3 },
+      ];
       expect(expectGood(parseMessage(json({ id: 'm-1', changes }), undefined, OPTIONS)).changes).to.deep.equal(changes);
     });
   });
@@ -376,8 +415,16 @@ describe('parseMessage', () => {
 
   it('bounds per-SKU sums of |delta| so a type-filtered subset can never round (regression)', () => {
     const MAX = Number.MAX_SAFE_INTEGER;
-    const body = Buffer.from(JSON.stringify({ id: 'm-1', changes: [
-      { sku: 'a', delta: MAX, type: 'sale' }, { sku: 'a', delta: -2, type: 'audit' }, { sku: 'a', delta: 2, type: 'sale' }] }));
+    const body = Buffer.from(
+      JSON.stringify({
+        id: 'm-1',
+        changes: [
+          { sku: 'a', delta: MAX, type: 'sale' },
+          { sku: 'a', delta: -2, type: 'audit' },
+          { sku: 'a', delta: 2, type: 'sale' },
+        ],
+      }),
+    );
     const result = parseMessage(body, undefined, { maxBytes: 65536 });
     expect(result.ok).to.equal(false);
     if (!result.ok) expect(result.reason).to.equal('unsafe-delta');

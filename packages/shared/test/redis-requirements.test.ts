@@ -185,7 +185,12 @@ describe('redis requirements (pure decisions of the start-up probe)', () => {
 
   describe('classifyRedisFailure', () => {
     it("a cluster's redirections and failover replies are outages (null), waited out, never a refusal", () => {
-      for (const message of ['MOVED 3999 127.0.0.1:7001', 'ASK 3999 127.0.0.1:7001', 'TRYAGAIN Multiple keys request during rehashing of slot', 'CLUSTERDOWN The cluster is down']) {
+      for (const message of [
+        'MOVED 3999 127.0.0.1:7001',
+        'ASK 3999 127.0.0.1:7001',
+        'TRYAGAIN Multiple keys request during rehashing of slot',
+        'CLUSTERDOWN The cluster is down',
+      ]) {
         expect(classifyRedisFailure({ message }), message).to.equal(null);
       }
     });
@@ -198,12 +203,32 @@ describe('redis requirements (pure decisions of the start-up probe)', () => {
       ['ACL: key pattern', { message: 'NOPERM No permissions to access a key' }, 'TALLY_REDIS_NOPERM', /~<TALLY_PREFIX>\*/],
       ['renamed EVALSHA', { message: "ERR unknown command 'evalsha', with args beginning with: " }, 'TALLY_REDIS_SCRIPTING', /EVALSHA/],
       ['renamed SCRIPT', { message: "ERR unknown command 'SCRIPT', with args beginning with: 'LOAD'" }, 'TALLY_REDIS_SCRIPTING', /scripting/],
-      ['shebang on an old server', { message: "ERR Error compiling script (new function): user_script:1: unexpected symbol near '#'" }, 'TALLY_REDIS_SCRIPTING', /7\.0\.0/],
-      ['untrusted CA', { message: 'self-signed certificate in certificate chain', code: 'SELF_SIGNED_CERT_IN_CHAIN' }, 'TALLY_REDIS_TLS', /NODE_EXTRA_CA_CERTS/],
-      ['unknown issuer', { message: 'unable to verify the first certificate', code: 'UNABLE_TO_VERIFY_LEAF_SIGNATURE' }, 'TALLY_REDIS_TLS', /NODE_EXTRA_CA_CERTS/],
+      [
+        'shebang on an old server',
+        { message: "ERR Error compiling script (new function): user_script:1: unexpected symbol near '#'" },
+        'TALLY_REDIS_SCRIPTING',
+        /7\.0\.0/,
+      ],
+      [
+        'untrusted CA',
+        { message: 'self-signed certificate in certificate chain', code: 'SELF_SIGNED_CERT_IN_CHAIN' },
+        'TALLY_REDIS_TLS',
+        /NODE_EXTRA_CA_CERTS/,
+      ],
+      [
+        'unknown issuer',
+        { message: 'unable to verify the first certificate', code: 'UNABLE_TO_VERIFY_LEAF_SIGNATURE' },
+        'TALLY_REDIS_TLS',
+        /NODE_EXTRA_CA_CERTS/,
+      ],
       ['expired', { message: 'certificate has expired', code: 'CERT_HAS_EXPIRED' }, 'TALLY_REDIS_TLS', /CERT_HAS_EXPIRED/],
       ['wrong host', { message: "Hostname/IP does not match certificate's altnames", code: 'ERR_TLS_CERT_ALTNAME_INVALID' }, 'TALLY_REDIS_TLS', /host/],
-      ['TLS to a plaintext port', { message: 'error:0A00010B:SSL routines::wrong version number', code: 'ERR_SSL_WRONG_VERSION_NUMBER' }, 'TALLY_REDIS_TLS', /tls-port/],
+      [
+        'TLS to a plaintext port',
+        { message: 'error:0A00010B:SSL routines::wrong version number', code: 'ERR_SSL_WRONG_VERSION_NUMBER' },
+        'TALLY_REDIS_TLS',
+        /tls-port/,
+      ],
     ];
     for (const [label, error, code, fix] of cases) {
       it(`${label} -> ${code}, one line naming the fix`, () => {

@@ -237,9 +237,23 @@ describe('splitByShard', () => {
   });
 
   it('skips zero deltas and leaves no empty part behind', () => {
-    const parts = splitByShard([{ sku: 'a', delta: 0 }, { sku: 'b', delta: 0 }], V, null);
+    const parts = splitByShard(
+      [
+        { sku: 'a', delta: 0 },
+        { sku: 'b', delta: 0 },
+      ],
+      V,
+      null,
+    );
     expect(parts.size).to.equal(0);
-    const mixed = splitByShard([{ sku: 'a', delta: 0 }, { sku: 'b', delta: 3 }], V, null);
+    const mixed = splitByShard(
+      [
+        { sku: 'a', delta: 0 },
+        { sku: 'b', delta: 3 },
+      ],
+      V,
+      null,
+    );
     expect([...mixed.entries()]).to.deep.equal([[shardOf('b', V), [['b', 3]]]]);
   });
 
@@ -253,7 +267,15 @@ describe('splitByShard', () => {
   });
 
   it('keeps a SKU whose deltas cancel out in its part with delta 0', () => {
-    const parts = splitByShard([{ sku: 'gone', delta: 5 }, { sku: 'gone', delta: -2 }, { sku: 'gone', delta: -3 }], V, null);
+    const parts = splitByShard(
+      [
+        { sku: 'gone', delta: 5 },
+        { sku: 'gone', delta: -2 },
+        { sku: 'gone', delta: -3 },
+      ],
+      V,
+      null,
+    );
     expect([...parts.entries()]).to.deep.equal([[shardOf('gone', V), [['gone', 0]]]]);
   });
 
@@ -282,7 +304,12 @@ describe('splitByShard', () => {
       { sku: 'Sale-case', delta: 2, type: 'Sale' },
     ];
     const filtered = flatten(splitByShard(changes, V, new Set(['sale', 'return'])));
-    expect(filtered).to.deep.equal(new Map([['sold', -1], ['back', 1]]));
+    expect(filtered).to.deep.equal(
+      new Map([
+        ['sold', -1],
+        ['back', 1],
+      ]),
+    );
   });
 
   it('accepts every change, typed or not, when acceptTypes is null', () => {
@@ -291,11 +318,26 @@ describe('splitByShard', () => {
       { sku: 'audited', delta: 9, type: 'audit' },
       { sku: 'untyped', delta: 2 },
     ];
-    expect(flatten(splitByShard(changes, V, null))).to.deep.equal(new Map([['sold', -1], ['audited', 9], ['untyped', 2]]));
+    expect(flatten(splitByShard(changes, V, null))).to.deep.equal(
+      new Map([
+        ['sold', -1],
+        ['audited', 9],
+        ['untyped', 2],
+      ]),
+    );
   });
 
   it('returns no parts when a filter accepts none of the types', () => {
-    expect(splitByShard([{ sku: 'a', delta: 1, type: 'x' }, { sku: 'b', delta: 1 }], V, new Set(['y'])).size).to.equal(0);
+    expect(
+      splitByShard(
+        [
+          { sku: 'a', delta: 1, type: 'x' },
+          { sku: 'b', delta: 1 },
+        ],
+        V,
+        new Set(['y']),
+      ).size,
+    ).to.equal(0);
   });
 
   it('agrees with a straightforward model on random messages', () => {

@@ -59,7 +59,20 @@ export function adminClientOptions(port: number, access: RedisAccess): RedisOpti
 function listenArgs(port: number, access: RedisAccess): string[] {
   const tls = access.tls;
   const ports = tls
-    ? ['--port', '0', '--tls-port', String(port), '--tls-cert-file', tls.certFile, '--tls-key-file', tls.keyFile, '--tls-ca-cert-file', tls.caFile, '--tls-auth-clients', 'no']
+    ? [
+        '--port',
+        '0',
+        '--tls-port',
+        String(port),
+        '--tls-cert-file',
+        tls.certFile,
+        '--tls-key-file',
+        tls.keyFile,
+        '--tls-ca-cert-file',
+        tls.caFile,
+        '--tls-auth-clients',
+        'no',
+      ]
     : ['--port', String(port)];
   return [...ports, '--bind', '127.0.0.1', ...(access.password ? ['--requirepass', access.password] : [])];
 }

@@ -100,12 +100,15 @@ async function runAtomicScript(redis: RedisClient, settings: WorkerSettings, tas
   for (let i = 0; i < flags.length; i++) marked[i] = flags.charCodeAt(i) === 49 /* '1' */ ? 1 : 0;
   const refusals = decodeRefusals(rawRefusals, settings.prefix);
   logRefusals(log, task, refusals);
-  // Durability of the ack (replica-wait.ts): any part not refused has a marker to touch.
+  // Durability of the ack (replica-wait.ts): every part not refused has a
+  // marker, occupied by this batch or found occupied, and relies on it.
   let waitTimeouts = 0;
-  const touchAt = settings.waitReplicas > 0 ? flags.search(/[01]/) : -1;
-  if (touchAt >= 0) {
+  const reliedOn: string[] = [];
+  if (settings.waitReplicas > 0)
+    for (let i = 0; i < flags.length; i++) if (flags[i] !== '2') reliedOn.push(markerKey(settings.prefix, task.vshard, task.ids[i]!));
+  if (reliedOn.length > 0) {
     waitTimeouts = await inSpan(batchTracer(), 'tally.wait_replicas', { 'tally.shard': task.vshard, 'tally.replicas': settings.waitReplicas }, () =>
-      waitForReplicas(redis, settings, task, markerKey(settings.prefix, task.vshard, task.ids[touchAt]!), log, hooks.onWaitTimeout),
+      waitForReplicas(redis, settings, task, reliedOn, log, hooks.onWaitTimeout),
     );
   }
   const t1 = performance.now();

@@ -43,8 +43,14 @@ export function loadScript(name: string, lostMessage = DEFAULT_LOST_MESSAGE): Lu
 /** Per client, the scripts it has loaded once: a NOSCRIPT after that means Redis lost its script cache. */
 const loaded = new WeakMap<Redis, Set<string>>();
 
-function isNoScript(error: unknown): boolean {
+export function isNoScript(error: unknown): boolean {
   return error instanceof ReplyError && (error as Error).message.startsWith('NOSCRIPT');
+}
+
+/** SCRIPT LOAD on this connection's server; a different SHA would make every call NOSCRIPT forever: a bug, not an outage. */
+export async function loadScriptInto(redis: Redis, script: LuaScript): Promise<void> {
+  const sha = await redis.script('LOAD', script.source);
+  if (sha !== script.sha) throw new Error(`SCRIPT LOAD of ${script.name} returned ${String(sha)}, expected ${script.sha}`);
 }
 
 /** EVALSHA args: sha, key count, keys, argv. Built with push: a big batch exceeds what a spread call can take. */
@@ -69,9 +75,7 @@ export async function runScript(redis: Redis, script: LuaScript, args: Array<str
   } catch (error) {
     if (!isNoScript(error)) throw error;
     if (scripts.has(script.sha)) log.warn({ script: script.name, sha: script.sha }, script.lostMessage);
-    const sha = await redis.script('LOAD', script.source);
-    // A different SHA would make every call NOSCRIPT forever: a bug, not an outage.
-    if (sha !== script.sha) throw new Error(`SCRIPT LOAD of ${script.name} returned ${String(sha)}, expected ${script.sha}`);
+    await loadScriptInto(redis, script);
     scripts.add(script.sha);
     return redis.call('EVALSHA', args);
   }

@@ -8,70 +8,87 @@
  * WAIT (ioredis reconnects on its own) has made no write, and its WAIT would
  * answer at once, acknowledging nothing of ours. So every attempt sends, on
  * one connection and in one pipeline, a write of its own and then the WAIT:
- * PEXPIRE on one of the batch's markers (a key the batch's writes left, in
- * the batch's hash slot), then WAIT. The replication stream of a master is
- * one ordered stream: a replica that acknowledged the PEXPIRE has every
- * earlier write too, the batch's counts, receipt and markers included.
+ * confirm_markers.lua, which checks that every marker the batch relies on
+ * exists and then PEXPIREs the last of them (a key in the batch's hash slot),
+ * then WAIT. The replication stream of a master is one ordered stream: a
+ * replica that acknowledged the PEXPIRE has every earlier write too, the
+ * batch's counts, receipt and markers included, and the markers of the
+ * duplicates it found (they were set before it read them).
  *
- * - PEXPIRE answers 0: the marker is gone, and so are the writes before it
- *   (a failover to a replica that never had them). The batch fails
- *   (transient) and the coordinator reruns it under the same id: the counts
- *   are written again if their receipt went with them, not otherwise.
+ * Every marker, not only the one touched: after a failover the WAIT is
+ * answered by the promoted replica's replicas, and one marker being there
+ * says nothing of a marker another batch set on the old master (a duplicate
+ * this batch found before it was replicated). An ack on the strength of the
+ * touched marker alone would lose the parts of the missing one.
+ *
+ * - Markers missing: they are gone, and so are the writes before them (a
+ *   failover to a replica that never had them). The batch fails (transient)
+ *   and the coordinator reruns it under the same id: the counts are written
+ *   again if their receipt went with them, not otherwise.
  * - WAIT answers fewer than N: a timeout. It is counted, logged and posted to
  *   the coordinator at once, and the pair is sent again; nothing is acked
  *   meanwhile, however long it takes.
  *
- * On Redis Cluster the pipeline goes where its key lives (ioredis routes a
- * cluster pipeline by its first key): the master of the batch's slot, whose
- * replicas are the ones that matter.
+ * On Redis Cluster the pipeline goes to the master of the batch's slot
+ * (onSlotConnection), whose replicas are the ones that matter; a NOSCRIPT
+ * reply loads the script there and the pair is sent again.
  */
-import type { RedisClient } from '@tally/runtime';
+import { onSlotConnection, type RedisClient } from '@tally/runtime';
 import { describeError, retryUntilDone, type BatchTask, type WorkerSettings } from '@tally/shared';
 import type { BatchLog } from './batch-log.js';
+import { evalshaArgs, isNoScript, loadScript, loadScriptInto } from './lua-scripts.js';
+
+/** The existence check and touch before each WAIT, its KEYS and ARGV documented in lua/confirm_markers.lua. */
+export const CONFIRM_MARKERS = loadScript('confirm_markers');
 
 /** Called on each WAIT that timed out: how many replicas acknowledged, of how many wanted. */
 export type OnWaitTimeout = (task: BatchTask, acked: number, wanted: number) => void;
 
 export class BatchWritesLostError extends Error {
-  constructor(key: string) {
-    super(`the batch's marker ${key} is gone before the replicas acknowledged it (a failover lost the batch's writes); rerunning the batch`);
+  constructor(what: string) {
+    super(`${what} gone before the replicas acknowledged the batch (a failover lost writes it relies on); rerunning the batch`);
     this.name = 'BatchWritesLostError';
   }
 }
 
 /**
  * Returns once `waitReplicas` replicas acknowledged every write up to a fresh
- * PEXPIRE of `touchKey`; resolves to the number of WAITs that timed out.
+ * touch of `markers` (all of which must exist: see above); resolves to the
+ * number of WAITs that timed out.
  */
 export async function waitForReplicas(
   redis: RedisClient,
   settings: Pick<WorkerSettings, 'waitReplicas' | 'waitTimeoutMs' | 'markerTtlS'>,
   task: BatchTask,
-  touchKey: string,
+  markers: readonly string[],
   log: BatchLog,
   onTimeout: OnWaitTimeout = () => {},
 ): Promise<number> {
   const wanted = settings.waitReplicas;
+  const confirm = evalshaArgs(CONFIRM_MARKERS, markers, [settings.markerTtlS * 1000]);
   let timeouts = 0;
   for (;;) {
-    const [touched, acked] = await retryUntilDone(
-      async () => {
-        const replies = await redis
-          .pipeline()
-          .pexpire(touchKey, settings.markerTtlS * 1000)
-          .call('WAIT', wanted, settings.waitTimeoutMs)
-          .exec();
-        if (replies === null) throw new Error('WAIT pipeline discarded');
-        for (const [error] of replies) if (error) throw error;
-        return [Number(replies[0]![1]), Number(replies[1]![1])] as const;
-      },
+    const [missing, acked] = await retryUntilDone(
+      () =>
+        onSlotConnection(redis, markers.at(-1)!, async (connection) => {
+          const send = () => connection.pipeline().call('EVALSHA', confirm).call('WAIT', wanted, settings.waitTimeoutMs).exec();
+          let replies = await send();
+          if (replies !== null && isNoScript(replies[0]![0])) {
+            // A fresh or restarted server: load the script there and send the pair again (that WAIT's answer was not ours).
+            await loadScriptInto(connection, CONFIRM_MARKERS);
+            replies = await send();
+          }
+          if (replies === null) throw new Error('WAIT pipeline discarded');
+          for (const [error] of replies) if (error) throw error;
+          return [Number(replies[0]![1]), Number(replies[1]![1])] as const;
+        }),
       {
         giveUp: (failureClass) => failureClass !== 'transient',
         onAttemptFailed: ({ error, attempt, delayMs, failureClass }) =>
           log.warn({ step: 'wait', vshard: task.vshard, attempt, delayMs, failureClass, err: describeError(error) }, 'redis step failed; retrying'),
       },
     );
-    if (touched === 0) throw new BatchWritesLostError(touchKey);
+    if (missing > 0) throw new BatchWritesLostError(`${missing} of the batch's ${markers.length} markers are`);
     if (acked >= wanted) return timeouts;
     timeouts++;
     onTimeout(task, acked, wanted);

@@ -3,7 +3,7 @@
  *
  *   MGET markers                               -> which parts are new
  *   EVALSHA write_counts (INCRBY/EXPIRE … receipt) -> counts written (all or none)
- *   EVALSHA occupy_markers (SET marker EX …)   -> markers occupied
+ *   EVALSHA occupy_markers (SET marker EX …)   -> markers occupied, if the receipt is there
  *
  * The order is the point (invariant 2): a marker is occupied only after its
  * counts are written. A crash between the two double-counts on redelivery,
@@ -35,7 +35,7 @@ import { batchTracer, inSpan } from './batch-tracing.js';
 import { decodeRefusals, logRefusals } from './count-refusals.js';
 import { evalshaArgs, loadScript, runScript } from './lua-scripts.js';
 import { reportingHealth } from './health-report.js';
-import { waitForReplicas } from './replica-wait.js';
+import { BatchWritesLostError, waitForReplicas } from './replica-wait.js';
 
 /** The count write and the marker occupation, their KEYS and ARGV documented in lua/*.lua. */
 export const WRITE_COUNTS = loadScript('write_counts');
@@ -94,6 +94,7 @@ export async function runTwoStepBatch(
   const markerKeys = ids.map((id) => markerKey(prefix, vshard, id));
   // Any key of the shard names its slot (hash tag {vshard}): every step runs on that slot's master.
   const shardKey = markerKey(prefix, vshard, '');
+  const receipt = receiptKey(prefix, vshard, task.batchId);
 
   const tracer = batchTracer();
   const t0 = performance.now();
@@ -113,7 +114,7 @@ export async function runTwoStepBatch(
   let refusals: CountRefusal[] = [];
   let wroteCounts = false;
   if (sums.size > 0) {
-    const keys = [receiptKey(prefix, vshard, task.batchId)];
+    const keys = [receipt];
     const sumArgv: string[] = [String(countTtlS), String(markerTtlS), 'sums'];
     const keyIndex = new Map<string, number>();
     for (const [sku, sum] of sums) {
@@ -172,17 +173,16 @@ export async function runTwoStepBatch(
   const newMarkers: string[] = [];
   for (let i = 0; i < ids.length; i++) if (marked[i] === 0 && !refused.has(i)) newMarkers.push(markerKeys[i]!);
   if (newMarkers.length > 0) {
-    const args = evalshaArgs(OCCUPY_MARKERS, newMarkers, [markerTtlS]);
+    // New parts always have counts written (or found by their receipt), so the receipt exists where the counts do.
+    const args = evalshaArgs(OCCUPY_MARKERS, [receipt, ...newMarkers], [markerTtlS]);
     // Once the SETs leave, a SIGKILL no longer re-counts these parts (Redis runs what it was sent).
     gauge?.close(vshard);
-    await inSpan(tracer, 'tally.occupy_markers', { 'tally.shard': vshard }, () =>
+    const occupied = await inSpan(tracer, 'tally.occupy_markers', { 'tally.shard': vshard }, () =>
       untilDone(
         'occupy_markers',
         task,
         log,
-        async () => {
-          await onSlotConnection(redis, shardKey, (connection) => runScript(connection, OCCUPY_MARKERS, args, log));
-        },
+        () => onSlotConnection(redis, shardKey, (connection) => runScript(connection, OCCUPY_MARKERS, args, log)),
         () => {
           // The counts are written and the markers are not: the crash window
           // is open for this batch until a retry succeeds. Counted once per batch.
@@ -195,19 +195,29 @@ export async function runTwoStepBatch(
         },
       ),
     );
+    if (occupied === -1) {
+      // The receipt, and so the counts, are not on the server this step
+      // reached: a failover (or a restart without persistence) lost them
+      // after they were written. No marker was set; the coordinator reruns
+      // the batch under its id, and the rerun writes the counts again.
+      gauge?.close(vshard);
+      crashWindow.end();
+      throw new BatchWritesLostError(`the batch's receipt ${receipt} (and so its counts) is`);
+    }
   }
   gauge?.close(vshard);
   crashWindow.end();
   const t3 = performance.now();
 
   // Durability of the ack: the batch returns only once the replicas have its
-  // writes (replica-wait.ts). Any part whose marker exists will do as the key
-  // to touch: occupied now, or found occupied (a duplicate); not a refused one.
+  // writes (replica-wait.ts), and every marker it relies on is on the master
+  // they replicate: occupied now, or found occupied (a duplicate, which is
+  // acked on the strength of that marker); not a refused part's.
   let waitTimeouts = 0;
-  const touchAt = settings.waitReplicas > 0 ? ids.findIndex((_, i) => !refused.has(i)) : -1;
-  if (touchAt >= 0) {
+  const reliedOn = settings.waitReplicas > 0 ? markerKeys.filter((_, i) => !refused.has(i)) : [];
+  if (reliedOn.length > 0) {
     waitTimeouts = await inSpan(tracer, 'tally.wait_replicas', { 'tally.shard': vshard, 'tally.replicas': settings.waitReplicas }, () =>
-      waitForReplicas(redis, settings, task, markerKeys[touchAt]!, log, hooks.onWaitTimeout),
+      waitForReplicas(redis, settings, task, reliedOn, log, hooks.onWaitTimeout),
     );
   }
 

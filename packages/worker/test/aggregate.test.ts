@@ -17,9 +17,19 @@ describe('aggregateNewParts', () => {
 
   it('sums per SKU across parts', () => {
     const parts: PartChanges[] = [
-      [['a', 1], ['b', 2]],
-      [['b', 3], ['c', -4]],
-      [['a', 10], ['c', 4], ['d', 7]],
+      [
+        ['a', 1],
+        ['b', 2],
+      ],
+      [
+        ['b', 3],
+        ['c', -4],
+      ],
+      [
+        ['a', 10],
+        ['c', 4],
+        ['d', 7],
+      ],
     ];
     expect(entries(aggregateNewParts(parts, all))).to.deep.equal([
       ['a', 11],
@@ -36,7 +46,15 @@ describe('aggregateNewParts', () => {
   });
 
   it('skips parts that are not new', () => {
-    const parts: PartChanges[] = [[['a', 1]], [['a', 100], ['b', 100]], [['a', 2]], [['c', 1000]]];
+    const parts: PartChanges[] = [
+      [['a', 1]],
+      [
+        ['a', 100],
+        ['b', 100],
+      ],
+      [['a', 2]],
+      [['c', 1000]],
+    ];
     const marked = new Set([1, 3]);
     const asked: number[] = [];
     const sums = aggregateNewParts(parts, (i) => {

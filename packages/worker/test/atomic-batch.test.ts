@@ -232,7 +232,10 @@ describe('atomic batch against a real Redis', function () {
           const run = mode === 'atomic' ? runAtomicBatch : runTwoStepBatch;
           const skuPrefix = `${mode}-${r}-`;
           const renamed: BatchTask = { ...task, changes: task.changes.map((part) => part.map(([sku, d]) => [skuPrefix + sku, d] as [string, number])) };
-          const [a, b] = await Promise.all([run(client, settingsFor(prefix, mode), renamed, quiet), run(other, settingsFor(prefix, mode), redelivered(renamed), quiet)]);
+          const [a, b] = await Promise.all([
+            run(client, settingsFor(prefix, mode), renamed, quiet),
+            run(other, settingsFor(prefix, mode), redelivered(renamed), quiet),
+          ]);
           const counts = await countsIn(redis, prefix, renamed);
           let excess = 0n;
           for (const [sku, want] of expectedCounts(renamed)) {

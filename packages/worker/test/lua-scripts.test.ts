@@ -3,10 +3,11 @@ import { readFileSync } from 'node:fs';
 import { expect } from 'chai';
 import { Redis } from 'ioredis';
 import { ATOMIC_BATCH } from '../src/atomic-batch.js';
+import { CONFIRM_MARKERS } from '../src/replica-wait.js';
 import { OCCUPY_MARKERS, WRITE_COUNTS } from '../src/two-step-batch.js';
 
 const REDIS_URL = process.env.TALLY_REDIS_URL ?? 'redis://127.0.0.1:6379';
-const SCRIPTS = [WRITE_COUNTS, OCCUPY_MARKERS, ATOMIC_BATCH];
+const SCRIPTS = [WRITE_COUNTS, OCCUPY_MARKERS, ATOMIC_BATCH, CONFIRM_MARKERS];
 
 describe('Lua scripts as files', () => {
   it('loads each script from src/lua/<name>.lua, byte for byte, with its SHA1 computed from that text', () => {

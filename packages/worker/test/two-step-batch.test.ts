@@ -6,6 +6,7 @@ import { Redis } from 'ioredis';
 import { countKey, markerKey, type BatchTask, type WorkerSettings } from '@tally/shared';
 import { createRedisClient } from '@tally/runtime';
 import type { BatchLog } from '../src/batch-log.js';
+import { BatchWritesLostError } from '../src/replica-wait.js';
 import { runTwoStepBatch, WRITE_COUNTS } from '../src/two-step-batch.js';
 import { startPrivateRedis, startProxy } from '@tally/testkit';
 
@@ -169,7 +170,10 @@ describe('two-step batch against a real Redis', function () {
     try {
       let hookCalls = 0;
       const rerun = await runTwoStepBatch(client, settingsFor(prefix), task, quiet, { afterCountWrite: () => void hookCalls++ });
-      expect([...rerun.marked].every((m) => m === 0), 'the parts are still new').to.equal(true);
+      expect(
+        [...rerun.marked].every((m) => m === 0),
+        'the parts are still new',
+      ).to.equal(true);
       expect(hookCalls, 'the receipt answered: nothing was written again').to.equal(0);
       expect(await countsIn(redis, prefix, task), 'counted once, not twice').to.deep.equal(expectedCounts(task));
       expect(await markersIn(redis, prefix, task)).to.equal(task.ids.length);
@@ -245,6 +249,45 @@ describe('two-step batch against a real Redis', function () {
     } finally {
       client.disconnect();
       await proxy.close();
+    }
+  });
+
+  it('never occupies markers for counts the server no longer has: counts lost between the steps (failover, restart) rerun the batch', async () => {
+    // The count write lands, then the server loses it (here a restart without
+    // persistence; in production a failover to a replica that never had it),
+    // and the occupation's retry reaches the server without the counts.
+    // Markers set there would make the batch, and its ack, look done.
+    const server = await startPrivateRedis();
+    const probe = new Redis(server.url, { maxRetriesPerRequest: 1 });
+    probe.on('error', () => {});
+    const client = createRedisClient(server.url, 'test');
+    client.on('error', () => {});
+    try {
+      const task = taskFor(runId, 6, 20);
+      let crashed = false;
+      const run = runTwoStepBatch(client, settingsFor(prefix), task, quiet, {
+        afterCountWrite: async () => {
+          if (crashed) return;
+          crashed = true;
+          await server.crashAndRestart(0);
+        },
+      });
+      const error = await run.then(
+        () => null,
+        (e: unknown) => e,
+      );
+      expect(crashed, 'the counts were written, then lost').to.equal(true);
+      expect(error, 'the batch is not reported done').to.be.instanceOf(BatchWritesLostError);
+      expect(await markersIn(probe, prefix, task), 'no marker stands for the lost counts').to.equal(0);
+      // The coordinator's rerun: same task, same batch id.
+      const rerun = await runTwoStepBatch(client, settingsFor(prefix), task, quiet);
+      expect([...rerun.marked]).to.deep.equal(task.ids.map(() => 0));
+      expect(await countsIn(probe, prefix, task), 'counted once, on the server that has the markers').to.deep.equal(expectedCounts(task));
+      expect(await markersIn(probe, prefix, task)).to.equal(task.ids.length);
+    } finally {
+      client.disconnect();
+      probe.disconnect();
+      await server.stop();
     }
   });
 

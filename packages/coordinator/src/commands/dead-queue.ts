@@ -32,7 +32,9 @@ async function connect(url: string, name: string): Promise<amqp.ChannelModel> {
   try {
     return await amqp.connect(url, { clientProperties: { connection_name: `tally-cli-${name}-${process.pid}` } });
   } catch (error) {
-    throw new TallyError('TALLY_AMQP_UNAVAILABLE', `RabbitMQ at ${redactUrl(url)}: ${error instanceof Error ? error.message : String(error)}`, { cause: error });
+    throw new TallyError('TALLY_AMQP_UNAVAILABLE', `RabbitMQ at ${redactUrl(url)}: ${error instanceof Error ? error.message : String(error)}`, {
+      cause: error,
+    });
   }
 }
 

@@ -40,7 +40,13 @@ export function reasonOf(headers: Record<string, unknown> | undefined): { reason
   if (header === undefined) return { reason: UNKNOWN_REASON, detail: '' };
   const colon = header.indexOf(':');
   const code = (colon < 0 ? header : header.slice(0, colon)).trim();
-  const detail = colon < 0 ? '' : header.slice(colon + 1).trim().slice(0, 200);
+  const detail =
+    colon < 0
+      ? ''
+      : header
+          .slice(colon + 1)
+          .trim()
+          .slice(0, 200);
   return TALLY_DEAD_REASONS.includes(code) ? { reason: code, detail } : { reason: UNKNOWN_REASON, detail: header.slice(0, 200) };
 }
 

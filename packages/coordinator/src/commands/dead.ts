@@ -27,7 +27,10 @@ export interface DeadListReport {
 
 export async function deadList(flags: DeadFlags, config: Pick<TallyConfig, 'amqpUrl' | 'deadLetterQueue'>): Promise<DeadListReport> {
   const reason = parseReasonFlag(flags.reason);
-  const summary = await listDeadLetters({ url: config.amqpUrl, deadQueue: config.deadLetterQueue }, new DeadLetterSummary(reason, parseLimitFlag(flags.limit, DEFAULT_LIST_LIMIT)));
+  const summary = await listDeadLetters(
+    { url: config.amqpUrl, deadQueue: config.deadLetterQueue },
+    new DeadLetterSummary(reason, parseLimitFlag(flags.limit, DEFAULT_LIST_LIMIT)),
+  );
   return { queue: config.deadLetterQueue, total: summary.total, byReason: summary.byReason, reason, matching: summary.matching, messages: summary.messages };
 }
 

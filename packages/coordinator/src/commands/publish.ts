@@ -61,7 +61,12 @@ export function workloadFromFlags(flags: PublishFlags, config: Pick<TallyConfig,
     duplicateRate: number('duplicate-rate', flags['duplicate-rate'], 0.02, 0, 10, false),
     badRate: number('bad-rate', flags['bad-rate'], 0, 0, 10, false),
     seed: number('seed', flags.seed, Date.now() % 2 ** 31, 0, 2 ** 32 - 1),
-    types: flags.types ? flags.types.split(',').map((t) => t.trim()).filter(Boolean) : [],
+    types: flags.types
+      ? flags.types
+          .split(',')
+          .map((t) => t.trim())
+          .filter(Boolean)
+      : [],
     acceptTypes: config.acceptTypes,
     zipf: number('zipf', flags.zipf, 0, 0, 10, false),
     idPrefix: flags['id-prefix'] ?? `msg-${Date.now().toString(36)}`,

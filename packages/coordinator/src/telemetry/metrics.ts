@@ -167,11 +167,12 @@ export class DaemonMetrics {
     this.flushDuration = secondsHistogram('tally.flush.duration', 'From a shard batch leaving its lane to its result: pre-check, write, occupy');
     this.crashWindow = secondsHistogram('tally.crash_window.duration', 'From the start of the count write to the end of marker occupation');
     this.processDuration = secondsHistogram(METRIC_MESSAGING_PROCESS_DURATION, 'From delivery to ack');
-    this.messageAge = secondsHistogram(
-      'tally.message.age',
-      'End-to-end age at ack: ack time minus the message timestamp property, when present',
-      [...SECONDS_BUCKETS, 30, 60, 300],
-    );
+    this.messageAge = secondsHistogram('tally.message.age', 'End-to-end age at ack: ack time minus the message timestamp property, when present', [
+      ...SECONDS_BUCKETS,
+      30,
+      60,
+      300,
+    ]);
   }
 
   recordBatch(parts: number, elapsedMs: number, result: BatchResult): void {

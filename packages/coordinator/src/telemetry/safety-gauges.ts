@@ -21,7 +21,9 @@ export interface SafetySources {
 
 export function registerSafetyGauges(meter: Meter, base: Attributes, sources: SafetySources): void {
   meter
-    .createObservableGauge('tally.redis.eviction_allowed', { description: 'Redis maxmemory-policy is not noeviction and TALLY_ALLOW_EVICTION allowed it: counts or markers may be evicted' })
+    .createObservableGauge('tally.redis.eviction_allowed', {
+      description: 'Redis maxmemory-policy is not noeviction and TALLY_ALLOW_EVICTION allowed it: counts or markers may be evicted',
+    })
     .addCallback((result) => {
       const probe = sources.redisProbe();
       if (probe !== null) result.observe(probe.evictionAllowed ? 1 : 0, { ...base, 'tally.redis.maxmemory_policy': probe.maxmemoryPolicy ?? 'unknown' });
@@ -36,6 +38,8 @@ export function registerSafetyGauges(meter: Meter, base: Attributes, sources: Sa
     .createObservableGauge('tally.amqp.blocked', { description: 'RabbitMQ blocks the connection (memory or disk alarm): dead-letter publishes wait' })
     .addCallback((result) => result.observe(sources.amqpBlocked() ? 1 : 0, base));
   meter
-    .createObservableCounter('tally.dead_letter.unroutable', { description: 'Dead-letter copies returned unroutable (the .dead queue is missing); their originals stay unacked and are retried' })
+    .createObservableCounter('tally.dead_letter.unroutable', {
+      description: 'Dead-letter copies returned unroutable (the .dead queue is missing); their originals stay unacked and are retried',
+    })
     .addCallback((result) => result.observe(sources.unroutableDeadLetters(), base));
 }

@@ -134,7 +134,10 @@ describe('atomic mode (integration: real daemon, RabbitMQ and Redis)', function 
       await publishing;
     }
     const exits = await drainWithDaemon(s.env, s.queue);
-    expect(exits.every((e) => e.code === 0), 'clean stops after the crashes').to.equal(true);
+    expect(
+      exits.every((e) => e.code === 0),
+      'clean stops after the crashes',
+    ).to.equal(true);
 
     expect(kills).to.be.at.least(20);
     expect(killsMidStream, 'kills of a daemon that had written, while the stream flowed').to.be.at.least(20);
@@ -241,7 +244,10 @@ describe('atomic mode (integration: real daemon, RabbitMQ and Redis)', function 
     expect(stderr).to.include('TALLY_MODE is atomic');
     expect(stderr).to.include('two-step mode');
     expect(stderr).to.match(/markers are still live/);
-    expect(refused.logs.some((l) => l.includes('TALLY_MODE_MISMATCH')), 'stable error code logged').to.equal(true);
+    expect(
+      refused.logs.some((l) => l.includes('TALLY_MODE_MISMATCH')),
+      'stable error code logged',
+    ).to.equal(true);
     expect(await withRedis((redis) => redis.hget(layoutKey(twoStep.prefix), 'mode'))).to.equal('two-step');
 
     // The markers expire (TTL 3 s): the switch is allowed and recorded.

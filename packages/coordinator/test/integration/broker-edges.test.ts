@@ -10,7 +10,18 @@ import { promisify } from 'node:util';
 import { setTimeout as sleep } from 'node:timers/promises';
 import amqp from 'amqplib';
 import { expect } from 'chai';
-import { cleanup, drainQueue, queueState, runRefusedStart, startDaemon, stopDaemon, testSpace, AMQP_URL, type DaemonProcess, type RefusedStart } from './harness.js';
+import {
+  cleanup,
+  drainQueue,
+  queueState,
+  runRefusedStart,
+  startDaemon,
+  stopDaemon,
+  testSpace,
+  AMQP_URL,
+  type DaemonProcess,
+  type RefusedStart,
+} from './harness.js';
 
 const run = promisify(execFile);
 
@@ -37,7 +48,10 @@ function expectOneLineRefusal(result: RefusedStart, ...mentions: string[]): void
   expect(result.stderrLines, 'one stderr line, no stack trace').to.have.length(1);
   for (const text of mentions) expect(result.stderrLines[0]).to.include(text);
   expect(result.fatalCode).to.equal('TALLY_AMQP_REFUSED');
-  expect(result.logs.some((l) => l.includes('amqp connect failed; retrying')), 'not a retry loop').to.equal(false);
+  expect(
+    result.logs.some((l) => l.includes('amqp connect failed; retrying')),
+    'not a retry loop',
+  ).to.equal(false);
 }
 
 async function publishRaw(queue: string, body: string, messageId: string): Promise<void> {
@@ -151,7 +165,11 @@ describe('broker edges (integration: the real RabbitMQ)', function () {
         } finally {
           await admin.close();
         }
-        await until('the copy in .dead and the original acked', async () => (await queueState(`${space.queue}.dead`)).messageCount === 1 && (await unacked(space.queue)) === 0, 30_000);
+        await until(
+          'the copy in .dead and the original acked',
+          async () => (await queueState(`${space.queue}.dead`)).messageCount === 1 && (await unacked(space.queue)) === 0,
+          30_000,
+        );
         expect((await stopDaemon(daemon)).code).to.equal(0);
         const [copy] = await drainQueue(`${space.queue}.dead`);
         expect(copy!.content.toString()).to.equal('{"id": 12, "changes": "nope"}');

@@ -40,7 +40,22 @@ describe('tally CLI (integration)', function () {
     try {
       const dir = await mkdtemp(join(tmpdir(), 'tally-'));
       const truthFile = join(dir, 'truth.json');
-      const published = await tallyCli(space.env, 'publish', '--messages', '500', '--skus', '50', '--duplicate-rate', '0.1', '--bad-rate', '0.02', '--seed', '3', '--truth', truthFile);
+      const published = await tallyCli(
+        space.env,
+        'publish',
+        '--messages',
+        '500',
+        '--skus',
+        '50',
+        '--duplicate-rate',
+        '0.1',
+        '--bad-rate',
+        '0.02',
+        '--seed',
+        '3',
+        '--truth',
+        truthFile,
+      );
       expect(published.code, published.stderr).to.equal(0);
       const summary = JSON.parse(published.stdout);
       expect(summary).to.include({ published: 560, good: 500, duplicates: 50, bad: 10 });

@@ -55,7 +55,9 @@ describe('dead-letter tools (integration: tally dead list / replay)', function (
       expect((await queueState(`${space.queue}.dead`)).messageCount, 'nothing lost by listing').to.equal(deadCount);
       expect(first.messages.map((m) => m.position)).to.deep.equal([...first.messages.keys()]);
       const goodIds = new Set(workload.publishes.filter((p) => p.kind !== 'bad').map((p) => p.id));
-      expect(first.messages.filter((m) => m.reason === 'oversized-body' && goodIds.has(m.id!)).length, 'oversized good messages listed with their id').to.equal(oversizedGood);
+      expect(first.messages.filter((m) => m.reason === 'oversized-body' && goodIds.has(m.id!)).length, 'oversized good messages listed with their id').to.equal(
+        oversizedGood,
+      );
 
       const filtered = await deadList(space, '--reason', 'oversized-body', '--limit', '3');
       expect(filtered.messages).to.have.length(3);
@@ -127,7 +129,10 @@ describe('dead-letter tools (integration: tally dead list / replay)', function (
       expect((await queueState(space.queue)).messageCount, 'three copies confirmed').to.equal(3);
       expect((await queueState(deadQueue)).messageCount, 'two removed, the third back').to.equal(18);
       const after = await deadList(space);
-      expect(after.messages.map((m) => m.id), 'the third is back at its place, the rest in order').to.deep.equal(ids.slice(2));
+      expect(
+        after.messages.map((m) => m.id),
+        'the third is back at its place, the rest in order',
+      ).to.deep.equal(ids.slice(2));
 
       const rerun = await tally(space, ['dead', 'replay', '--json']);
       expect(rerun.code, rerun.stderr).to.equal(0);

@@ -59,7 +59,15 @@ describe('deploy/systemd and the VM install (integration)', function () {
     expect(service.get('KillSignal')).to.equal('SIGTERM');
     expect(service.get('EnvironmentFile')).to.equal('/etc/tally/tally.env');
     expect(Number(service.get('LimitNOFILE'))).to.be.at.least(65_536);
-    for (const [key, value] of Object.entries({ NoNewPrivileges: 'yes', ProtectSystem: 'strict', ProtectHome: 'yes', PrivateTmp: 'yes', PrivateDevices: 'yes', RestrictSUIDSGID: 'yes', CapabilityBoundingSet: '' })) {
+    for (const [key, value] of Object.entries({
+      NoNewPrivileges: 'yes',
+      ProtectSystem: 'strict',
+      ProtectHome: 'yes',
+      PrivateTmp: 'yes',
+      PrivateDevices: 'yes',
+      RestrictSUIDSGID: 'yes',
+      CapabilityBoundingSet: '',
+    })) {
       expect(service.get(key), key).to.equal(value);
     }
     // The example configuration is valid as it stands, and its grace fits inside the stop timeout with a margin.
@@ -69,14 +77,17 @@ describe('deploy/systemd and the VM install (integration)', function () {
     expect(seconds(service.get('TimeoutStopSec')!) * 1000, 'TimeoutStopSec > TALLY_SHUTDOWN_GRACE_MS + 5 s').to.be.greaterThan(config.shutdownGraceMs + 5_000);
   });
 
-  it('passes systemd-analyze verify (ExecStart pointed at this machine\'s node and the built daemon), and fails a broken one', async () => {
+  it("passes systemd-analyze verify (ExecStart pointed at this machine's node and the built daemon), and fails a broken one", async () => {
     const analyze = requireTool('systemd-analyze', 'systemd');
     const dir = await mkdtemp(join(tmpdir(), 'tally-unit-'));
     try {
       const unit = await readFile(UNIT, 'utf8');
       // Only the paths change: every other line is verified as shipped.
       const local = unit
-        .replace('ExecStart=/usr/bin/node /opt/tally/dist/src/main.js', `ExecStart=${process.execPath} ${join(REPO_ROOT, 'packages/coordinator/dist/src/main.js')}`)
+        .replace(
+          'ExecStart=/usr/bin/node /opt/tally/dist/src/main.js',
+          `ExecStart=${process.execPath} ${join(REPO_ROOT, 'packages/coordinator/dist/src/main.js')}`,
+        )
         .replace('WorkingDirectory=/opt/tally', `WorkingDirectory=${REPO_ROOT}`);
       expect(local.split('\n').filter((line, i) => line !== unit.split('\n')[i])).to.have.length(2);
       await writeFile(join(dir, 'tally.service'), local);
@@ -84,7 +95,10 @@ describe('deploy/systemd and the VM install (integration)', function () {
       expect(run.stdout + run.stderr, 'no warning').to.equal('');
       expect(run.code).to.equal(0);
 
-      await writeFile(join(dir, 'broken.service'), local.replace(`ExecStart=${process.execPath}`, 'ExecStart=/nonexistent/node').replace('KillSignal=SIGTERM', 'KillSignal=SIGBOGUS'));
+      await writeFile(
+        join(dir, 'broken.service'),
+        local.replace(`ExecStart=${process.execPath}`, 'ExecStart=/nonexistent/node').replace('KillSignal=SIGTERM', 'KillSignal=SIGBOGUS'),
+      );
       const broken = await runTool(analyze, ['verify', join(dir, 'broken.service')]);
       expect(broken.code).to.not.equal(0);
       expect(broken.stdout + broken.stderr).to.match(/not executable|SIGBOGUS/);
@@ -108,7 +122,11 @@ describe('deploy/systemd and the VM install (integration)', function () {
 
       const workload = generateWorkload({ messages: 500, skus: 40, seed: 8, duplicateRate: 0.05, idPrefix: space.queue });
       await publishAll(workload.publishes, { url: AMQP_URL, queue: space.queue });
-      const child = spawn(process.execPath, [join(target, 'dist/src/main.js')], { cwd: target, env: { PATH: process.env.PATH, ...space.env }, stdio: ['ignore', 'pipe', 'pipe'] });
+      const child = spawn(process.execPath, [join(target, 'dist/src/main.js')], {
+        cwd: target,
+        env: { PATH: process.env.PATH, ...space.env },
+        stdio: ['ignore', 'pipe', 'pipe'],
+      });
       let output = '';
       child.stdout.setEncoding('utf8').on('data', (chunk: string) => (output += chunk));
       child.stderr.setEncoding('utf8').on('data', (chunk: string) => (output += chunk));
@@ -124,7 +142,10 @@ describe('deploy/systemd and the VM install (integration)', function () {
       expect(output).to.include('"msg":"consuming"');
       expect(compare(await countsOf(space.prefix), workload.truth).exact, 'the deployed daemon counted everything exactly').to.equal(true);
       // The deployed CLI too.
-      const stats = await runTool(process.execPath, [join(target, 'dist/src/cli.js'), 'stats', '--json'], { cwd: target, env: { PATH: process.env.PATH, ...space.env } });
+      const stats = await runTool(process.execPath, [join(target, 'dist/src/cli.js'), 'stats', '--json'], {
+        cwd: target,
+        env: { PATH: process.env.PATH, ...space.env },
+      });
       expect(stats.code, stats.stderr).to.equal(0);
       expect((JSON.parse(stats.stdout) as { counted: number }).counted).to.equal(workload.good);
     } finally {

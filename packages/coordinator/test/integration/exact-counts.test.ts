@@ -8,7 +8,16 @@ describe('exact counts (integration: real RabbitMQ and Redis)', function () {
   it('counts 20,000 messages over 1,000 SKUs with 2% duplicate publishes exactly', async () => {
     const space = testSpace('exact');
     try {
-      const workload = generateWorkload({ messages: 20_000, skus: 1_000, minChanges: 1, maxChanges: 8, duplicateRate: 0.02, seed: 11, idPrefix: space.queue, nearDuplicateShare: 0.5 });
+      const workload = generateWorkload({
+        messages: 20_000,
+        skus: 1_000,
+        minChanges: 1,
+        maxChanges: 8,
+        duplicateRate: 0.02,
+        seed: 11,
+        idPrefix: space.queue,
+        nearDuplicateShare: 0.5,
+      });
       expect(workload.duplicates).to.equal(400);
       const daemon = await startDaemon(space.env);
       await publishAll(workload.publishes, { url: AMQP_URL, queue: space.queue });
@@ -58,8 +67,15 @@ describe('exact counts (integration: real RabbitMQ and Redis)', function () {
     try {
       const accept = new Set(['sale', 'return']);
       const workload = generateWorkload({
-        messages: 2_000, skus: 200, seed: 3, duplicateRate: 0.05, idPrefix: space.queue,
-        types: ['sale', 'return', 'audit'], acceptTypes: accept, minDelta: -3, maxDelta: 5,
+        messages: 2_000,
+        skus: 200,
+        seed: 3,
+        duplicateRate: 0.05,
+        idPrefix: space.queue,
+        types: ['sale', 'return', 'audit'],
+        acceptTypes: accept,
+        minDelta: -3,
+        maxDelta: 5,
       });
       await publishAll(workload.publishes, { url: AMQP_URL, queue: space.queue });
       await drainWithDaemon(space.env, space.queue);

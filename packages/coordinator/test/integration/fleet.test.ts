@@ -66,12 +66,26 @@ describe('several daemons on one queue and one Redis (integration)', function ()
       const space = testSpace(`fleet-sum-${mode}`, { TALLY_MODE: mode, TALLY_WORKERS: '1', TALLY_BATCH_SIZE: String(BATCH_SIZE), TALLY_PREFETCH: '300' });
       const daemons: DaemonProcess[] = [];
       try {
-        const workload = generateWorkload({ messages: 6_000, skus: 500, seed: 31, duplicateRate: 0.03, badRate: 0.01, idPrefix: space.queue, maxChanges: MAX_CHANGES, maxDelta: MAX_DELTA });
+        const workload = generateWorkload({
+          messages: 6_000,
+          skus: 500,
+          seed: 31,
+          duplicateRate: 0.03,
+          badRate: 0.01,
+          idPrefix: space.queue,
+          maxChanges: MAX_CHANGES,
+          maxDelta: MAX_DELTA,
+        });
         for (let i = 0; i < DAEMONS; i++) daemons.push(await startDaemon(space.env));
-        const status = await until('tally status listing the three daemons', async () => {
-          const r = JSON.parse((await tallyCli(space.env, 'status', '--json')).stdout) as StatusReport;
-          return r.daemons.length === DAEMONS && r.daemons.every((d) => d.consuming) ? r : undefined;
-        }, 30_000, 500);
+        const status = await until(
+          'tally status listing the three daemons',
+          async () => {
+            const r = JSON.parse((await tallyCli(space.env, 'status', '--json')).stdout) as StatusReport;
+            return r.daemons.length === DAEMONS && r.daemons.every((d) => d.consuming) ? r : undefined;
+          },
+          30_000,
+          500,
+        );
         expect(status.daemons.map((d) => d.pid).sort()).to.deep.equal(daemons.map((d) => d.child.pid).sort());
         expect(status.queue.consumers).to.equal(DAEMONS);
         expect(status.layout?.mode).to.equal(mode);
@@ -88,7 +102,10 @@ describe('several daemons on one queue and one Redis (integration)', function ()
           const sum = daemons.reduce((s, d) => s + (stoppedCounters(d)[name] ?? 0), 0);
           expect(sum, `sum of the daemons' ${name}`).to.equal(stats[name]);
         }
-        expect(daemons.every((d) => stoppedCounters(d).received! > 0), 'every daemon consumed').to.equal(true);
+        expect(
+          daemons.every((d) => stoppedCounters(d).received! > 0),
+          'every daemon consumed',
+        ).to.equal(true);
         expect(stats.received, 'no kill, no redelivery: one delivery per publish').to.equal(publishes);
         expect(outcomes(stats), 'received = counted + duplicates + partial_duplicates + dead_lettered + empty').to.equal(stats.received);
         expect(stats.dead_lettered).to.equal(workload.bad);
@@ -133,7 +150,16 @@ describe('several daemons on one queue and one Redis (integration)', function ()
       const daemons: DaemonProcess[] = [];
       const random = seededRandom(mode === 'atomic' ? 41 : 42);
       try {
-        const workload = generateWorkload({ messages: 12_000, skus: 1_000, seed: 32, duplicateRate: 0.02, badRate: 0.01, idPrefix: space.queue, maxChanges: MAX_CHANGES, maxDelta: MAX_DELTA });
+        const workload = generateWorkload({
+          messages: 12_000,
+          skus: 1_000,
+          seed: 32,
+          duplicateRate: 0.02,
+          badRate: 0.01,
+          idPrefix: space.queue,
+          maxChanges: MAX_CHANGES,
+          maxDelta: MAX_DELTA,
+        });
         for (let i = 0; i < DAEMONS; i++) daemons.push(await startDaemon(space.env));
         // Publishing goes on in the background, in slices, while daemons die.
         const slices = 30;
@@ -151,11 +177,16 @@ describe('several daemons on one queue and one Redis (integration)', function ()
           const daemon = daemons[victim]!;
           // Kill on progress: once the victim's heartbeat shows deliveries in its hands.
           const key = daemonKey(space.prefix, daemonIdOf(daemon));
-          await until(`daemon ${victim} holding deliveries`, async () => {
-            const raw = await withRedis((redis) => redis.get(key));
-            const beat = raw === null ? null : (JSON.parse(raw) as { in_flight: number; consuming: boolean });
-            return beat !== null && beat.consuming && beat.in_flight > 0 ? true : undefined;
-          }, 120_000, 100);
+          await until(
+            `daemon ${victim} holding deliveries`,
+            async () => {
+              const raw = await withRedis((redis) => redis.get(key));
+              const beat = raw === null ? null : (JSON.parse(raw) as { in_flight: number; consuming: boolean });
+              return beat !== null && beat.consuming && beat.in_flight > 0 ? true : undefined;
+            },
+            120_000,
+            100,
+          );
           expect((await killDaemon(daemon)).signal).to.equal('SIGKILL');
           daemons[victim] = await startDaemon(space.env);
         }

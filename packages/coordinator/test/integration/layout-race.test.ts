@@ -50,7 +50,10 @@ describe('layout and mode check (integration: daemons racing on a new prefix)', 
         );
         const stored = await clients[0]!.hgetall(layoutKey(prefix));
         const winner: Settings = { virtualShards: Number(stored.virtual_shards), mode: stored.mode as TallyMode };
-        expect(CONFLICTING.some((s) => same(s, winner)), `round ${round}: stored layout ${JSON.stringify(stored)} is one caller's`).to.equal(true);
+        expect(
+          CONFLICTING.some((s) => same(s, winner)),
+          `round ${round}: stored layout ${JSON.stringify(stored)} is one caller's`,
+        ).to.equal(true);
         let created = 0;
         for (let i = 0; i < callers; i++) {
           const outcome = outcomes[i]!;
@@ -135,14 +138,20 @@ describe('layout and mode check (integration: daemons racing on a new prefix)', 
           expect(exit.code, `a ${JSON.stringify(settings)} daemon is refused`).to.equal(1);
           expect(daemon.stderr.join('').trim().split('\n'), 'one stderr line').to.have.length(1);
           const code = expectedCode(winner, settings);
-          expect(daemon.logs.some((l) => l.includes(`"code":"${code}"`)), `logs ${code}`).to.equal(true);
+          expect(
+            daemon.logs.some((l) => l.includes(`"code":"${code}"`)),
+            `logs ${code}`,
+          ).to.equal(true);
         }
       }
       expect(running, 'both daemons with the winning settings run').to.equal(2);
       for (const { daemon } of daemons) expect((await stopDaemon(daemon)).code).to.be.oneOf([0, 1]);
       // Clean stops release the leases and remove the heartbeats.
       const fields = Object.keys(await withRedis((redis) => redis.hgetall(layoutKey(space.prefix))));
-      expect(fields.filter((f) => f.startsWith('lease:')), 'leases released').to.deep.equal([]);
+      expect(
+        fields.filter((f) => f.startsWith('lease:')),
+        'leases released',
+      ).to.deep.equal([]);
     } finally {
       for (const { daemon } of daemons) if (daemon.child.exitCode === null && daemon.child.signalCode === null) daemon.child.kill('SIGKILL');
       await cleanup(space);

@@ -41,7 +41,12 @@ describe('metrics follow the Prometheus conventions (integration: promtool check
       for (const name of ['tally_loaded_seconds_total', 'tally_window_message_seconds_total', 'tally_occupied_unacked_message_seconds_total']) {
         expect(text).to.match(new RegExp(`^# TYPE ${name} counter$`, 'm'));
       }
-      for (const name of ['tally_flush_duration_seconds', 'tally_crash_window_duration_seconds', 'messaging_process_duration_seconds', 'tally_message_age_seconds']) {
+      for (const name of [
+        'tally_flush_duration_seconds',
+        'tally_crash_window_duration_seconds',
+        'messaging_process_duration_seconds',
+        'tally_message_age_seconds',
+      ]) {
         expect(text).to.match(new RegExp(`^# TYPE ${name} histogram$`, 'm'));
         expect(sample(text, `${name}_count`), `${name}_count`).to.be.greaterThan(0);
       }

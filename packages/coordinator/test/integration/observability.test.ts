@@ -182,12 +182,14 @@ describe('observability (integration: OTLP receiver, /metrics, /readyz, logs)', 
         expect(attr(batch, 'tally.shard')).to.be.within(0, 15);
         expect(attr(batch, 'tally.mode')).to.equal('two-step');
         expect(attr(batch, 'tally.skus.distinct')).to.be.greaterThan(0);
-        expect(Number(attr(batch, 'tally.messages.new')) + Number(attr(batch, 'tally.messages.duplicate'))).to.equal(attr(batch, 'messaging.batch.message_count'));
+        expect(Number(attr(batch, 'tally.messages.new')) + Number(attr(batch, 'tally.messages.duplicate'))).to.equal(
+          attr(batch, 'messaging.batch.message_count'),
+        );
         expect(batch.scope).to.equal('tally.coordinator');
       }
       const linked = batches.flatMap((b) => (b.links ?? []).map((l) => l.traceId));
       expect(linked.length, 'links to producers').to.be.greaterThan(0);
-      expect(linked.filter((id) => producers.has(id)).length, 'links point at the publishers\' traces').to.be.greaterThan(100);
+      expect(linked.filter((id) => producers.has(id)).length, "links point at the publishers' traces").to.be.greaterThan(100);
       for (const batch of batches) {
         const links = batch.links?.length ?? 0;
         expect(links, 'links capped by OTEL_SPAN_LINK_COUNT_LIMIT (128)').to.be.at.most(128);
@@ -200,7 +202,7 @@ describe('observability (integration: OTLP receiver, /metrics, /readyz, logs)', 
       const children = receiver.spans.filter((s) => s.parentSpanId === withChildren!.spanId);
       expect(children.map((c) => c.name).sort()).to.deep.equal(['tally.crash_window', 'tally.occupy_markers', 'tally.precheck', 'tally.write_counts']);
       for (const child of children) {
-        expect(child.traceId, 'worker-thread spans share the coordinator\'s trace').to.equal(withChildren!.traceId);
+        expect(child.traceId, "worker-thread spans share the coordinator's trace").to.equal(withChildren!.traceId);
         expect(child.scope, 'made in the worker thread').to.equal('tally.worker');
       }
       const byName = new Map(children.map((c) => [c.name, c]));
@@ -208,11 +210,19 @@ describe('observability (integration: OTLP receiver, /metrics, /readyz, logs)', 
       // Sibling spans each anchor their own clock to the wall clock, so they
       // may disagree by a fraction of a millisecond: compare with 2 ms slack.
       const slack = 2_000_000n;
-      expect(BigInt(window.startTimeUnixNano) <= BigInt(byName.get('tally.write_counts')!.startTimeUnixNano) + slack, 'the window opens with the write').to.equal(true);
-      expect(BigInt(window.endTimeUnixNano) + slack >= BigInt(byName.get('tally.occupy_markers')!.endTimeUnixNano), 'and closes after the occupation').to.equal(true);
+      expect(
+        BigInt(window.startTimeUnixNano) <= BigInt(byName.get('tally.write_counts')!.startTimeUnixNano) + slack,
+        'the window opens with the write',
+      ).to.equal(true);
+      expect(BigInt(window.endTimeUnixNano) + slack >= BigInt(byName.get('tally.occupy_markers')!.endTimeUnixNano), 'and closes after the occupation').to.equal(
+        true,
+      );
       const erred = receiver.spans.filter((s) => s.events?.some((e) => e.name === 'tally.redis_error'));
       expect(erred.length, 'a Redis error recorded an event').to.be.greaterThan(0);
-      expect(erred.every((s) => s.status?.code === 2), 'and set the span status to error').to.equal(true);
+      expect(
+        erred.every((s) => s.status?.code === 2),
+        'and set the span status to error',
+      ).to.equal(true);
 
       // Logs: the retries carry the trace id; nothing carries the password.
       const retries = daemon.logs.filter((l) => l.includes('redis step failed'));
@@ -220,7 +230,10 @@ describe('observability (integration: OTLP receiver, /metrics, /readyz, logs)', 
       const traced = retries.map((l) => JSON.parse(l) as { trace_id?: string }).filter((r) => r.trace_id);
       expect(traced.length, 'with a trace id').to.be.greaterThan(0);
       const traceIds = new Set(receiver.spans.map((s) => s.traceId));
-      expect(traced.some((r) => traceIds.has(r.trace_id!)), 'the trace id of an exported trace').to.equal(true);
+      expect(
+        traced.some((r) => traceIds.has(r.trace_id!)),
+        'the trace id of an exported trace',
+      ).to.equal(true);
       expect(daemon.logs.join('\n') + daemon.stderr.join('')).to.not.include(password);
     } finally {
       await proxy.close();

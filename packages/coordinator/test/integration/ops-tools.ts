@@ -70,7 +70,10 @@ export interface PrometheusServer {
  * Debian's prometheus binary on a free loopback port, with its own config
  * and TSDB in a temporary directory: never the distro's service.
  */
-export async function startPrometheus(targets: readonly string[], options: { scrapeIntervalS?: number; ruleFiles?: readonly string[] } = {}): Promise<PrometheusServer> {
+export async function startPrometheus(
+  targets: readonly string[],
+  options: { scrapeIntervalS?: number; ruleFiles?: readonly string[] } = {},
+): Promise<PrometheusServer> {
   const binary = requireTool('prometheus', 'prometheus');
   const dir = await mkdtemp(join(tmpdir(), 'tally-prom-'));
   const port = await freePort();

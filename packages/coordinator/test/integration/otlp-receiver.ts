@@ -31,7 +31,10 @@ export async function startOtlpReceiver(): Promise<{ port: number; spans: Receiv
     request.on('end', () => {
       if (request.url === '/v1/traces') {
         const payload = JSON.parse(Buffer.concat(chunks).toString('utf8')) as {
-          resourceSpans: Array<{ resource: { attributes: Array<{ key: string; value: { stringValue?: string } }> }; scopeSpans: Array<{ spans: ReceivedSpan[] }> }>;
+          resourceSpans: Array<{
+            resource: { attributes: Array<{ key: string; value: { stringValue?: string } }> };
+            scopeSpans: Array<{ spans: ReceivedSpan[] }>;
+          }>;
         };
         for (const rs of payload.resourceSpans) {
           const service = rs.resource.attributes.find((a) => a.key === 'service.name')?.value.stringValue ?? '';

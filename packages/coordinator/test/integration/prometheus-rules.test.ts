@@ -26,7 +26,15 @@ describe('deploy/prometheus: alert and recording rules (promtool)', function () 
     const tests = await readFile(join(RULES_DIR, 'tally.rules.test.yml'), 'utf8');
     const alerts = [...rules.matchAll(/^\s+- alert: (\S+)$/gm)].map((m) => m[1]!);
     const records = [...rules.matchAll(/^\s+- record: (\S+)$/gm)].map((m) => m[1]!);
-    expect(alerts).to.include.members(['TallyCrashWindowFired', 'TallyDeadLetters', 'TallyStalled', 'TallyNoConsumption', 'TallyRabbitMQDown', 'TallyRedisDown', 'TallyOvercountHigh']);
+    expect(alerts).to.include.members([
+      'TallyCrashWindowFired',
+      'TallyDeadLetters',
+      'TallyStalled',
+      'TallyNoConsumption',
+      'TallyRabbitMQDown',
+      'TallyRedisDown',
+      'TallyOvercountHigh',
+    ]);
     expect(records).to.include('tally:recount_ceiling:ratio1h');
     for (const alert of alerts) expect(tests, `a test of ${alert}`).to.match(new RegExp(`alertname: ${alert}\\n\\s+exp_alerts:\\n\\s+- exp_labels`));
     for (const record of records) expect(tests, `a test of ${record}`).to.include(record);

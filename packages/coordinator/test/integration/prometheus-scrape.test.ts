@@ -48,7 +48,7 @@ async function waitFor(prometheus: PrometheusServer, expr: string, accept: (valu
 describe('a real Prometheus scrapes the daemon (integration: Debian prometheus, HTTP API, rules, Grafana panels)', function () {
   this.timeout(240_000);
 
-  it('the values Prometheus holds match tally stats; every rule evaluates; every dashboard panel\'s expression evaluates', async () => {
+  it("the values Prometheus holds match tally stats; every rule evaluates; every dashboard panel's expression evaluates", async () => {
     const port = await freePort();
     const space = testSpace('prom', { TALLY_METRICS_PORT: String(port), TALLY_BATCH_WAIT_MS: '10', TALLY_PREFETCH: '100', TALLY_MAX_MESSAGE_BYTES: '4096' });
     let prometheus: PrometheusServer | undefined;
@@ -71,7 +71,18 @@ describe('a real Prometheus scrapes the daemon (integration: Debian prometheus, 
       expect(run.code, run.stderr).to.equal(0);
       const stats = JSON.parse(run.stdout) as Record<string, number>;
       expect(stats.received).to.equal(published);
-      for (const name of ['received', 'counted', 'duplicates', 'partial_duplicates', 'dead_lettered', 'occupation_failures', 'redelivered_unmarked', 'empty', 'write_retries', 'count_errors']) {
+      for (const name of [
+        'received',
+        'counted',
+        'duplicates',
+        'partial_duplicates',
+        'dead_lettered',
+        'occupation_failures',
+        'redelivered_unmarked',
+        'empty',
+        'write_retries',
+        'count_errors',
+      ]) {
         const value = await waitFor(prometheus, `tally_${name}_total${selector}`, (v) => v === stats[name], 10_000).catch((error: Error) => error);
         expect(value, `tally_${name}_total vs tally stats ${name}`).to.equal(stats[name]);
       }
@@ -99,12 +110,24 @@ describe('a real Prometheus scrapes the daemon (integration: Debian prometheus, 
       expect(firing, 'dead letters arrived: the alert is pending or firing').to.include(space.queue);
 
       // The dashboard: every panel's expression runs against this Prometheus.
-      const dashboard = JSON.parse(await readFile(join(DEPLOY, 'grafana', 'tally.json'), 'utf8')) as { panels: GrafanaPanel[]; templating: { list: Array<{ name: string }> } };
+      const dashboard = JSON.parse(await readFile(join(DEPLOY, 'grafana', 'tally.json'), 'utf8')) as {
+        panels: GrafanaPanel[];
+        templating: { list: Array<{ name: string }> };
+      };
       const variables = { job: 'tally', instance: '.+', queue: space.queue, datasource: 'prometheus' };
       for (const variable of dashboard.templating.list) expect(variables, `test value for $${variable.name}`).to.have.property(variable.name);
       const expressions = panelExpressions(dashboard.panels);
       const titles = new Set(expressions.map((e) => e.title));
-      for (const title of ['Throughput', 'Duplicates', 'Dead letters', 'Crash window', 'Oldest unacked delivery', 'Batch latency', 'End-to-end latency', 'Redis and RabbitMQ up']) {
+      for (const title of [
+        'Throughput',
+        'Duplicates',
+        'Dead letters',
+        'Crash window',
+        'Oldest unacked delivery',
+        'Batch latency',
+        'End-to-end latency',
+        'Redis and RabbitMQ up',
+      ]) {
         expect(titles, `a panel "${title}"`).to.include(title);
       }
       const empty: string[] = [];
@@ -114,7 +137,10 @@ describe('a real Prometheus scrapes the daemon (integration: Debian prometheus, 
       }
       // Every panel has data here except what needs a fault or RabbitMQ's own exporter.
       const mayBeEmpty = /occupation_failures|recount_ceiling|messages_at_risk/;
-      expect(empty.filter((e) => !mayBeEmpty.test(e)), 'panels with no data').to.deep.equal([]);
+      expect(
+        empty.filter((e) => !mayBeEmpty.test(e)),
+        'panels with no data',
+      ).to.deep.equal([]);
       expect((await stopDaemon(daemon)).code).to.equal(0);
     } finally {
       await prometheus?.close();

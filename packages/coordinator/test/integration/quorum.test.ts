@@ -56,7 +56,9 @@ interface Good {
 }
 
 function goodMessages(publishes: readonly Publish[]): Good[] {
-  return publishes.filter((p) => p.kind === 'good').map((p) => ({ id: p.id!, changes: (JSON.parse(p.body.toString('utf8')) as { changes: Good['changes'] }).changes }));
+  return publishes
+    .filter((p) => p.kind === 'good')
+    .map((p) => ({ id: p.id!, changes: (JSON.parse(p.body.toString('utf8')) as { changes: Good['changes'] }).changes }));
 }
 
 function truthOf(messages: readonly Good[]): Map<string, number> {

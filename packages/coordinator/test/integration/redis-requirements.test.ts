@@ -12,7 +12,19 @@ import { join } from 'node:path';
 import { expect } from 'chai';
 import { generateWorkload, publishAll } from '@tally/workload';
 import { readCounts } from '../../src/commands/counts.js';
-import { cleanup, compare, runRefusedStart, spawnDaemon, startDaemon, stopDaemon, testSpace, waitForReadyEmpty, AMQP_URL, type DaemonProcess, type RefusedStart } from './harness.js';
+import {
+  cleanup,
+  compare,
+  runRefusedStart,
+  spawnDaemon,
+  startDaemon,
+  stopDaemon,
+  testSpace,
+  waitForReadyEmpty,
+  AMQP_URL,
+  type DaemonProcess,
+  type RefusedStart,
+} from './harness.js';
 import { asAdmin, freePort, startPrivateRedis, type PrivateRedis } from '@tally/testkit';
 
 function expectOneLineRefusal(result: RefusedStart, code: string, ...mentions: string[]): void {
@@ -21,7 +33,10 @@ function expectOneLineRefusal(result: RefusedStart, code: string, ...mentions: s
   for (const text of mentions) expect(result.stderrLines[0]).to.include(text);
   expect(result.stderrLines[0]).not.to.match(/\bat .*\.js:\d+/); // no stack trace
   expect(result.fatalCode).to.equal(code);
-  expect(result.logs.some((l) => l.includes('redis unavailable; retrying')), 'not a retry loop').to.equal(false);
+  expect(
+    result.logs.some((l) => l.includes('redis unavailable; retrying')),
+    'not a retry loop',
+  ).to.equal(false);
 }
 
 function redisUrl(server: PrivateRedis, userInfo = ''): string {
@@ -47,7 +62,14 @@ describe('redis start-up probe (integration: private redis-servers, the real dae
       const redis = await server({ args: ['--maxmemory-policy', 'allkeys-lru'] });
       const space = testSpace('evict', { TALLY_REDIS_URL: redisUrl(redis) });
       const result = await runRefusedStart(space.env);
-      expectOneLineRefusal(result, 'TALLY_REDIS_EVICTION_POLICY', 'maxmemory-policy', 'allkeys-lru', 'CONFIG SET maxmemory-policy noeviction', 'TALLY_ALLOW_EVICTION=1');
+      expectOneLineRefusal(
+        result,
+        'TALLY_REDIS_EVICTION_POLICY',
+        'maxmemory-policy',
+        'allkeys-lru',
+        'CONFIG SET maxmemory-policy noeviction',
+        'TALLY_ALLOW_EVICTION=1',
+      );
       // Nothing was written before the refusal.
       expect(await asAdmin(redis, (admin) => admin.dbsize())).to.equal(0);
     });
@@ -163,7 +185,7 @@ describe('redis start-up probe (integration: private redis-servers, the real dae
       expectOneLineRefusal(result, 'TALLY_REDIS_NOPERM', 'ACL SETUSER', '+time');
     });
 
-    it("an ACL user whose key patterns miss the prefix: TALLY_REDIS_NOPERM naming the keys", async () => {
+    it('an ACL user whose key patterns miss the prefix: TALLY_REDIS_NOPERM naming the keys', async () => {
       const redis = await server({});
       await asAdmin(redis, (admin) => admin.call('ACL', 'SETUSER', 'narrow', 'on', '>pw', '~other:*', '+@all'));
       const space = testSpace('acl', { TALLY_REDIS_URL: redisUrl(redis, 'narrow:pw@') });
@@ -195,7 +217,10 @@ describe('redis start-up probe (integration: private redis-servers, the real dae
         await new Promise((resolve) => setTimeout(resolve, 500));
         expect((await stopDaemon(daemon)).code).to.equal(0);
         expect(daemon.logs.some((l) => l.includes('NOPERM'))).to.equal(false);
-        const counts = await asAdmin(redis, async (admin) => new Map([...(await readCounts(admin, { prefix: space.prefix, virtualShards: 16 }, []))].map(([sku, v]) => [sku, Number(v)])));
+        const counts = await asAdmin(
+          redis,
+          async (admin) => new Map([...(await readCounts(admin, { prefix: space.prefix, virtualShards: 16 }, []))].map(([sku, v]) => [sku, Number(v)])),
+        );
         expect(compare(counts, workload.truth).exact).to.equal(true);
         expect(await asAdmin(redis, (admin) => admin.hget(`${space.prefix}stats`, 'counted'))).to.equal('30');
       } finally {

@@ -20,7 +20,10 @@ describe('shutdown (integration)', function () {
       expect(first.logs.some((l) => l.includes('"msg":"stopped"'))).to.equal(true);
       // A clean stop closes its channel on purpose: no lost-channel warning, no unacked left behind.
       const stopLogs = first.logs.slice(first.logs.findIndex((l) => l.includes('"msg":"signal received"')));
-      expect(stopLogs.filter((l) => l.includes('left to redelivery') || l.includes('"level":40')), 'no warning on a clean stop').to.deep.equal([]);
+      expect(
+        stopLogs.filter((l) => l.includes('left to redelivery') || l.includes('"level":40')),
+        'no warning on a clean stop',
+      ).to.deep.equal([]);
       expect(stopLogs.some((l) => l.includes('"msg":"channel closed"'))).to.equal(true);
       const midway = await queueState(space.queue);
       expect(midway.consumerCount).to.equal(0);

@@ -36,11 +36,16 @@ describe('heartbeats and tally status (integration)', function () {
       await publishAll(workload.publishes, { url: AMQP_URL, queue: space.queue });
       const first = await startDaemon(space.env);
       const second = await startDaemon({ ...space.env, TALLY_BATCH_WAIT_MS: '50' });
-      const report = await until('a beat showing unacked deliveries', async () => {
-        const r = await status(space.env);
-        const busy = r.daemons.find((d) => d.pid === first.child.pid);
-        return r.daemons.length === 2 && busy !== undefined && busy.in_flight > 0 && (busy.oldest_unacked_s ?? 0) >= 1 ? r : undefined;
-      }, 30_000, 500);
+      const report = await until(
+        'a beat showing unacked deliveries',
+        async () => {
+          const r = await status(space.env);
+          const busy = r.daemons.find((d) => d.pid === first.child.pid);
+          return r.daemons.length === 2 && busy !== undefined && busy.in_flight > 0 && (busy.oldest_unacked_s ?? 0) >= 1 ? r : undefined;
+        },
+        30_000,
+        500,
+      );
       expect(report.layout).to.deep.include({ virtual_shards: 16, mode: 'two-step' });
       expect(report.queue).to.deep.include({ name: space.queue, exists: true, consumers: 2 });
       expect(report.daemons.map((d) => d.pid).sort()).to.deep.equal([first.child.pid, second.child.pid].sort());

@@ -59,7 +59,9 @@ describe('trace links (integration: OTLP receiver)', function () {
         for (const batch of batches) {
           const links = batch.links ?? [];
           expect(links.length).to.be.at.most(cap);
-          expect(links.length + (batch.droppedLinksCount ?? 0), 'linked + dropped = sampled producers of the batch').to.equal(attribute(batch, 'tally.producers.sampled'));
+          expect(links.length + (batch.droppedLinksCount ?? 0), 'linked + dropped = sampled producers of the batch').to.equal(
+            attribute(batch, 'tally.producers.sampled'),
+          );
           for (const link of links) {
             expect(unsampledTraces.has(link.traceId), 'no link to an unsampled producer').to.equal(false);
             expect(sampledTraces.has(link.traceId)).to.equal(true);
@@ -86,9 +88,13 @@ describe('trace links (integration: OTLP receiver)', function () {
     const receiver = await startOtlpReceiver();
     const space = testSpace('pubtrace', { ...tracingEnv(receiver.port), TALLY_BATCH_WAIT_MS: '20' });
     try {
-      const publish = await runTool(process.execPath, [CLI, 'publish', '--messages', '300', '--skus', '50', '--duplicate-rate', '0', '--seed', '4', '--id-prefix', space.queue], {
-        env: { ...process.env, ...space.env },
-      });
+      const publish = await runTool(
+        process.execPath,
+        [CLI, 'publish', '--messages', '300', '--skus', '50', '--duplicate-rate', '0', '--seed', '4', '--id-prefix', space.queue],
+        {
+          env: { ...process.env, ...space.env },
+        },
+      );
       expect(publish.code, publish.stderr).to.equal(0);
       expect(publish.stderr, 'no progress output when stderr is not a terminal').to.equal('');
       expect((JSON.parse(publish.stdout) as { published: number }).published).to.equal(300);
@@ -109,7 +115,10 @@ describe('trace links (integration: OTLP receiver)', function () {
       const producerIds = new Set(producers.map((s: ReceivedSpan) => `${s.traceId}/${s.spanId}`));
       const linked = receiver.spans.filter((s) => s.name === 'tally.batch').flatMap((b) => (b.links ?? []).map((l) => `${l.traceId}/${l.spanId}`));
       // A message split over several shards is linked from each of its batches.
-      expect(linked.every((id) => producerIds.has(id)), 'every link leads to a producer span').to.equal(true);
+      expect(
+        linked.every((id) => producerIds.has(id)),
+        'every link leads to a producer span',
+      ).to.equal(true);
       expect(new Set(linked).size, 'every producer span is reached by a batch').to.equal(300);
     } finally {
       await receiver.close();

@@ -8,13 +8,23 @@ const view = (body: string | Buffer, headers?: Record<string, unknown>, messageI
 
 describe('dead-letter summary (pure)', () => {
   it('reads the reason code and detail of x-tally-reason, string or bytes', () => {
-    expect(reasonOf({ 'x-tally-reason': 'oversized-body: the body is 300 bytes' })).to.deep.equal({ reason: 'oversized-body', detail: 'the body is 300 bytes' });
+    expect(reasonOf({ 'x-tally-reason': 'oversized-body: the body is 300 bytes' })).to.deep.equal({
+      reason: 'oversized-body',
+      detail: 'the body is 300 bytes',
+    });
     expect(reasonOf({ 'x-tally-reason': Buffer.from('missing-id: no id') })).to.deep.equal({ reason: 'missing-id', detail: 'no id' });
     expect(reasonOf({ 'x-tally-reason': 'malformed-json' }).reason).to.equal('malformed-json');
   });
 
   it('calls anything else unknown: absent, not a string, not one of the stable codes', () => {
-    for (const headers of [undefined, {}, { 'x-tally-reason': 42 }, { 'x-tally-reason': { a: 1 } }, { 'x-tally-reason': 'rm -rf: /' }, { 'x-tally-reason': '__proto__: x' }]) {
+    for (const headers of [
+      undefined,
+      {},
+      { 'x-tally-reason': 42 },
+      { 'x-tally-reason': { a: 1 } },
+      { 'x-tally-reason': 'rm -rf: /' },
+      { 'x-tally-reason': '__proto__: x' },
+    ]) {
       expect(reasonOf(headers as Record<string, unknown> | undefined).reason, JSON.stringify(headers)).to.equal('unknown');
     }
   });
@@ -46,9 +56,15 @@ describe('dead-letter summary (pure)', () => {
     expect(parseReasonFlag('unknown')).to.equal('unknown');
     expect(parseReasonFlag('oversized-body')).to.equal('oversized-body');
     expect(parseReasonFlag('count-refused'), 'a good message Redis refused to count').to.equal('count-refused');
-    for (const bad of ['bogus', 'OVERSIZED-BODY', '']) expect(() => parseReasonFlag(bad)).to.throw().with.property('code', 'TALLY_CLI_USAGE');
+    for (const bad of ['bogus', 'OVERSIZED-BODY', ''])
+      expect(() => parseReasonFlag(bad))
+        .to.throw()
+        .with.property('code', 'TALLY_CLI_USAGE');
     expect(parseLimitFlag(undefined, 20)).to.equal(20);
     expect(parseLimitFlag('7', 20)).to.equal(7);
-    for (const bad of ['0', '-1', '1.5', 'ten', '']) expect(() => parseLimitFlag(bad, 20)).to.throw().with.property('code', 'TALLY_CLI_USAGE');
+    for (const bad of ['0', '-1', '1.5', 'ten', ''])
+      expect(() => parseLimitFlag(bad, 20))
+        .to.throw()
+        .with.property('code', 'TALLY_CLI_USAGE');
   });
 });

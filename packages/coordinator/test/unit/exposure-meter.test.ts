@@ -14,7 +14,12 @@ describe('ExposureMeter', () => {
   it('integrates occupied-but-unacked messages over loaded time, and drops them once acked', () => {
     const out = sink();
     let loaded = true;
-    const meter = new ExposureMeter(out, () => loaded, () => 0, SECONDS);
+    const meter = new ExposureMeter(
+      out,
+      () => loaded,
+      () => 0,
+      SECONDS,
+    );
     const link = {};
     meter.channelChanged(link);
     meter.sample(0);
@@ -40,7 +45,12 @@ describe('ExposureMeter', () => {
     const out = sink();
     let loaded = true;
     const gauge = WindowGauge.create(4);
-    const meter = new ExposureMeter(out, () => loaded, () => gauge.messages(), SECONDS);
+    const meter = new ExposureMeter(
+      out,
+      () => loaded,
+      () => gauge.messages(),
+      SECONDS,
+    );
     meter.sample(0);
     // Shard 1 sends its count write for 100 new parts, shard 3 for 40 parts of half a message each.
     gauge.open(1, 100);
@@ -74,7 +84,12 @@ describe('ExposureMeter', () => {
   it('leaves out a sample interval far longer than the period: the process was frozen (SIGSTOP, a paused VM)', () => {
     const out = sink();
     const gauge = WindowGauge.create(2);
-    const meter = new ExposureMeter(out, () => true, () => gauge.messages(), { periodMs: 50, maxGapMs: 500 });
+    const meter = new ExposureMeter(
+      out,
+      () => true,
+      () => gauge.messages(),
+      { periodMs: 50, maxGapMs: 500 },
+    );
     meter.sample(0);
     gauge.open(0, 100);
     meter.sample(50);

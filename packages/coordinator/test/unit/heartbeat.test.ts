@@ -24,9 +24,19 @@ describe('parseHeartbeat', () => {
   });
 
   it('skips what is not a heartbeat instead of failing the listing', () => {
-    for (const raw of ['', 'not json', 'null', '[]', '42', JSON.stringify({ ...valid, mode: 'three-step' }), JSON.stringify({ ...valid, pid: 'x' }),
-      JSON.stringify({ ...valid, consuming: 'yes' }), JSON.stringify({ ...valid, oldest_unacked_s: -1 }), JSON.stringify({ ...valid, host: 'x'.repeat(600) }),
-      JSON.stringify({ ...valid, ttl_ms: undefined })]) {
+    for (const raw of [
+      '',
+      'not json',
+      'null',
+      '[]',
+      '42',
+      JSON.stringify({ ...valid, mode: 'three-step' }),
+      JSON.stringify({ ...valid, pid: 'x' }),
+      JSON.stringify({ ...valid, consuming: 'yes' }),
+      JSON.stringify({ ...valid, oldest_unacked_s: -1 }),
+      JSON.stringify({ ...valid, host: 'x'.repeat(600) }),
+      JSON.stringify({ ...valid, ttl_ms: undefined }),
+    ]) {
       expect(parseHeartbeat(raw, 1_000), raw.slice(0, 60)).to.equal(null);
     }
   });

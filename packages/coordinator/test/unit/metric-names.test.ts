@@ -19,7 +19,9 @@ describe('metric names (Prometheus conventions)', () => {
     expect(counterInstrument('window_message_ms')).to.include({ name: 'tally.window_message_seconds', scale: 0.001 });
     expect(counterInstrument('occupied_unacked_message_ms')).to.include({ name: 'tally.occupied_unacked_message_seconds', scale: 0.001 });
     for (const name of ['loaded_ms', 'window_message_ms', 'occupied_unacked_message_ms'] as const) {
-      expect(counterInstrument(name).description).to.match(/seconds/).and.not.match(/milli/);
+      expect(counterInstrument(name).description)
+        .to.match(/seconds/)
+        .and.not.match(/milli/);
     }
     expect(counterInstrument('duplicates')).to.include({ name: 'tally.duplicates', scale: 1 });
   });

@@ -5,7 +5,11 @@ describe('tally publish progress (pure)', () => {
   it('shows nothing during the first two seconds, then redraws one line at most every 250 ms, and clears it at the end', () => {
     let now = 0;
     const writes: string[] = [];
-    const progress = new PublishProgress(10_000, (text) => writes.push(text), () => now);
+    const progress = new PublishProgress(
+      10_000,
+      (text) => writes.push(text),
+      () => now,
+    );
     now = 1_900;
     progress.update(3_000);
     expect(writes, 'a short run shows nothing').to.deep.equal([]);
@@ -23,7 +27,11 @@ describe('tally publish progress (pure)', () => {
 
   it('a run that ends early leaves no trace', () => {
     const writes: string[] = [];
-    const progress = new PublishProgress(10, (text) => writes.push(text), () => 0);
+    const progress = new PublishProgress(
+      10,
+      (text) => writes.push(text),
+      () => 0,
+    );
     progress.update(10);
     progress.finish();
     expect(writes).to.deep.equal([]);

@@ -19,15 +19,31 @@ describe('queue declaration', () => {
   });
 
   it("reads the broker's refusals (texts as RabbitMQ 3.10 writes them)", () => {
-    expect(parseArgumentRefusal("PRECONDITION_FAILED - inequivalent arg 'x-queue-type' for queue 'q' in vhost '/': received the value 'quorum' of type 'longstr' but current is none"))
-      .to.deep.equal({ argument: 'x-queue-type', current: undefined });
-    expect(parseArgumentRefusal("PRECONDITION_FAILED - inequivalent arg 'x-dead-letter-exchange' for queue 'q' in vhost '/': received none but current is the value '' of type 'longstr'"))
-      .to.deep.equal({ argument: 'x-dead-letter-exchange', current: '' });
-    expect(parseArgumentRefusal("PRECONDITION_FAILED - inequivalent arg 'x-delivery-limit' for queue 'q' in vhost '/': received none but current is the value '5' of type 'signedint'"))
-      .to.deep.equal({ argument: 'x-delivery-limit', current: 5 });
-    expect(parseArgumentRefusal("PRECONDITION_FAILED - inequivalent arg 'x-thing' for queue 'q' in vhost '/': received none but current is the value 'x' of type 'table'")?.current).to.equal(null);
-    expect(parseArgumentRefusal("PRECONDITION_FAILED - inequivalent arg 'x-delivery-limit' for queue 'q' in vhost '/': received '9' but current is '5'"))
-      .to.deep.equal({ argument: 'x-delivery-limit', current: '5', typeAsSent: true });
-    expect(parseArgumentRefusal("PRECONDITION_FAILED - inequivalent arg 'durable' for queue 'q' in vhost '/': received 'true' but current is 'false'")).to.equal(null);
+    expect(
+      parseArgumentRefusal(
+        "PRECONDITION_FAILED - inequivalent arg 'x-queue-type' for queue 'q' in vhost '/': received the value 'quorum' of type 'longstr' but current is none",
+      ),
+    ).to.deep.equal({ argument: 'x-queue-type', current: undefined });
+    expect(
+      parseArgumentRefusal(
+        "PRECONDITION_FAILED - inequivalent arg 'x-dead-letter-exchange' for queue 'q' in vhost '/': received none but current is the value '' of type 'longstr'",
+      ),
+    ).to.deep.equal({ argument: 'x-dead-letter-exchange', current: '' });
+    expect(
+      parseArgumentRefusal(
+        "PRECONDITION_FAILED - inequivalent arg 'x-delivery-limit' for queue 'q' in vhost '/': received none but current is the value '5' of type 'signedint'",
+      ),
+    ).to.deep.equal({ argument: 'x-delivery-limit', current: 5 });
+    expect(
+      parseArgumentRefusal(
+        "PRECONDITION_FAILED - inequivalent arg 'x-thing' for queue 'q' in vhost '/': received none but current is the value 'x' of type 'table'",
+      )?.current,
+    ).to.equal(null);
+    expect(
+      parseArgumentRefusal("PRECONDITION_FAILED - inequivalent arg 'x-delivery-limit' for queue 'q' in vhost '/': received '9' but current is '5'"),
+    ).to.deep.equal({ argument: 'x-delivery-limit', current: '5', typeAsSent: true });
+    expect(
+      parseArgumentRefusal("PRECONDITION_FAILED - inequivalent arg 'durable' for queue 'q' in vhost '/': received 'true' but current is 'false'"),
+    ).to.equal(null);
   });
 });

@@ -107,7 +107,7 @@ describe('ShardLanes', () => {
     const max = 50;
     const l = lanes({ batchSize: 40, batchMaxChanges: max, batchWaitMs: 5 }, d);
     let seed = 7;
-    const random = () => ((seed = (seed * 1103515245 + 12345) % 2 ** 31) / 2 ** 31);
+    const random = () => (seed = (seed * 1103515245 + 12345) % 2 ** 31) / 2 ** 31;
     const added: number[] = [];
     for (let i = 0; i < 400; i++) {
       // Mostly small parts, some big, a few over the limit by themselves (a hostile message aimed at one shard).
@@ -128,8 +128,14 @@ describe('ShardLanes', () => {
       if (call.parts.length > 1) expect(changes, `batch of ${call.parts.length} parts`).to.be.at.most(max);
       expect(call.parts.length).to.be.at.most(40);
     }
-    expect(d.calls.some((c) => c.parts.length === 1 && c.parts[0]!.changes.length > max), 'an oversized part goes alone').to.equal(true);
-    expect(d.calls.flatMap((c) => d.tags(c)), 'every part once, in order').to.deep.equal(added);
+    expect(
+      d.calls.some((c) => c.parts.length === 1 && c.parts[0]!.changes.length > max),
+      'an oversized part goes alone',
+    ).to.equal(true);
+    expect(
+      d.calls.flatMap((c) => d.tags(c)),
+      'every part once, in order',
+    ).to.deep.equal(added);
     expect(d.violations).to.deep.equal([]);
   });
 
@@ -427,7 +433,8 @@ describe('ShardLanes', () => {
   it('after flushAll keeps flushing a busy lane until its whole backlog is out (regression)', async () => {
     const d = new FakeDispatch();
     const l = lanes({ batchSize: 2, batchWaitMs: 10_000 }, d);
-    l.add(0, part()); l.add(0, part());
+    l.add(0, part());
+    l.add(0, part());
     for (let i = 0; i < 5; i++) l.add(0, part());
     l.flushAll();
     for (let i = 0; i < 4; i++) {

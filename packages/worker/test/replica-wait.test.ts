@@ -1,0 +1,104 @@
+import { randomBytes, randomUUID } from 'node:crypto';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { expect } from 'chai';
+import { Redis } from 'ioredis';
+import { countKey, markerKey, type BatchResult, type BatchTask, type WorkerSettings } from '@tally/shared';
+import { createRedisClient, type RedisClient } from '@tally/runtime';
+import { startPrivateRedis, startProxy, type PrivateRedis } from '@tally/testkit';
+import { runAtomicBatch } from '../src/atomic-batch.js';
+import type { BatchHooks, BatchLog } from '../src/batch-log.js';
+import { BatchWritesLostError } from '../src/replica-wait.js';
+import { runTwoStepBatch } from '../src/two-step-batch.js';
+
+const quiet: BatchLog = { warn() {}, error() {} };
+
+function settingsFor(mode: WorkerSettings['mode'], prefix: string, url: string): WorkerSettings {
+  return { redisUrl: url, prefix, mode, markerTtlS: 600, countTtlS: 2_592_000, logLevel: 'silent', waitReplicas: 1, waitTimeoutMs: 200 };
+}
+
+/** Until `replica` has everything `master` had written when this was called. */
+async function untilReplicated(master: Redis): Promise<void> {
+  for (let i = 0; i < 100; i++) {
+    if (Number(await master.call('WAIT', 1, 200)) >= 1) return;
+    await sleep(100);
+  }
+  throw new Error('the replica never acknowledged');
+}
+
+/**
+ * A batch acked on the strength of its markers must find every one of them
+ * on the master whose replicas answer its WAIT. The failover: the old master
+ * (no replica in reach: its WAIT times out) holds the markers of two
+ * messages, m0 (old, replicated) and m1 (just set by another daemon that
+ * then died, not replicated). A redelivered copy of both finds both there:
+ * all duplicates. Its WAIT times out; the promoted replica, which has m0
+ * only, answers the next WAIT. Acking now would lose m1's counts for good.
+ */
+describe('WAIT after a failover: every marker a batch relies on must be on the new master', function () {
+  this.timeout(60_000);
+
+  for (const mode of ['two-step', 'atomic'] as const) {
+    it(`${mode}: an all-duplicate batch whose duplicate is missing on the promoted replica is rerun, and then counts it`, async () => {
+      const runId = randomBytes(4).toString('hex');
+      const prefix = `t.wait.${runId}:`;
+      const vshard = 4;
+      const task: BatchTask = {
+        vshard,
+        batchId: randomUUID(),
+        ids: [`${runId}-m0`, `${runId}-m1`],
+        changes: [[['A', 3]], [['B', 5]]],
+      };
+      const servers: PrivateRedis[] = [];
+      const admins: Redis[] = [];
+      let client: RedisClient | null = null;
+      const proxy = await startProxy(0);
+      try {
+        const oldMaster = await startPrivateRedis();
+        const promoted = await startPrivateRedis();
+        const promotedReplica = await startPrivateRedis({ args: ['--replicaof', '127.0.0.1', String(promoted.port)] });
+        servers.push(oldMaster, promoted, promotedReplica);
+        const [oldAdmin, newAdmin] = [new Redis(oldMaster.url), new Redis(promoted.url)];
+        admins.push(oldAdmin, newAdmin);
+        const [m0, m1] = task.ids.map((id) => markerKey(prefix, vshard, id)) as [string, string];
+        await oldAdmin.set(m0, '1', 'EX', 600);
+        await oldAdmin.set(m1, '1', 'EX', 600);
+        await newAdmin.set(m0, '1', 'EX', 600);
+        await untilReplicated(newAdmin);
+
+        proxy.retarget(oldMaster.port);
+        client = createRedisClient(`redis://127.0.0.1:${proxy.port}`, 'test');
+        client.on('error', () => {});
+        let failedOver = false;
+        const hooks: BatchHooks = {
+          onWaitTimeout: () => {
+            if (failedOver) return;
+            failedOver = true;
+            proxy.retarget(promoted.port);
+            proxy.cutAll();
+          },
+        };
+        const settings = settingsFor(mode, prefix, `redis://127.0.0.1:${proxy.port}`);
+        const run = (): Promise<BatchResult> => (mode === 'atomic' ? runAtomicBatch : runTwoStepBatch)(client!, settings, task, quiet, hooks);
+
+        const error = await run().then(
+          () => null,
+          (e: unknown) => e,
+        );
+        expect(failedOver, 'the first WAIT timed out on the old master').to.equal(true);
+        expect(error, 'not reported done: m1 is not on the new master').to.be.instanceOf(BatchWritesLostError);
+
+        // The coordinator's rerun: m0 is a duplicate, m1 is counted now.
+        const rerun = await run();
+        expect([...rerun.marked]).to.deep.equal([1, 0]);
+        expect(await newAdmin.get(countKey(prefix, vshard, 'A')), 'm0 counted by its first delivery only').to.equal(null);
+        expect(await newAdmin.get(countKey(prefix, vshard, 'B'))).to.equal('5');
+        expect(await newAdmin.exists(m1)).to.equal(1);
+      } finally {
+        client?.disconnect();
+        for (const admin of admins) admin.disconnect();
+        await proxy.close();
+        for (const server of servers.reverse()) await server.stop();
+      }
+    });
+  }
+});
