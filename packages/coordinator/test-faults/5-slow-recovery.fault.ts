@@ -30,7 +30,15 @@ describe('faults: recovery slower than the marker TTL', function () {
       // Ten crashes: the exposure at one instant swings widely (acks come in
       // waves), so fewer would not average out reliably.
       const kills = 10;
-      const workload = generateWorkload({ messages: 300_000, skus: 2_000, seed: 91, duplicateRate: 0.02, nearDuplicateShare: 1, idPrefix: space.queue, ...shape });
+      const workload = generateWorkload({
+        messages: 300_000,
+        skus: 2_000,
+        seed: 91,
+        duplicateRate: 0.02,
+        nearDuplicateShare: 1,
+        idPrefix: space.queue,
+        ...shape,
+      });
       // The whole backlog first, so every victim is under load until it dies.
       // The estimator's W and U are time averages over loaded time: what a
       // crash at a random moment of it finds. So each victim dies after an
@@ -88,7 +96,9 @@ describe('faults: recovery slower than the marker TTL', function () {
         note: `TTL ${config.markerTtlS} s, restart after ${restartDelayMs / 1000} s; measured ${measuredMessages.toFixed(0)} msgs, estimated ${estimate.expectedPerMonth.toFixed(0)} (W ${estimate.perCrash.window.toFixed(1)} + U ${estimate.perCrash.occupiedUnacked.toFixed(0)} per crash)`,
       });
       console.log(`      stats ${JSON.stringify(stats)}`);
-      console.log(`      measured ${check.overcountUnits} units = ${measuredMessages.toFixed(1)} messages; estimated ${estimate.expectedPerMonth.toFixed(1)} messages = ${kills} × (W ${estimate.perCrash.window.toFixed(1)} + P ${estimate.slowShare.expected} × U ${estimate.perCrash.occupiedUnacked.toFixed(1)}) over ${estimate.perCrash.loadedSeconds.toFixed(1)} s loaded (the victims lived ${(livesMs / 1000).toFixed(1)} s after their first half-full window); per kill measured ${(measuredMessages / kills).toFixed(1)}`);
+      console.log(
+        `      measured ${check.overcountUnits} units = ${measuredMessages.toFixed(1)} messages; estimated ${estimate.expectedPerMonth.toFixed(1)} messages = ${kills} × (W ${estimate.perCrash.window.toFixed(1)} + P ${estimate.slowShare.expected} × U ${estimate.perCrash.occupiedUnacked.toFixed(1)}) over ${estimate.perCrash.loadedSeconds.toFixed(1)} s loaded (the victims lived ${(livesMs / 1000).toFixed(1)} s after their first half-full window); per kill measured ${(measuredMessages / kills).toFixed(1)}`,
+      );
 
       expect(fleet.violations, 'daemons that exited on their own').to.deep.equal([]);
       expect(idleKills, 'victims that had run out of backlog when killed').to.equal(0);

@@ -110,7 +110,13 @@ describe('ExposureMeter', () => {
   it('counts a batch as occupied-but-unacked from the moment its marker SETs are sent, not from when its result arrives', () => {
     const out = sink();
     const gauge = WindowGauge.create(2);
-    const meter = new ExposureMeter(out, () => true, () => gauge.messages(), SECONDS, gauge);
+    const meter = new ExposureMeter(
+      out,
+      () => true,
+      () => gauge.messages(),
+      SECONDS,
+      gauge,
+    );
     const link = {};
     meter.channelChanged(link);
     meter.sample(0);
