@@ -40,7 +40,11 @@ export interface ExpectedBad {
 }
 
 export function identity(body: Buffer, messageId: unknown): string {
-  return createHash('sha256').update(typeof messageId === 'string' ? messageId : '').update('\0').update(body).digest('hex');
+  return createHash('sha256')
+    .update(typeof messageId === 'string' ? messageId : '')
+    .update('\0')
+    .update(body)
+    .digest('hex');
 }
 
 export interface DeadLetterCheck {

@@ -50,7 +50,10 @@ export function parseDuration(text: string): number {
  */
 export function parseRecovery(text: string): RecoveryPoint[] {
   const points: RecoveryPoint[] = [];
-  for (const item of text.split(',').map((s) => s.trim()).filter((s) => s !== '')) {
+  for (const item of text
+    .split(',')
+    .map((s) => s.trim())
+    .filter((s) => s !== '')) {
     const [key, value, extra] = item.split('=');
     if (key === undefined || value === undefined || extra !== undefined) {
       throw new CliUsageError(`--recovery: expected pNN=DURATION, got ${JSON.stringify(item)}`);
@@ -115,7 +118,12 @@ export function slowRecoveryShare(points: readonly RecoveryPoint[], ttlS: number
     const span = high.seconds - low.seconds;
     const fraction = span === 0 ? 1 : (ttlS - low.seconds) / span;
     const below = cdf(low.percentile) + fraction * (cdf(high.percentile) - cdf(low.percentile));
-    return share(below, cdf(low.percentile), cdf(high.percentile), `TTL between p${low.percentile} (${low.seconds} s) and p${high.percentile} (${high.seconds} s): interpolated`);
+    return share(
+      below,
+      cdf(low.percentile),
+      cdf(high.percentile),
+      `TTL between p${low.percentile} (${low.seconds} s) and p${high.percentile} (${high.seconds} s): interpolated`,
+    );
   }
   /* c8 ignore next */
   throw new Error('unreachable: ttl is at least the first point');
