@@ -84,7 +84,9 @@ describe('faults: repeated SIGKILL', function () {
           const down = performance.now();
           const readyAtStart = (await queueState(space.queue)).messageCount;
           // A fast machine drains the backlog sooner: say so plainly rather than wait for a count below zero.
-          expect(readyAtStart, `victim ${k + 1}: backlog left before it starts (a larger backlog is needed on a machine this fast)`).to.be.above(config.prefetch);
+          expect(readyAtStart, `victim ${k + 1}: backlog left before it starts (a larger backlog is needed on a machine this fast)`).to.be.above(
+            config.prefetch,
+          );
           const daemon = await fleet.start(space.env);
           longestDowntimeMs = Math.max(longestDowntimeMs, performance.now() - down);
           // Under load once it holds half its prefetch window (what the estimator calls loaded).
