@@ -1,6 +1,6 @@
 /**
  * Starting and stopping each contender as a child process of the bench, so
- * its CPU time and peak RSS are its own: the ceiling and naive consumers in
+ * its CPU time and peak RSS are its own: the ceiling, naive and batched consumers in
  * ./consumers, and the real Tally daemon (its built entry, as `pnpm start`
  * runs it) configured only through TALLY_* variables.
  */
@@ -14,6 +14,7 @@ export const DAEMON_MAIN = fileURLToPath(import.meta.resolve('@tally/coordinator
 const CONSUMERS: Partial<Record<ContenderName, string>> = {
   ceiling: fileURLToPath(new URL('./consumers/ceiling.js', import.meta.url)),
   naive: fileURLToPath(new URL('./consumers/naive.js', import.meta.url)),
+  batched: fileURLToPath(new URL('./consumers/batched.js', import.meta.url)),
 };
 
 export interface ContenderRun {
@@ -35,12 +36,11 @@ export interface ContenderRun {
   readonly nodeArgs?: readonly string[];
 }
 
-
 export interface RunningContender {
   readonly pid: number;
   /** Epoch ms at which the contender started consuming, by its own clock reading. */
   readonly consumingAt: number;
-  /** Resolves with the consumer's `done` report (ceiling, naive only). */
+  /** Resolves with the consumer's `done` report (ceiling, naive, batched only). */
   readonly done: Promise<Extract<ConsumerReport, { event: 'done' }>>;
   readonly exited: Promise<{ code: number | null; signal: NodeJS.Signals | null }>;
   alive(): boolean;
@@ -71,7 +71,11 @@ function childFor(run: ContenderRun): ChildProcess {
       ...run.tallyEnv,
       // Tracing's cost: every batch sampled, exported over OTLP/HTTP protobuf as to Jaeger.
       ...(run.contender === 'tally-traced'
-        ? { OTEL_EXPORTER_OTLP_ENDPOINT: run.traceSinkUrl ?? 'http://127.0.0.1:4318', OTEL_EXPORTER_OTLP_PROTOCOL: 'http/protobuf', OTEL_TRACES_SAMPLER: 'always_on' }
+        ? {
+            OTEL_EXPORTER_OTLP_ENDPOINT: run.traceSinkUrl ?? 'http://127.0.0.1:4318',
+            OTEL_EXPORTER_OTLP_PROTOCOL: 'http/protobuf',
+            OTEL_TRACES_SAMPLER: 'always_on',
+          }
         : {}),
     };
     return spawn(process.execPath, [...nodeArgs, DAEMON_MAIN], { env, stdio: ['ignore', 'pipe', 'pipe'] });
@@ -89,7 +93,10 @@ function childFor(run: ContenderRun): ChildProcess {
     redisUrl: run.redisUrl,
     prefix: run.prefix,
   };
-  return spawn(process.execPath, [...nodeArgs, script], { env: { ...process.env, [SETTINGS_ENV]: JSON.stringify(settings) }, stdio: ['ignore', 'pipe', 'pipe'] });
+  return spawn(process.execPath, [...nodeArgs, script], {
+    env: { ...process.env, [SETTINGS_ENV]: JSON.stringify(settings) },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
 }
 
 /** Parses a stdout line: the consumers' reports and the daemon's pino logs are both JSON. */

@@ -47,6 +47,12 @@ async function usedMemory(ctx: BenchContext): Promise<number> {
   return Number(parseInfo(await ctx.redis.info('memory')).get('used_memory'));
 }
 
+/** CPU seconds (user + system, main thread and children) the Redis server has used so far (INFO cpu). */
+async function redisCpuSeconds(ctx: BenchContext): Promise<number> {
+  const info = parseInfo(await ctx.redis.info('cpu'));
+  return Number(info.get('used_cpu_sys')) + Number(info.get('used_cpu_user'));
+}
+
 /** Clean slate for a run: the bench's own queue, and its prefix (or the whole private Redis). */
 export async function resetSpace(ctx: BenchContext, queue: string, prefix: string): Promise<void> {
   await resetNamespace({ amqpUrl: ctx.amqpUrl, redisUrl: ctx.redisUrl, queue, prefix });
@@ -74,10 +80,20 @@ export async function measureMarkerMemory(ctx: BenchContext, pattern: string): P
   if (!ctx.redisPrivate) return null;
   const keys = await scanKeys(ctx.redis, pattern);
   if (keys.length === 0) return null;
+  // A marker hash holds many markers (its fields); a marker key is one.
+  let markers = 0;
+  for (let i = 0; i < keys.length; i += 1_000) {
+    const pipeline = ctx.redis.pipeline();
+    for (const key of keys.slice(i, i + 1_000)) pipeline.type(key);
+    const types = (await pipeline.exec()) ?? [];
+    const lengths = ctx.redis.pipeline();
+    keys.slice(i, i + 1_000).forEach((key, j) => (types[j]?.[1] === 'hash' ? lengths.hlen(key) : lengths.exists(key)));
+    for (const [, n] of (await lengths.exec()) ?? []) markers += Number(n);
+  }
   const before = await usedMemory(ctx);
   for (let i = 0; i < keys.length; i += 1_000) await ctx.redis.del(...keys.slice(i, i + 1_000));
   const after = await usedMemory(ctx);
-  return { markers: keys.length, bytes: before - after };
+  return { markers, bytes: before - after };
 }
 
 export async function runDrain(ctx: BenchContext, plan: DrainPlan): Promise<DrainOutcome> {
@@ -86,6 +102,8 @@ export async function runDrain(ctx: BenchContext, plan: DrainPlan): Promise<Drai
   const prefix = prefixName(ctx, contender, plan.label);
   const expected = workload.publishes.length;
   await resetSpace(ctx, queue, prefix);
+  // After the flush, before anything of this run is in Redis (the preload goes to RabbitMQ only).
+  const memoryBefore = ctx.redisPrivate ? await usedMemory(ctx) : null;
   await publishAll(workload.publishes, { url: ctx.amqpUrl, queue });
   // Let the broker finish writing the preload before the clock runs.
   await sleep(500);
@@ -106,11 +124,27 @@ export async function runDrain(ctx: BenchContext, plan: DrainPlan): Promise<Drai
     // A contender that cannot start is a failed run, recorded (the bench exits 1), not a skipped one.
     await resetSpace(ctx, queue, prefix);
     const problem = `did not start: ${error instanceof Error ? error.message : String(error)}`;
-    return { record: { contender, round: plan.round, messages: expected, seconds: Number.NaN, msgPerSec: Number.NaN, cpuSeconds: Number.NaN, peakRssBytes: Number.NaN, redisCommands: null, correct: false, problem } };
+    return {
+      record: {
+        contender,
+        round: plan.round,
+        messages: expected,
+        seconds: Number.NaN,
+        msgPerSec: Number.NaN,
+        cpuSeconds: Number.NaN,
+        peakRssBytes: Number.NaN,
+        redisCommands: null,
+        redisMemoryBytes: null,
+        redisCpuSeconds: null,
+        correct: false,
+        problem,
+      },
+    };
   }
   const cpuStart = await cpuSeconds(running.pid);
   const commandsBefore = await commandSnapshot(ctx);
-  let ownCommands = 1; // the INFO above, counted once it has run
+  const redisCpuBefore = ctx.redisPrivate ? await redisCpuSeconds(ctx) : null;
+  let ownCommands = 3; // the INFO commandstats and the two INFO cpu, counted once they have run
   let endedAt: number | null = null;
   let problem: string | undefined;
   const timeoutMs = Math.max(60_000, (expected / 500) * 1_000);
@@ -137,9 +171,12 @@ export async function runDrain(ctx: BenchContext, plan: DrainPlan): Promise<Drai
   }
   const cpu = running.alive() ? (await cpuSeconds(running.pid)) - cpuStart : Number.NaN;
   const rss = running.alive() ? await peakRssBytes(running.pid) : Number.NaN;
+  const redisCpuAfter = ctx.redisPrivate ? await redisCpuSeconds(ctx) : null;
   const commandsAfter = await commandSnapshot(ctx);
   const exit = await running.stop();
   if (exit.code !== 0 && problem === undefined) problem = `exited with ${exit.code ?? exit.signal} on SIGTERM: ${running.stderr().slice(-300)}`;
+  // Steady state: the contender has stopped (its connections, buffers and heartbeat are gone), what it wrote stays.
+  const memoryAfter = memoryBefore === null ? null : await usedMemory(ctx);
 
   const after = await queueState(ctx.amqpUrl, queue);
   if (after.messageCount !== 0 && problem === undefined) problem = `${after.messageCount} message(s) left unacked in the queue after the stop`;
@@ -151,7 +188,8 @@ export async function runDrain(ctx: BenchContext, plan: DrainPlan): Promise<Drai
 
   let memory: MarkerMemoryRecord | undefined;
   if (plan.measureMarkers && contender !== 'ceiling' && problem === undefined) {
-    const measured = await measureMarkerMemory(ctx, `${escapeGlob(prefix)}m:*`);
+    // Markers of every contender: Tally's marker hashes (mk:) and the per-message keys (m:) of naive and batched.
+    const measured = await measureMarkerMemory(ctx, `${escapeGlob(prefix)}m*:*`);
     if (measured) {
       memory = {
         contender,
@@ -176,9 +214,10 @@ export async function runDrain(ctx: BenchContext, plan: DrainPlan): Promise<Drai
     cpuSeconds: cpu,
     peakRssBytes: rss,
     redisCommands,
+    redisMemoryBytes: memoryBefore === null || memoryAfter === null ? null : memoryAfter - memoryBefore,
+    redisCpuSeconds: redisCpuBefore === null || redisCpuAfter === null ? null : redisCpuAfter - redisCpuBefore,
     correct: problem === undefined,
     ...(problem !== undefined ? { problem } : {}),
   };
   return memory ? { record, memory } : { record };
 }
-

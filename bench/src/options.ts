@@ -31,6 +31,9 @@ export interface BenchOptions {
   readonly batchSizes: readonly number[];
   readonly workerCounts: readonly number[];
   readonly changeRanges: ReadonlyArray<readonly [number, number]>;
+  /** Marker TTL sweep: TTLs in seconds (none: skipped) and the publish rate. */
+  readonly markerTtls: readonly number[];
+  readonly markerTtlRate: number;
   readonly contenders: readonly ContenderName[];
   /** null: bench/results (quick: bench/results/quick), resolved by the entry against the bench package. */
   readonly outDir: string | null;
@@ -61,6 +64,7 @@ export class BenchUsageError extends Error {
 }
 
 const FULL = {
+  markerTtls: [4, 8, 16, 32],
   rounds: 3,
   messages: 50_000,
   latencySeconds: 4,
@@ -70,6 +74,7 @@ const FULL = {
 };
 
 const QUICK = {
+  markerTtls: [] as number[],
   rounds: 1,
   messages: 4_000,
   latencySeconds: 1,
@@ -86,10 +91,11 @@ export const USAGE = `usage: pnpm bench [--quick] [flags]
 
 workload:  --messages N (50000; quick 4000)  --skus N (10000)  --zipf S (1)  --changes MIN-MAX (1-8)
            --duplicate-rate R (0.02)  --seed N (1)
-rounds:    --rounds N (3; quick 1)  --contenders a,b (ceiling,naive,tally-two-step,tally-atomic,tally-traced)
+rounds:    --rounds N (3; quick 1)  --contenders a,b (ceiling,naive,batched,tally-two-step,tally-atomic,tally-traced)
 latency:   --latency-seconds S (4; quick 1)  --loads F,F (0.1,0.25,0.5,0.75; quick none)
 sweeps:    --sweeps batch-size,workers,changes|none (all; quick none)  --sweep-messages N (30000)
            --batch-sizes 50,200,500,2000  --workers 1,2,4  --change-ranges 1-2,1-8,8-16
+           --marker-ttls 4,8,16,32|none (quick none)  --marker-ttl-rate N (2000): steady-state marker memory per TTL
 consumers: --prefetch N (2000)  --ack-every N (500)  --ack-wait-ms N (50)
 servers:   --amqp-url URL (TALLY_AMQP_URL or local)  --redis-url URL (default: a private redis-server)
 daemon:    --tally-env TALLY_NAME=value (repeatable; applied to every Tally run, sweeps override their own variable)
@@ -98,14 +104,16 @@ output:    --out DIR (bench/results; quick: bench/results/quick)`;
 function int(flag: string, raw: string | undefined, fallback: number, min: number, max: number): number {
   if (raw === undefined) return fallback;
   const value = Number(raw);
-  if (!Number.isInteger(value) || value < min || value > max) throw new BenchUsageError(`--${flag} must be an integer in ${min}..${max}, got ${JSON.stringify(raw)}`);
+  if (!Number.isInteger(value) || value < min || value > max)
+    throw new BenchUsageError(`--${flag} must be an integer in ${min}..${max}, got ${JSON.stringify(raw)}`);
   return value;
 }
 
 function num(flag: string, raw: string | undefined, fallback: number, min: number, max: number): number {
   if (raw === undefined) return fallback;
   const value = Number(raw);
-  if (raw.trim() === '' || !Number.isFinite(value) || value < min || value > max) throw new BenchUsageError(`--${flag} must be a number in ${min}..${max}, got ${JSON.stringify(raw)}`);
+  if (raw.trim() === '' || !Number.isFinite(value) || value < min || value > max)
+    throw new BenchUsageError(`--${flag} must be a number in ${min}..${max}, got ${JSON.stringify(raw)}`);
   return value;
 }
 
@@ -113,7 +121,8 @@ export function range(flag: string, raw: string): [number, number] {
   const match = raw.match(/^(\d+)-(\d+)$/);
   const lo = match ? Number(match[1]) : Number.NaN;
   const hi = match ? Number(match[2]) : Number.NaN;
-  if (!match || lo < 1 || hi < lo || hi > 10_000) throw new BenchUsageError(`--${flag} must be MIN-MAX with 1 <= MIN <= MAX <= 10000, got ${JSON.stringify(raw)}`);
+  if (!match || lo < 1 || hi < lo || hi > 10_000)
+    throw new BenchUsageError(`--${flag} must be MIN-MAX with 1 <= MIN <= MAX <= 10000, got ${JSON.stringify(raw)}`);
   return [lo, hi];
 }
 
@@ -154,6 +163,8 @@ export function parseBenchArgs(argv: readonly string[], env: Readonly<Record<str
         'batch-sizes': { type: 'string' },
         workers: { type: 'string' },
         'change-ranges': { type: 'string' },
+        'marker-ttls': { type: 'string' },
+        'marker-ttl-rate': { type: 'string' },
         contenders: { type: 'string' },
         out: { type: 'string' },
         'amqp-url': { type: 'string' },
@@ -182,7 +193,8 @@ export function parseBenchArgs(argv: readonly string[], env: Readonly<Record<str
     return c as ContenderName;
   });
   const sweeps = list('sweeps', v.sweeps, base.sweeps, (s) => {
-    if (s !== 'batch-size' && s !== 'workers' && s !== 'changes') throw new BenchUsageError(`--sweeps accepts batch-size, workers, changes or none; got ${JSON.stringify(s)}`);
+    if (s !== 'batch-size' && s !== 'workers' && s !== 'changes')
+      throw new BenchUsageError(`--sweeps accepts batch-size, workers, changes or none; got ${JSON.stringify(s)}`);
     return s as SweepName;
   });
   return Object.freeze({
@@ -205,7 +217,18 @@ export function parseBenchArgs(argv: readonly string[], env: Readonly<Record<str
     sweepMessages: int('sweep-messages', v['sweep-messages'], base.sweepMessages, 100, 5_000_000),
     batchSizes: list('batch-sizes', v['batch-sizes'], [50, 200, 500, 2_000], (b) => int('batch-sizes', b, 0, 1, 100_000)),
     workerCounts: list('workers', v.workers, [1, 2, 4], (w) => int('workers', w, 0, 1, 64)),
-    changeRanges: list('change-ranges', v['change-ranges'], [[1, 2], [1, 8], [8, 16]] as Array<[number, number]>, (r) => range('change-ranges', r)),
+    changeRanges: list(
+      'change-ranges',
+      v['change-ranges'],
+      [
+        [1, 2],
+        [1, 8],
+        [8, 16],
+      ] as Array<[number, number]>,
+      (r) => range('change-ranges', r),
+    ),
+    markerTtls: list('marker-ttls', v['marker-ttls'], base.markerTtls, (t) => int('marker-ttls', t, 0, 1, 3_600)),
+    markerTtlRate: int('marker-ttl-rate', v['marker-ttl-rate'], 2_000, 10, 100_000),
     contenders,
     outDir: v.out ?? null,
     amqpUrl: v['amqp-url'] ?? env.TALLY_AMQP_URL ?? 'amqp://guest:guest@127.0.0.1:5672',

@@ -20,17 +20,36 @@ export function markdownTable(header: readonly string[], rows: ReadonlyArray<rea
 }
 
 export function renderSummaryTable(summary: readonly ContenderSummary[]): string {
-  const header = ['contender', 'msg/s', '× ceiling', '× naive', 'p50 ms', 'p99 ms', 'CPU s / M msg', 'peak RSS MB', 'Redis cmds / msg', 'marker B / msg', 'counted correctly'];
+  // CPU s per million messages is the same number as CPU µs per message; the column says the latter.
+  const header = [
+    'contender',
+    'msg/s',
+    '× ceiling',
+    '× naive',
+    '× batched',
+    'p50 ms',
+    'p99 ms',
+    'CPU µs / msg',
+    'Redis CPU µs / msg',
+    'peak RSS MB',
+    'Redis cmds / msg',
+    'Redis B / msg',
+    'marker B / msg',
+    'counted correctly',
+  ];
   const rows = summary.map((s) => [
     s.label,
     cell(s.msgPerSec),
     cell(s.ratioToCeiling, 2),
     cell(s.ratioToNaive, 2),
+    cell(s.ratioToBatched, 2),
     cell(s.p50Ms, 1),
     cell(s.p99Ms, 1),
     cell(s.cpuSecondsPerMillion, 1),
+    cell(s.redisCpuUsPerMessage, 1),
     cell(s.peakRssMb, 0),
     cell(s.redisCommandsPerMessage, 2),
+    cell(s.redisBytesPerMessage, 0),
     cell(s.markerBytesPerMessage, 0),
     s.correct ? 'yes' : 'NO',
   ]);
@@ -39,7 +58,15 @@ export function renderSummaryTable(summary: readonly ContenderSummary[]): string
 
 export function renderSweepTable(sweeps: readonly SweepRecord[]): string {
   const header = ['sweep', 'setting', 'contender', 'msg/s', 'ceiling msg/s', '× ceiling', 'correct'];
-  const rows = sweeps.map((s) => [s.sweep, s.label, s.contender, cell(s.msgPerSec), cell(s.ceilingMsgPerSec), cell(s.ratioToCeiling, 2), s.correct ? 'yes' : 'NO']);
+  const rows = sweeps.map((s) => [
+    s.sweep,
+    s.label,
+    s.contender,
+    cell(s.msgPerSec),
+    cell(s.ceilingMsgPerSec),
+    cell(s.ratioToCeiling, 2),
+    s.correct ? 'yes' : 'NO',
+  ]);
   return markdownTable(header, rows);
 }
 
@@ -72,8 +99,20 @@ export function renderReport(results: BenchResults): string {
     renderSummaryTable(results.summary),
     '',
   ];
-  if (results.sweeps.length > 0) parts.push('## Sweeps (Tally, each point paired with a ceiling drain of the same workload)', '', renderSweepTable(results.sweeps), '');
+  if (results.sweeps.length > 0)
+    parts.push('## Sweeps (Tally, each point paired with a ceiling drain of the same workload)', '', renderSweepTable(results.sweeps), '');
   if (results.latencies.length > 0) parts.push('## Latency runs', '', renderLatencyTable(results), '');
+  if ((results.markerTtl ?? []).length > 0) {
+    parts.push(
+      '## Marker memory in steady state against the marker TTL (Tally two-step)',
+      '',
+      markdownTable(
+        ['TTL s', 'rate msg/s', 'marker + receipt MB (mean over the last TTL)', 'B per message received in one TTL', 'samples'],
+        (results.markerTtl ?? []).map((r) => [String(r.ttlS), cell(r.rate), cell(r.markerBytes / 1e6, 2), cell(r.bytesPerMessage, 0), String(r.samples)]),
+      ),
+      '',
+    );
+  }
   if (results.problems.length > 0) parts.push('## Problems', '', ...results.problems.map((p) => `- ${p}`), '');
   return parts.join('\n');
 }

@@ -4,12 +4,13 @@
  */
 import { median, medianRatio } from './stats.js';
 
-export const CONTENDERS = ['ceiling', 'naive', 'tally-two-step', 'tally-atomic', 'tally-traced'] as const;
+export const CONTENDERS = ['ceiling', 'naive', 'batched', 'tally-two-step', 'tally-atomic', 'tally-traced'] as const;
 export type ContenderName = (typeof CONTENDERS)[number];
 
 export const CONTENDER_LABELS: Readonly<Record<ContenderName, string>> = Object.freeze({
   ceiling: 'ceiling (bare amqplib)',
   naive: 'naive (per message)',
+  batched: 'batched (hand-written, 500/batch)',
   'tally-two-step': 'Tally two-step',
   'tally-atomic': 'Tally atomic',
   'tally-traced': 'Tally two-step, traced (100%)',
@@ -29,6 +30,14 @@ export interface DrainRecord {
   readonly peakRssBytes: number;
   /** Commands the private Redis processed for this drain, the bench's own polling subtracted; null for the ceiling. */
   readonly redisCommands: number | null;
+  /**
+   * used_memory of the private Redis after the drain (contender stopped)
+   * minus before it (right after the flush): what the run left behind,
+   * markers, receipts and counts included. Null on a shared Redis.
+   */
+  readonly redisMemoryBytes: number | null;
+  /** used_cpu_sys + used_cpu_user of the private Redis over the drain (INFO cpu); null on a shared Redis. */
+  readonly redisCpuSeconds: number | null;
   readonly correct: boolean;
   readonly problem?: string;
 }
@@ -62,6 +71,20 @@ export interface MarkerMemoryRecord {
   readonly bytesPerMessage: number;
 }
 
+/** One point of the marker TTL sweep (marker-ttl-sweep.ts): steady-state marker memory at one TTL. */
+export interface MarkerTtlRecord {
+  readonly ttlS: number;
+  /** Publish rate, msg/s. */
+  readonly rate: number;
+  /** used_memory samples taken over the last TTL of the run. */
+  readonly samples: number;
+  /** Mean bytes the markers and receipts held over that TTL. */
+  readonly markerBytes: number;
+  /** markerBytes / (rate × TTL): what one message costs in steady state. */
+  readonly bytesPerMessage: number;
+  readonly problem?: string;
+}
+
 export type SweepName = 'batch-size' | 'workers' | 'changes';
 
 export interface SweepRecord {
@@ -84,12 +107,17 @@ export interface ContenderSummary {
   readonly msgPerSec: number;
   readonly ratioToCeiling: number;
   readonly ratioToNaive: number;
+  readonly ratioToBatched: number;
   readonly p50Ms: number;
   readonly p99Ms: number;
   readonly latencyMethod?: string;
   readonly cpuSecondsPerMillion: number;
   readonly peakRssMb: number;
   readonly redisCommandsPerMessage: number;
+  /** Redis used_memory left by the drain, per message drained (duplicates included, as the issue measures). */
+  readonly redisBytesPerMessage: number;
+  /** Redis CPU (user + sys) per message drained, µs. */
+  readonly redisCpuUsPerMessage: number;
   readonly markerBytesPerMarker: number;
   readonly markerBytesPerMessage: number;
   readonly correct: boolean;
@@ -116,6 +144,7 @@ export function summarize(
   const rate = (c: ContenderName) => byRound(drains, c, rounds, (d) => d.msgPerSec);
   const ceiling = rate('ceiling');
   const naive = rate('naive');
+  const batched = rate('batched');
   return contenders.map((contender) => {
     const mine = drains.filter((d) => d.contender === contender);
     const half = latencies.filter((l) => l.contender === contender && l.round !== null && l.correct);
@@ -128,12 +157,21 @@ export function summarize(
       msgPerSec: median(finite(rate(contender))),
       ratioToCeiling: medianRatio(rate(contender), ceiling),
       ratioToNaive: medianRatio(rate(contender), naive),
+      ratioToBatched: medianRatio(rate(contender), batched),
       p50Ms: median(half.map((l) => l.p50Ms)),
       p99Ms: median(half.map((l) => l.p99Ms)),
       ...(half.length > 0 ? { latencyMethod: half[0]!.method } : {}),
       cpuSecondsPerMillion: median(finite(byRound(drains, contender, rounds, (d) => (d.messages > 0 ? (d.cpuSeconds * 1e6) / d.messages : null)))),
       peakRssMb: median(finite(byRound(drains, contender, rounds, (d) => d.peakRssBytes / (1024 * 1024)))),
-      redisCommandsPerMessage: median(finite(byRound(drains, contender, rounds, (d) => (d.redisCommands === null || d.messages === 0 ? null : d.redisCommands / d.messages)))),
+      redisCommandsPerMessage: median(
+        finite(byRound(drains, contender, rounds, (d) => (d.redisCommands === null || d.messages === 0 ? null : d.redisCommands / d.messages))),
+      ),
+      redisBytesPerMessage: median(
+        finite(byRound(drains, contender, rounds, (d) => (d.redisMemoryBytes === null || d.messages === 0 ? null : d.redisMemoryBytes / d.messages))),
+      ),
+      redisCpuUsPerMessage: median(
+        finite(byRound(drains, contender, rounds, (d) => (d.redisCpuSeconds === null || d.messages === 0 ? null : (d.redisCpuSeconds * 1e6) / d.messages))),
+      ),
       markerBytesPerMarker: median(marks.map((m) => m.bytesPerMarker)),
       markerBytesPerMessage: median(marks.map((m) => m.bytesPerMessage)),
       correct,
@@ -153,6 +191,8 @@ export interface BenchResults {
   readonly drains: readonly DrainRecord[];
   readonly latencies: readonly LatencyRecord[];
   readonly markerMemory: readonly MarkerMemoryRecord[];
+  /** Absent in results written before the sweep existed. */
+  readonly markerTtl?: readonly MarkerTtlRecord[];
   readonly sweeps: readonly SweepRecord[];
   readonly problems: readonly string[];
 }

@@ -12,6 +12,7 @@ import { isTally } from './contenders.js';
 import { startTraceSink } from './trace-sink.js';
 import { runDrain } from './drain.js';
 import { runLatency } from './latency-run.js';
+import { runMarkerTtlSweep } from './marker-ttl-sweep.js';
 import { workloadShape, type BenchOptions } from './options.js';
 import { parseInfo } from '@tally/shared';
 import { startPrivateRedis, type PrivateRedis } from '@tally/testkit';
@@ -21,6 +22,7 @@ import {
   type DrainRecord,
   type LatencyRecord,
   type MarkerMemoryRecord,
+  type MarkerTtlRecord,
   type SweepRecord,
 } from './results.js';
 import { median } from './stats.js';
@@ -69,21 +71,33 @@ export async function runBench(options: BenchOptions, log: (line: string) => voi
     // Every contender asked for runs: one that cannot start is a failed run (exit 1), never skipped.
     const contenders = options.contenders;
     const workload = generateWorkload(workloadOptions);
-    log(`workload: ${workload.publishes.length} deliveries (${workload.good} messages + ${workload.duplicates} duplicates), ${workload.truth.size} SKUs counted`);
+    log(
+      `workload: ${workload.publishes.length} deliveries (${workload.good} messages + ${workload.duplicates} duplicates), ${workload.truth.size} SKUs counted`,
+    );
 
     const record = (r: DrainRecord) => {
       drains.push(r);
       const rate = Number.isFinite(r.msgPerSec) ? `${Math.round(r.msgPerSec)} msg/s` : 'no rate';
-      log(`  ${r.contender.padEnd(15)} ${rate.padStart(12)}  ${r.seconds.toFixed(2)} s  cpu ${r.cpuSeconds.toFixed(2)} s  ${r.correct ? 'correct' : `PROBLEM: ${r.problem}`}`);
+      log(
+        `  ${r.contender.padEnd(15)} ${rate.padStart(12)}  ${r.seconds.toFixed(2)} s  cpu ${r.cpuSeconds.toFixed(2)} s  ${r.correct ? 'correct' : `PROBLEM: ${r.problem}`}`,
+      );
       if (!r.correct) problems.push(`round ${r.round + 1}, ${r.contender}: ${r.problem}`);
     };
     const recordLatency = (l: LatencyRecord) => {
       latencies.push(l);
-      log(`  ${l.contender.padEnd(15)} load ${l.loadFraction} (${Math.round(l.achievedRate)} msg/s): p50 ${l.p50Ms.toFixed(1)} ms, p99 ${l.p99Ms.toFixed(1)} ms (${l.samples} samples, ${l.method})${l.correct ? '' : ` PROBLEM: ${l.problem}`}`);
+      log(
+        `  ${l.contender.padEnd(15)} load ${l.loadFraction} (${Math.round(l.achievedRate)} msg/s): p50 ${l.p50Ms.toFixed(1)} ms, p99 ${l.p99Ms.toFixed(1)} ms (${l.samples} samples, ${l.method})${l.correct ? '' : ` PROBLEM: ${l.problem}`}`,
+      );
       if (!l.correct) problems.push(`latency ${l.loadFraction} ${l.contender}: ${l.problem}`);
     };
     const latencyWorkload = (rate: number, seed: number): Workload =>
-      generateWorkload({ ...workloadOptions, messages: Math.max(100, Math.round(rate * (options.latencySeconds + warmupMs / 1000))), duplicateRate: 0, seed, idPrefix: 'lat' });
+      generateWorkload({
+        ...workloadOptions,
+        messages: Math.max(100, Math.round(rate * (options.latencySeconds + warmupMs / 1000))),
+        duplicateRate: 0,
+        seed,
+        idPrefix: 'lat',
+      });
     const warmupMs = options.quick ? 500 : 1_000;
     const ceilingRates: number[] = [];
     const fallbackRate = () => median(ceilingRates) || 5_000;
@@ -100,7 +114,9 @@ export async function runBench(options: BenchOptions, log: (line: string) => voi
       const rate = Math.round(thisCeiling / 2);
       log(`round ${round + 1}/${options.rounds}: latency at half the ceiling's rate (${rate} msg/s)`);
       for (const contender of roundOrder(contenders, round)) {
-        recordLatency(await runLatency(ctx, { contender, round, label: `l${round}`, loadFraction: 0.5, rate, warmupMs, workload: latencyWorkload(rate, 100 + round) }));
+        recordLatency(
+          await runLatency(ctx, { contender, round, label: `l${round}`, loadFraction: 0.5, rate, warmupMs, workload: latencyWorkload(rate, 100 + round) }),
+        );
       }
     }
 
@@ -110,7 +126,17 @@ export async function runBench(options: BenchOptions, log: (line: string) => voi
     for (const fraction of sweepLoads) {
       const rate = Math.round(ceiling * fraction);
       for (const contender of contenders) {
-        recordLatency(await runLatency(ctx, { contender, round: null, label: `load${fraction}`, loadFraction: fraction, rate, warmupMs, workload: latencyWorkload(rate, 200) }));
+        recordLatency(
+          await runLatency(ctx, {
+            contender,
+            round: null,
+            label: `load${fraction}`,
+            loadFraction: fraction,
+            rate,
+            warmupMs,
+            workload: latencyWorkload(rate, 200),
+          }),
+        );
       }
     }
 
@@ -120,10 +146,15 @@ export async function runBench(options: BenchOptions, log: (line: string) => voi
       generateWorkload({ ...workloadOptions, messages: options.sweepMessages, ...(range ? { minChanges: range[0], maxChanges: range[1] } : {}) });
     const points: Array<{ sweep: SweepRecord['sweep']; label: string; x: number; workload: Workload; env: Record<string, string> }> = [];
     const base = options.sweeps.length > 0 ? sweepWorkload() : null;
-    if (base && options.sweeps.includes('batch-size')) for (const b of options.batchSizes) points.push({ sweep: 'batch-size', label: `TALLY_BATCH_SIZE=${b}`, x: b, workload: base, env: { TALLY_BATCH_SIZE: String(b) } });
-    if (base && options.sweeps.includes('workers')) for (const w of options.workerCounts) points.push({ sweep: 'workers', label: `TALLY_WORKERS=${w}`, x: w, workload: base, env: { TALLY_WORKERS: String(w) } });
+    if (base && options.sweeps.includes('batch-size'))
+      for (const b of options.batchSizes)
+        points.push({ sweep: 'batch-size', label: `TALLY_BATCH_SIZE=${b}`, x: b, workload: base, env: { TALLY_BATCH_SIZE: String(b) } });
+    if (base && options.sweeps.includes('workers'))
+      for (const w of options.workerCounts)
+        points.push({ sweep: 'workers', label: `TALLY_WORKERS=${w}`, x: w, workload: base, env: { TALLY_WORKERS: String(w) } });
     if (options.sweeps.includes('changes')) {
-      for (const r of options.changeRanges) points.push({ sweep: 'changes', label: `${r[0]}-${r[1]} SKUs/msg`, x: (r[0] + r[1]) / 2, workload: sweepWorkload(r), env: {} });
+      for (const r of options.changeRanges)
+        points.push({ sweep: 'changes', label: `${r[0]}-${r[1]} SKUs/msg`, x: (r[0] + r[1]) / 2, workload: sweepWorkload(r), env: {} });
     }
     for (const [i, point] of points.entries()) {
       log(`sweep ${point.sweep}: ${point.label}`);
@@ -145,8 +176,21 @@ export async function runBench(options: BenchOptions, log: (line: string) => voi
       }
     }
 
+    let markerTtl: MarkerTtlRecord[] = [];
+    if (options.markerTtls.length > 0 && contenders.includes('tally-two-step')) {
+      log(`marker TTL sweep: ${options.markerTtls.join(', ')} s at ${options.markerTtlRate} msg/s`);
+      markerTtl = await runMarkerTtlSweep(ctx, { ttls: options.markerTtls, rate: options.markerTtlRate, workload: workloadOptions });
+      for (const r of markerTtl) if (r.problem) problems.push(`marker TTL sweep ${r.ttlS} s: ${r.problem}`);
+    }
+
     // Rounds are 0-based; sweep drains use round -1 and stay out of the medians.
-    const summary = summarize(contenders, drains.filter((d) => d.round >= 0), latencies, memory, options.rounds);
+    const summary = summarize(
+      contenders,
+      drains.filter((d) => d.round >= 0),
+      latencies,
+      memory,
+      options.rounds,
+    );
     for (const s of summary) if (s.rounds === 0 && options.rounds > 0) problems.push(`${s.contender} did not run`);
     const results: BenchResults = {
       version: 1,
@@ -155,7 +199,14 @@ export async function runBench(options: BenchOptions, log: (line: string) => voi
       quick: options.quick,
       machine: { cpus: cpus().length, node: process.versions.node, redis: `${redisVersion}${ctx.redisPrivate ? '' : ' (shared: command counts approximate)'}` },
       options: {
-        workload: { messages: options.messages, skus: options.skus, zipf: options.zipf, changes: `${options.minChanges}-${options.maxChanges}`, duplicateRate: options.duplicateRate, seed: options.seed },
+        workload: {
+          messages: options.messages,
+          skus: options.skus,
+          zipf: options.zipf,
+          changes: `${options.minChanges}-${options.maxChanges}`,
+          duplicateRate: options.duplicateRate,
+          seed: options.seed,
+        },
         prefetch: options.prefetch,
         tallyEnv: options.tallyEnv,
         ackEvery: options.ackEvery,
@@ -170,6 +221,7 @@ export async function runBench(options: BenchOptions, log: (line: string) => voi
       drains,
       latencies,
       markerMemory: memory,
+      markerTtl,
       sweeps,
       problems,
     };

@@ -10,11 +10,14 @@ const row = (over: Partial<ContenderSummary>): ContenderSummary => ({
   msgPerSec: 15_234.4,
   ratioToCeiling: 0.7612,
   ratioToNaive: 5.12,
+  ratioToBatched: 1.43,
   p50Ms: 61.25,
   p99Ms: 120.5,
   cpuSecondsPerMillion: 98.4,
   peakRssMb: 180.2,
   redisCommandsPerMessage: 3.456,
+  redisBytesPerMessage: 141.6,
+  redisCpuUsPerMessage: 5.25,
   markerBytesPerMarker: 110,
   markerBytesPerMessage: 480.4,
   correct: true,
@@ -42,7 +45,7 @@ describe('markdown table', () => {
     ]);
     const lines = table.split('\n');
     expect(lines).to.have.length(5);
-    expect(lines[2]).to.equal('| Tally two-step | 15,234 | 0.76 | 5.12 | 61.3 | 120.5 | 98.4 | 180 | 3.46 | 480 | yes |');
+    expect(lines[2]).to.equal('| Tally two-step | 15,234 | 0.76 | 5.12 | 1.43 | 61.3 | 120.5 | 98.4 | 5.3 | 180 | 3.46 | 142 | 480 | yes |');
     expect(lines[3]).to.match(/^\| Tally atomic \| n\/a \|.*\| NO \|$/);
     expect(lines[4]).to.match(/\| NO \|$/);
     for (const line of lines) expect(line.split(/(?<!\\)\|/).length).to.equal(lines[0]!.split('|').length);
@@ -66,8 +69,22 @@ describe('svg chart', () => {
       yLabel: 'msg/s',
       xScale: 'log',
       series: [
-        { name: 'Tally', points: [{ x: 50, y: 8_000 }, { x: 200, y: 12_000 }, { x: 500, y: 15_000 }, { x: 2_000, y: 14_000 }] },
-        { name: 'ceiling', points: [{ x: 50, y: 20_000 }, { x: 2_000, y: 21_000 }] },
+        {
+          name: 'Tally',
+          points: [
+            { x: 50, y: 8_000 },
+            { x: 200, y: 12_000 },
+            { x: 500, y: 15_000 },
+            { x: 2_000, y: 14_000 },
+          ],
+        },
+        {
+          name: 'ceiling',
+          points: [
+            { x: 50, y: 20_000 },
+            { x: 2_000, y: 21_000 },
+          ],
+        },
       ],
       references: [{ name: 'naive', y: 3_000 }],
     });
@@ -86,7 +103,20 @@ describe('svg chart', () => {
   });
 
   it('puts a higher y higher on the page, and survives missing data', () => {
-    const svg = renderLineChart({ title: 't', xLabel: 'x', yLabel: 'y', series: [{ name: 's', points: [{ x: 1, y: 10 }, { x: 2, y: 20 }] }] });
+    const svg = renderLineChart({
+      title: 't',
+      xLabel: 'x',
+      yLabel: 'y',
+      series: [
+        {
+          name: 's',
+          points: [
+            { x: 1, y: 10 },
+            { x: 2, y: 20 },
+          ],
+        },
+      ],
+    });
     const ys = [...svg.matchAll(/<circle class="point" cx="[\d.]+" cy="([\d.]+)"/g)].map((m) => Number(m[1]));
     expect(ys[1]).to.be.lessThan(ys[0]!);
     const empty = renderLineChart({ title: 't', xLabel: 'x', yLabel: 'y', yScale: 'log', series: [{ name: 's', points: [{ x: 1, y: Number.NaN }] }] });

@@ -18,7 +18,7 @@ export interface ConsumerSettings {
   readonly ackEvery: number;
   /** ...or once the oldest unacked delivery waited this long (the daemon's TALLY_BATCH_WAIT_MS default). */
   readonly ackWaitMs: number;
-  /** naive only. */
+  /** naive and batched only. */
   readonly redisUrl?: string;
   readonly prefix?: string;
   readonly markerTtlS?: number;
@@ -28,7 +28,13 @@ export interface ConsumerSettings {
 
 export type ConsumerReport =
   | { readonly event: 'consuming'; readonly at: number }
-  | { readonly event: 'done'; readonly at: number; readonly acked: number; readonly duplicates: number; readonly samples?: Array<[publishedAt: number, latencyMs: number]> }
+  | {
+      readonly event: 'done';
+      readonly at: number;
+      readonly acked: number;
+      readonly duplicates: number;
+      readonly samples?: Array<[publishedAt: number, latencyMs: number]>;
+    }
   | { readonly event: 'error'; readonly message: string };
 
 export function readSettings(env: NodeJS.ProcessEnv): ConsumerSettings {

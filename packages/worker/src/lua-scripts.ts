@@ -47,16 +47,19 @@ function isNoScript(error: unknown): boolean {
   return error instanceof ReplyError && (error as Error).message.startsWith('NOSCRIPT');
 }
 
+/** An EVALSHA argument: binary ones (marker digests) go as Buffers, byte for byte. */
+export type ScriptArg = string | number | Buffer;
+
 /** EVALSHA args: sha, key count, keys, argv. Built with push: a big batch exceeds what a spread call can take. */
-export function evalshaArgs(script: LuaScript, keys: readonly string[], argv: readonly (string | number)[]): Array<string | number> {
-  const args: Array<string | number> = [script.sha, keys.length];
+export function evalshaArgs(script: LuaScript, keys: readonly string[], argv: readonly ScriptArg[]): ScriptArg[] {
+  const args: ScriptArg[] = [script.sha, keys.length];
   for (const key of keys) args.push(key);
   for (const value of argv) args.push(value);
   return args;
 }
 
 /** Runs a script, loading it first if Redis does not have it. Other errors propagate to the caller's retry loop. */
-export async function runScript(redis: Redis, script: LuaScript, args: Array<string | number>, log: Pick<BatchLog, 'warn'>): Promise<unknown> {
+export async function runScript(redis: Redis, script: LuaScript, args: ScriptArg[], log: Pick<BatchLog, 'warn'>): Promise<unknown> {
   let scripts = loaded.get(redis);
   if (scripts === undefined) {
     scripts = new Set();

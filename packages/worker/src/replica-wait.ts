@@ -41,7 +41,9 @@ export class BatchWritesLostError extends Error {
 
 /**
  * Returns once `waitReplicas` replicas acknowledged every write up to a fresh
- * PEXPIRE of `touchKey`; resolves to the number of WAITs that timed out.
+ * PEXPIRE of `touchKey` (or PEXPIREAT `expireAtMs`, for a key whose expiry
+ * must not move: a marker bucket's meta hash); resolves to the number of
+ * WAITs that timed out.
  */
 export async function waitForReplicas(
   redis: RedisClient,
@@ -50,17 +52,17 @@ export async function waitForReplicas(
   touchKey: string,
   log: BatchLog,
   onTimeout: OnWaitTimeout = () => {},
+  expireAtMs?: number,
 ): Promise<number> {
   const wanted = settings.waitReplicas;
   let timeouts = 0;
   for (;;) {
     const [touched, acked] = await retryUntilDone(
       async () => {
-        const replies = await redis
-          .pipeline()
-          .pexpire(touchKey, settings.markerTtlS * 1000)
-          .call('WAIT', wanted, settings.waitTimeoutMs)
-          .exec();
+        const pipeline = redis.pipeline();
+        if (expireAtMs === undefined) pipeline.pexpire(touchKey, settings.markerTtlS * 1000);
+        else pipeline.pexpireat(touchKey, expireAtMs);
+        const replies = await pipeline.call('WAIT', wanted, settings.waitTimeoutMs).exec();
         if (replies === null) throw new Error('WAIT pipeline discarded');
         for (const [error] of replies) if (error) throw error;
         return [Number(replies[0]![1]), Number(replies[1]![1])] as const;

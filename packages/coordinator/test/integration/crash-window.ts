@@ -5,7 +5,8 @@
  * could have had.
  */
 import type { Redis } from 'ioredis';
-import { markerScanPattern, parseMessage, shardOf, splitByShard, type PartChanges } from '@tally/shared';
+import { markerDigest, parseMessage, shardOf, splitByShard, type PartChanges } from '@tally/shared';
+import { readMarkers } from '@tally/testkit';
 import type { Publish } from '@tally/workload';
 import { readCounts } from '../../src/commands/counts.js';
 
@@ -35,19 +36,16 @@ export async function unmarkedUnitsPerShard(redis: Redis, prefix: string, virtua
   const counts = await readCounts(redis, { prefix, virtualShards }, []);
   const unmarked = new Map<string, number>();
   for (const [sku, value] of counts) unmarked.set(sku, Number(value));
-  const head = `${prefix}m:{`;
-  let cursor = '0';
-  do {
-    const [next, keys] = await redis.scan(cursor, 'MATCH', markerScanPattern(prefix), 'COUNT', 10_000);
-    cursor = next;
-    for (const key of keys) {
-      const close = key.indexOf('}:', head.length);
-      const vshard = Number(key.slice(head.length, close));
-      const part = parts.get(key.slice(close + 2))?.get(vshard);
-      if (part === undefined) throw new Error(`marker ${key} stands for no published part`);
-      for (const [sku, delta] of part) unmarked.set(sku, (unmarked.get(sku) ?? 0) - delta);
-    }
-  } while (cursor !== '0');
+  const idOfDigest = new Map<string, string>();
+  for (const id of parts.keys()) idOfDigest.set(markerDigest(id).toString('hex'), id);
+  // Done markers only: a claim stands for nothing counted yet.
+  for (const entry of (await readMarkers(redis, prefix)).done) {
+    const [vshard, digest] = entry.split(':') as [string, string];
+    const id = idOfDigest.get(digest);
+    const part = id === undefined ? undefined : parts.get(id)?.get(Number(vshard));
+    if (part === undefined) throw new Error(`marker ${entry} stands for no published part`);
+    for (const [sku, delta] of part) unmarked.set(sku, (unmarked.get(sku) ?? 0) - delta);
+  }
   const totals = new Array<number>(virtualShards).fill(0);
   for (const [sku, units] of unmarked) totals[shardOf(sku, virtualShards)]! += units;
   return totals;

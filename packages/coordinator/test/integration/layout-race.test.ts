@@ -1,7 +1,7 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import { expect } from 'chai';
 import { Redis } from 'ioredis';
-import { layoutKey, isTallyError, type TallyMode } from '@tally/shared';
+import { layoutKey, legacyMarkerKey, isTallyError, MARKER_FORMAT, SHARD_HASH, type TallyMode } from '@tally/shared';
 import { ensureLayout, type Layout } from '../../src/layout-guard.js';
 import { cleanup, REDIS_URL, spawnDaemon, stopDaemon, testSpace, withRedis, type DaemonProcess } from './harness.js';
 
@@ -50,7 +50,10 @@ describe('layout and mode check (integration: daemons racing on a new prefix)', 
         );
         const stored = await clients[0]!.hgetall(layoutKey(prefix));
         const winner: Settings = { virtualShards: Number(stored.virtual_shards), mode: stored.mode as TallyMode };
-        expect(CONFLICTING.some((s) => same(s, winner)), `round ${round}: stored layout ${JSON.stringify(stored)} is one caller's`).to.equal(true);
+        expect(
+          CONFLICTING.some((s) => same(s, winner)),
+          `round ${round}: stored layout ${JSON.stringify(stored)} is one caller's`,
+        ).to.equal(true);
         let created = 0;
         for (let i = 0; i < callers; i++) {
           const outcome = outcomes[i]!;
@@ -106,6 +109,47 @@ describe('layout and mode check (integration: daemons racing on a new prefix)', 
     }
   });
 
+  it('records the marker format on a new prefix; refuses an old layout while legacy markers are live, and records it once they are gone', async () => {
+    const space = testSpace('marker-format');
+    const old = testSpace('marker-legacy');
+    try {
+      await withRedis(async (redis) => {
+        const fresh = await ensureLayout(redis, { prefix: space.prefix, virtualShards: 16, mode: 'two-step', markerTtlS: 600, markerSubBuckets: 64 });
+        expect(fresh.markers).to.deep.equal({ format: MARKER_FORMAT, bucketS: 300, subBuckets: 64 });
+        // A later daemon with other marker settings adopts what the prefix recorded.
+        const later = await ensureLayout(redis, { prefix: space.prefix, virtualShards: 16, mode: 'two-step', markerTtlS: 60, markerSubBuckets: 1024 });
+        expect(later.markers).to.deep.equal({ format: MARKER_FORMAT, bucketS: 300, subBuckets: 64 });
+
+        // A prefix laid out by an older Tally: no marker_format, and a live key-per-marker marker.
+        await redis.hset(layoutKey(old.prefix), 'virtual_shards', '16', 'hash', SHARD_HASH, 'mode', 'two-step', 'created_at', 'then');
+        await redis.set(legacyMarkerKey(old.prefix, 3, 'msg-1'), '1', 'EX', 600);
+        const refused = await ensureLayout(redis, { prefix: old.prefix, virtualShards: 16, mode: 'two-step' }).then(
+          () => null,
+          (error: unknown) => error,
+        );
+        expect(isTallyError(refused) && refused.code, String(refused)).to.equal('TALLY_MARKER_FORMAT');
+        expect((refused as Error).message).to.include(legacyMarkerKey(old.prefix, 3, 'msg-1'));
+        expect((refused as Error).message.split('\n')).to.have.length(1);
+        expect(await redis.hget(layoutKey(old.prefix), 'marker_format'), 'nothing recorded').to.equal(null);
+        await redis.del(legacyMarkerKey(old.prefix, 3, 'msg-1'));
+        const upgraded = await ensureLayout(redis, { prefix: old.prefix, virtualShards: 16, mode: 'two-step' });
+        expect(upgraded.markers.format).to.equal(MARKER_FORMAT);
+        expect(await redis.hget(layoutKey(old.prefix), 'marker_format')).to.equal(MARKER_FORMAT);
+
+        // A format this build does not know (a newer build's) is refused too.
+        await redis.hset(layoutKey(old.prefix), 'marker_format', 'from-the-future');
+        const unknown = await ensureLayout(redis, { prefix: old.prefix, virtualShards: 16, mode: 'two-step' }).then(
+          () => null,
+          (error: unknown) => error,
+        );
+        expect(isTallyError(unknown) && unknown.code).to.equal('TALLY_MARKER_FORMAT');
+      });
+    } finally {
+      await cleanup(space);
+      await cleanup(old);
+    }
+  });
+
   it('six daemon processes started at once with conflicting settings: one setting starts, the others exit 1 naming their code', async () => {
     const space = testSpace('race-procs', { TALLY_WORKERS: '1', TALLY_PREFETCH: '50' });
     const daemons: Array<{ settings: Settings; daemon: DaemonProcess }> = [];
@@ -135,14 +179,20 @@ describe('layout and mode check (integration: daemons racing on a new prefix)', 
           expect(exit.code, `a ${JSON.stringify(settings)} daemon is refused`).to.equal(1);
           expect(daemon.stderr.join('').trim().split('\n'), 'one stderr line').to.have.length(1);
           const code = expectedCode(winner, settings);
-          expect(daemon.logs.some((l) => l.includes(`"code":"${code}"`)), `logs ${code}`).to.equal(true);
+          expect(
+            daemon.logs.some((l) => l.includes(`"code":"${code}"`)),
+            `logs ${code}`,
+          ).to.equal(true);
         }
       }
       expect(running, 'both daemons with the winning settings run').to.equal(2);
       for (const { daemon } of daemons) expect((await stopDaemon(daemon)).code).to.be.oneOf([0, 1]);
       // Clean stops release the leases and remove the heartbeats.
       const fields = Object.keys(await withRedis((redis) => redis.hgetall(layoutKey(space.prefix))));
-      expect(fields.filter((f) => f.startsWith('lease:')), 'leases released').to.deep.equal([]);
+      expect(
+        fields.filter((f) => f.startsWith('lease:')),
+        'leases released',
+      ).to.deep.equal([]);
     } finally {
       for (const { daemon } of daemons) if (daemon.child.exitCode === null && daemon.child.signalCode === null) daemon.child.kill('SIGKILL');
       await cleanup(space);
