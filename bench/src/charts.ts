@@ -56,3 +56,29 @@ export function latencyVsLoadChart(results: BenchResults, targetMs: number): str
     references: [{ name: 'target: batch wait + 100 ms', y: targetMs }],
   });
 }
+
+/**
+ * Marker memory per message in steady state against the marker TTL (the
+ * sweep), with the key-per-marker layout this replaced as a reference: its
+ * markers live exactly the TTL, so its per-message cost is the same at every
+ * TTL (main's drain measured 500 B of markers per message,
+ * bench/results/issue11/baseline-main.md).
+ */
+export const KEY_PER_MARKER_BYTES_PER_MESSAGE = 500;
+
+export function markerMemoryVsTtlChart(results: BenchResults): string {
+  const points = (results.markerTtl ?? []).filter((r) => r.problem === undefined && Number.isFinite(r.bytesPerMessage));
+  return renderLineChart({
+    title: 'Marker memory per message in steady state against the marker TTL',
+    xLabel: 'TALLY_MARKER_TTL_S (log scale)',
+    yLabel: 'bytes of markers and receipts per message received in one TTL',
+    xScale: 'log',
+    series: [
+      {
+        name: `Tally two-step, time-bucketed digest hashes (${points[0]?.rate ?? '?'} msg/s)`,
+        points: points.map((r) => ({ x: r.ttlS, y: r.bytesPerMessage })),
+      },
+    ],
+    references: [{ name: 'before: one SET … EX key per marker (main, measured)', y: KEY_PER_MARKER_BYTES_PER_MESSAGE }],
+  });
+}

@@ -80,10 +80,20 @@ export async function measureMarkerMemory(ctx: BenchContext, pattern: string): P
   if (!ctx.redisPrivate) return null;
   const keys = await scanKeys(ctx.redis, pattern);
   if (keys.length === 0) return null;
+  // A marker hash holds many markers (its fields); a marker key is one.
+  let markers = 0;
+  for (let i = 0; i < keys.length; i += 1_000) {
+    const pipeline = ctx.redis.pipeline();
+    for (const key of keys.slice(i, i + 1_000)) pipeline.type(key);
+    const types = (await pipeline.exec()) ?? [];
+    const lengths = ctx.redis.pipeline();
+    keys.slice(i, i + 1_000).forEach((key, j) => (types[j]?.[1] === 'hash' ? lengths.hlen(key) : lengths.exists(key)));
+    for (const [, n] of (await lengths.exec()) ?? []) markers += Number(n);
+  }
   const before = await usedMemory(ctx);
   for (let i = 0; i < keys.length; i += 1_000) await ctx.redis.del(...keys.slice(i, i + 1_000));
   const after = await usedMemory(ctx);
-  return { markers: keys.length, bytes: before - after };
+  return { markers, bytes: before - after };
 }
 
 export async function runDrain(ctx: BenchContext, plan: DrainPlan): Promise<DrainOutcome> {
@@ -178,7 +188,8 @@ export async function runDrain(ctx: BenchContext, plan: DrainPlan): Promise<Drai
 
   let memory: MarkerMemoryRecord | undefined;
   if (plan.measureMarkers && contender !== 'ceiling' && problem === undefined) {
-    const measured = await measureMarkerMemory(ctx, `${escapeGlob(prefix)}m:*`);
+    // Markers of every contender: Tally's marker hashes (mk:) and the per-message keys (m:) of naive and batched.
+    const measured = await measureMarkerMemory(ctx, `${escapeGlob(prefix)}m*:*`);
     if (measured) {
       memory = {
         contender,

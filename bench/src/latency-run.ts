@@ -17,7 +17,7 @@
  */
 import { setTimeout as sleep } from 'node:timers/promises';
 import amqp from 'amqplib';
-import { markerKey, shardOf } from '@tally/shared';
+import { bucketOf, layoutKey, markerBucketKey, markerDigest, markerMetaKey, shardOf, subBucketOf } from '@tally/shared';
 import type { BenchContext } from './context.js';
 import { contextRunFields, prefixName, queueName } from './context.js';
 import { isTally, startContender } from './contenders.js';
@@ -49,15 +49,77 @@ export interface LatencyPlan {
 }
 
 interface Probe {
-  readonly keys: string[];
+  /** The virtual shards the message touches: it has one marker on each. */
+  readonly shards: number[];
+  readonly digest: Buffer;
   readonly publishedAt: number;
 }
 
-/** The marker keys the daemon writes for one message: one per virtual shard its changes touch. */
-function probeKeys(ctx: BenchContext, prefix: string, body: Buffer, id: string): string[] {
+function probeFor(ctx: BenchContext, body: Buffer, id: string, publishedAt: number): Probe {
   const parsed = JSON.parse(body.toString('utf8')) as { changes: Array<{ sku: string }> };
   const shards = new Set(parsed.changes.map((c) => shardOf(c.sku, ctx.virtualShards)));
-  return [...shards].map((vshard) => markerKey(prefix, vshard, id));
+  return { shards: [...shards], digest: markerDigest(id), publishedAt };
+}
+
+/**
+ * Which probes have every marker done: HGET of each marker field in the
+ * bucket of now and the one before (a sampled message is marked within
+ * seconds, so no older bucket can hold it), one pipeline per poll.
+ */
+async function markedProbes(ctx: BenchContext, prefix: string, probes: readonly Probe[]): Promise<boolean[]> {
+  const width = Number(await ctx.redis.hget(layoutKey(prefix), 'marker_bucket_s'));
+  if (!(width >= 1)) return probes.map(() => false);
+  const [seconds] = await ctx.redis.time();
+  const current = bucketOf(Number(seconds), width);
+  // Each shard's bucket has its own sub-bucket count, in its meta hash.
+  const shards = [...new Set(probes.flatMap((p) => p.shards))];
+  const metas = ctx.redis.pipeline();
+  for (const vshard of shards) for (const bucket of [current, current - 1]) metas.hget(markerMetaKey(prefix, vshard, bucket), 's');
+  const counts = ((await metas.exec()) ?? []).map(([, s]) => Number(s ?? 0));
+  const subsOf = new Map<string, number>();
+  shards.forEach((vshard, i) => [current, current - 1].forEach((bucket, j) => subsOf.set(`${vshard}:${bucket}`, counts[2 * i + j]!)));
+  const pipeline = ctx.redis.pipeline();
+  for (const probe of probes) {
+    for (const vshard of probe.shards) {
+      for (const bucket of [current, current - 1]) {
+        const subs = subsOf.get(`${vshard}:${bucket}`)!;
+        // No meta: no marker in that bucket yet; ask for a key that cannot exist, keeping the reply positions.
+        pipeline.hget(
+          subs >= 1 ? markerBucketKey(prefix, vshard, bucket, subBucketOf(probe.digest, subs)) : markerMetaKey(prefix, vshard, bucket),
+          probe.digest as unknown as string,
+        );
+      }
+    }
+  }
+  const replies = ((await pipeline.exec()) ?? []).map(([, value]) => value as string | null);
+  // A two-step marker holds its batch's number: done once the batch's record in the bucket's meta hash is '1'.
+  const records = ctx.redis.pipeline();
+  const asked: number[] = [];
+  let at = 0;
+  for (const probe of probes) {
+    for (const vshard of probe.shards) {
+      for (const bucket of [current, current - 1]) {
+        const value = replies[at];
+        if (value !== null && value !== undefined && value !== '1') {
+          records.hget(markerMetaKey(prefix, vshard, bucket), `b${value}`);
+          asked.push(at);
+        }
+        at++;
+      }
+    }
+  }
+  const resolved = asked.length > 0 ? ((await records.exec()) ?? []) : [];
+  const done = replies.map((value) => value === '1');
+  asked.forEach((position, i) => (done[position] = resolved[i]?.[1] === '1'));
+  at = 0;
+  return probes.map((probe) => {
+    let all = true;
+    for (let j = 0; j < probe.shards.length; j++) {
+      if (!done[at] && !done[at + 1]) all = false;
+      at += 2;
+    }
+    return all;
+  });
 }
 
 function failedLatencyRecord(plan: LatencyPlan, problem: string): LatencyRecord {
@@ -120,17 +182,13 @@ export async function runLatency(ctx: BenchContext, plan: LatencyPlan): Promise<
           if (outstanding.length > 0) {
             // Take the batch out first: the publisher keeps appending while MGET is in flight.
             const batch = outstanding.splice(0, outstanding.length);
-            const values = await ctx.redis.mget(batch.flatMap((p) => p.keys));
+            const marked = await markedProbes(ctx, prefix, batch);
             const now = Date.now();
-            let k = 0;
             const still: Probe[] = [];
-            for (const probe of batch) {
-              let all = true;
-              for (let j = 0; j < probe.keys.length; j++) if (values[k + j] === null) all = false;
-              k += probe.keys.length;
-              if (all) latencies.push(now - probe.publishedAt);
+            batch.forEach((probe, i) => {
+              if (marked[i]) latencies.push(now - probe.publishedAt);
               else still.push(probe);
-            }
+            });
             outstanding.unshift(...still);
           }
           await sleep(pollMs);
@@ -151,8 +209,7 @@ export async function runLatency(ctx: BenchContext, plan: LatencyPlan): Promise<
             timestamp: now,
             ...(publish.messageId !== undefined ? { messageId: publish.messageId } : {}),
           });
-          if (tally && sent % every === 0 && publish.id !== undefined && now >= measureFrom)
-            outstanding.push({ keys: probeKeys(ctx, prefix, publish.body, publish.id), publishedAt: now });
+          if (tally && sent % every === 0 && publish.id !== undefined && now >= measureFrom) outstanding.push(probeFor(ctx, publish.body, publish.id, now));
           sent++;
           if (!ok) await new Promise((resolve) => channel.once('drain', resolve));
         }

@@ -31,6 +31,9 @@ export interface BenchOptions {
   readonly batchSizes: readonly number[];
   readonly workerCounts: readonly number[];
   readonly changeRanges: ReadonlyArray<readonly [number, number]>;
+  /** Marker TTL sweep: TTLs in seconds (none: skipped) and the publish rate. */
+  readonly markerTtls: readonly number[];
+  readonly markerTtlRate: number;
   readonly contenders: readonly ContenderName[];
   /** null: bench/results (quick: bench/results/quick), resolved by the entry against the bench package. */
   readonly outDir: string | null;
@@ -61,6 +64,7 @@ export class BenchUsageError extends Error {
 }
 
 const FULL = {
+  markerTtls: [4, 8, 16, 32],
   rounds: 3,
   messages: 50_000,
   latencySeconds: 4,
@@ -70,6 +74,7 @@ const FULL = {
 };
 
 const QUICK = {
+  markerTtls: [] as number[],
   rounds: 1,
   messages: 4_000,
   latencySeconds: 1,
@@ -90,6 +95,7 @@ rounds:    --rounds N (3; quick 1)  --contenders a,b (ceiling,naive,batched,tall
 latency:   --latency-seconds S (4; quick 1)  --loads F,F (0.1,0.25,0.5,0.75; quick none)
 sweeps:    --sweeps batch-size,workers,changes|none (all; quick none)  --sweep-messages N (30000)
            --batch-sizes 50,200,500,2000  --workers 1,2,4  --change-ranges 1-2,1-8,8-16
+           --marker-ttls 4,8,16,32|none (quick none)  --marker-ttl-rate N (2000): steady-state marker memory per TTL
 consumers: --prefetch N (2000)  --ack-every N (500)  --ack-wait-ms N (50)
 servers:   --amqp-url URL (TALLY_AMQP_URL or local)  --redis-url URL (default: a private redis-server)
 daemon:    --tally-env TALLY_NAME=value (repeatable; applied to every Tally run, sweeps override their own variable)
@@ -157,6 +163,8 @@ export function parseBenchArgs(argv: readonly string[], env: Readonly<Record<str
         'batch-sizes': { type: 'string' },
         workers: { type: 'string' },
         'change-ranges': { type: 'string' },
+        'marker-ttls': { type: 'string' },
+        'marker-ttl-rate': { type: 'string' },
         contenders: { type: 'string' },
         out: { type: 'string' },
         'amqp-url': { type: 'string' },
@@ -219,6 +227,8 @@ export function parseBenchArgs(argv: readonly string[], env: Readonly<Record<str
       ] as Array<[number, number]>,
       (r) => range('change-ranges', r),
     ),
+    markerTtls: list('marker-ttls', v['marker-ttls'], base.markerTtls, (t) => int('marker-ttls', t, 0, 1, 3_600)),
+    markerTtlRate: int('marker-ttl-rate', v['marker-ttl-rate'], 2_000, 10, 100_000),
     contenders,
     outDir: v.out ?? null,
     amqpUrl: v['amqp-url'] ?? env.TALLY_AMQP_URL ?? 'amqp://guest:guest@127.0.0.1:5672',

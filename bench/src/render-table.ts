@@ -102,6 +102,17 @@ export function renderReport(results: BenchResults): string {
   if (results.sweeps.length > 0)
     parts.push('## Sweeps (Tally, each point paired with a ceiling drain of the same workload)', '', renderSweepTable(results.sweeps), '');
   if (results.latencies.length > 0) parts.push('## Latency runs', '', renderLatencyTable(results), '');
+  if ((results.markerTtl ?? []).length > 0) {
+    parts.push(
+      '## Marker memory in steady state against the marker TTL (Tally two-step)',
+      '',
+      markdownTable(
+        ['TTL s', 'rate msg/s', 'marker + receipt MB (mean over the last TTL)', 'B per message received in one TTL', 'samples'],
+        (results.markerTtl ?? []).map((r) => [String(r.ttlS), cell(r.rate), cell(r.markerBytes / 1e6, 2), cell(r.bytesPerMessage, 0), String(r.samples)]),
+      ),
+      '',
+    );
+  }
   if (results.problems.length > 0) parts.push('## Problems', '', ...results.problems.map((p) => `- ${p}`), '');
   return parts.join('\n');
 }

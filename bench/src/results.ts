@@ -71,6 +71,20 @@ export interface MarkerMemoryRecord {
   readonly bytesPerMessage: number;
 }
 
+/** One point of the marker TTL sweep (marker-ttl-sweep.ts): steady-state marker memory at one TTL. */
+export interface MarkerTtlRecord {
+  readonly ttlS: number;
+  /** Publish rate, msg/s. */
+  readonly rate: number;
+  /** used_memory samples taken over the last TTL of the run. */
+  readonly samples: number;
+  /** Mean bytes the markers and receipts held over that TTL. */
+  readonly markerBytes: number;
+  /** markerBytes / (rate × TTL): what one message costs in steady state. */
+  readonly bytesPerMessage: number;
+  readonly problem?: string;
+}
+
 export type SweepName = 'batch-size' | 'workers' | 'changes';
 
 export interface SweepRecord {
@@ -177,6 +191,8 @@ export interface BenchResults {
   readonly drains: readonly DrainRecord[];
   readonly latencies: readonly LatencyRecord[];
   readonly markerMemory: readonly MarkerMemoryRecord[];
+  /** Absent in results written before the sweep existed. */
+  readonly markerTtl?: readonly MarkerTtlRecord[];
   readonly sweeps: readonly SweepRecord[];
   readonly problems: readonly string[];
 }

@@ -12,10 +12,19 @@ import { isTally } from './contenders.js';
 import { startTraceSink } from './trace-sink.js';
 import { runDrain } from './drain.js';
 import { runLatency } from './latency-run.js';
+import { runMarkerTtlSweep } from './marker-ttl-sweep.js';
 import { workloadShape, type BenchOptions } from './options.js';
 import { parseInfo } from '@tally/shared';
 import { startPrivateRedis, type PrivateRedis } from '@tally/testkit';
-import { summarize, type BenchResults, type DrainRecord, type LatencyRecord, type MarkerMemoryRecord, type SweepRecord } from './results.js';
+import {
+  summarize,
+  type BenchResults,
+  type DrainRecord,
+  type LatencyRecord,
+  type MarkerMemoryRecord,
+  type MarkerTtlRecord,
+  type SweepRecord,
+} from './results.js';
 import { median } from './stats.js';
 import { generateWorkload, type Workload, type WorkloadOptions } from '@tally/workload';
 
@@ -167,6 +176,13 @@ export async function runBench(options: BenchOptions, log: (line: string) => voi
       }
     }
 
+    let markerTtl: MarkerTtlRecord[] = [];
+    if (options.markerTtls.length > 0 && contenders.includes('tally-two-step')) {
+      log(`marker TTL sweep: ${options.markerTtls.join(', ')} s at ${options.markerTtlRate} msg/s`);
+      markerTtl = await runMarkerTtlSweep(ctx, { ttls: options.markerTtls, rate: options.markerTtlRate, workload: workloadOptions });
+      for (const r of markerTtl) if (r.problem) problems.push(`marker TTL sweep ${r.ttlS} s: ${r.problem}`);
+    }
+
     // Rounds are 0-based; sweep drains use round -1 and stay out of the medians.
     const summary = summarize(
       contenders,
@@ -205,6 +221,7 @@ export async function runBench(options: BenchOptions, log: (line: string) => voi
       drains,
       latencies,
       markerMemory: memory,
+      markerTtl,
       sweeps,
       problems,
     };

@@ -1,7 +1,7 @@
 /** Writes a run's files: latest.json, latest.md and the two SVG charts. */
 import { mkdir, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
-import { latencyVsLoadChart, throughputVsBatchChart } from './charts.js';
+import { latencyVsLoadChart, markerMemoryVsTtlChart, throughputVsBatchChart } from './charts.js';
 import { renderReport } from './render-table.js';
 import type { BenchResults } from './results.js';
 
@@ -13,6 +13,7 @@ export async function writeResults(dir: string, results: BenchResults, latencyTa
     ['throughput-vs-batch.svg', throughputVsBatchChart(results)],
     ['latency-vs-load.svg', latencyVsLoadChart(results, latencyTargetMs)],
   ];
+  if ((results.markerTtl ?? []).length > 0) files.push(['marker-memory-vs-ttl.svg', markerMemoryVsTtlChart(results)]);
   for (const [name, text] of files) await writeFile(join(dir, name), text);
   return files.map(([name]) => join(dir, name));
 }

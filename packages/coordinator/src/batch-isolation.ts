@@ -55,6 +55,7 @@ export function refusedPart(vshard: number, error: unknown): BatchResult {
     occupationFailures: 0,
     waitTimeouts: 0,
     refusals: [{ part: 0, key: '', sku: '', delta: '', error: describeError(error) }],
+    claimTakeovers: 0,
     timings: { precheckMs: 0, writeMs: 0, occupyMs: 0 },
   };
 }
@@ -72,6 +73,7 @@ export function concatResults(left: BatchResult, right: BatchResult): BatchResul
     occupationFailures: Math.max(left.occupationFailures, right.occupationFailures),
     waitTimeouts: left.waitTimeouts + right.waitTimeouts,
     refusals: [...left.refusals, ...shifted],
+    claimTakeovers: left.claimTakeovers + right.claimTakeovers,
     timings: {
       precheckMs: left.timings.precheckMs + right.timings.precheckMs,
       writeMs: left.timings.writeMs + right.timings.writeMs,

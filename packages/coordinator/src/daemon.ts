@@ -5,11 +5,13 @@
  *            -> hold if the same id is in flight -> shard lanes -> worker thread
  *            -> every part reported done -> ack (contiguous multiple-ack)
  */
-import { randomUUID } from 'node:crypto';
+import { randomBytes, randomUUID } from 'node:crypto';
 import { metrics, trace, type Tracer } from '@opentelemetry/api';
 import type { MeterProvider } from '@opentelemetry/sdk-metrics';
 import type { ConsumeMessage } from 'amqplib';
 import {
+  PART_DONE,
+  PART_HELD,
   describeError,
   encodeBatchTask,
   WindowGauge,
@@ -17,6 +19,7 @@ import {
   formatReason,
   isServerRefusal,
   isTallyError,
+  markerDigest,
   parseMessage,
   redactUrl,
   RedisRequirementError,
@@ -50,6 +53,9 @@ import { HttpEndpoints } from './telemetry/http-endpoints.js';
 import { registerSafetyGauges } from './telemetry/safety-gauges.js';
 import { DaemonMetrics, timestampToMs } from './telemetry/metrics.js';
 import { createMetricsExport } from './telemetry/metrics-export.js';
+
+/** How long a part held by another daemon's claim waits before it is tried again. */
+const CLAIM_RETRY_MS = 200;
 
 export type DaemonState = 'created' | 'starting' | 'running' | 'stopping' | 'stopped';
 
@@ -161,6 +167,8 @@ export class Daemon {
   private readonly parseOptions: { readonly maxBytes: number };
   /** This daemon's id in its heartbeat key and mode lease. */
   readonly daemonId = newDaemonId();
+  /** Names this daemon's two-step claims (new at every start: a restarted daemon waits out its predecessor's claims like anyone's). */
+  private readonly claimToken = randomBytes(8).toString('hex');
 
   constructor(
     private readonly config: TallyConfig,
@@ -288,7 +296,7 @@ export class Daemon {
     try {
       const lease = { holder: this.daemonId, ttlMs: HEARTBEAT_TTL_BEATS * config.heartbeatMs };
       const layout = await this.untilRedis('layout check', () => ensureLayout(redis, config, lease));
-      log.info({ virtualShards: layout.virtualShards, created: layout.created, daemonId: this.daemonId }, 'shard layout verified');
+      log.info({ virtualShards: layout.virtualShards, created: layout.created, daemonId: this.daemonId, markers: layout.markers }, 'shard layout verified');
       // From the layout check on, not from the link: the beat renews the mode lease the check took (layout-guard.ts).
       const heartbeat = new Heartbeat(
         redis,
@@ -338,6 +346,10 @@ export class Daemon {
           markerTtlS: config.markerTtlS,
           countTtlS: config.countTtlS,
           logLevel: config.logLevel,
+          markerBucketS: layout.markers.bucketS,
+          markerSubBuckets: layout.markers.subBuckets,
+          claimToken: this.claimToken,
+          claimTtlMs: config.markerClaimTtlS * 1000,
           ...(windowGauge === null ? {} : { windowGauge: windowGauge.buffer }),
           waitReplicas: config.redisWaitReplicas,
           waitTimeoutMs: config.redisWaitTimeoutMs,
@@ -473,6 +485,7 @@ export class Daemon {
       tag,
       link,
       id: parsed.message.id,
+      digest: markerDigest(parsed.message.id),
       redelivered: message.fields.redelivered,
       remaining: parts.size,
       parts: parts.size,
@@ -545,7 +558,7 @@ export class Daemon {
         vshard,
         id,
         to - from,
-        (i) => ({ id: parts[from + i]!.delivery.id, changes: parts[from + i]!.changes }),
+        (i) => ({ id: parts[from + i]!.delivery.id, digest: parts[from + i]!.delivery.digest, changes: parts[from + i]!.changes }),
         traceparent,
         // Each part's share of its message, for the threads' window gauge.
         this.config.mode === 'two-step' ? Float64Array.from({ length: to - from }, (_, i) => 1 / parts[from + i]!.delivery.parts) : undefined,
@@ -588,16 +601,27 @@ export class Daemon {
     stats.add('occupation_failures', result.occupationFailures);
     stats.add('write_retries', result.writeRetries);
     stats.add('count_errors', result.refusals.length);
-    exposure.batchDone(parts.map((part) => part.delivery));
+    stats.add('claim_takeovers', result.claimTakeovers);
+    exposure.batchDone(parts.filter((_, i) => result.marked[i] !== PART_HELD).map((part) => part.delivery));
     for (const refusal of result.refusals) {
       const delivery = parts[refusal.part]!.delivery;
       delivery.refusal ??= describeCountRefusal(vshard, refusal);
     }
+    let held = 0;
     for (let i = 0; i < parts.length; i++) {
       const delivery = parts[i]!.delivery;
-      if (result.marked[i] === 1) delivery.markedParts++;
+      if (result.marked[i] === PART_HELD) {
+        // Another daemon is counting a copy of this message right now: run
+        // this part again shortly; by then it is marked (a duplicate) or its
+        // claim has run out (that daemon died: counted here).
+        held++;
+        this.runtime.lanes.hold(vshard, parts[i]!, CLAIM_RETRY_MS);
+        continue;
+      }
+      if (result.marked[i] === PART_DONE) delivery.markedParts++;
       if (--delivery.remaining === 0) this.settle(delivery);
     }
+    if (held > 0) stats.add('claim_holds', held);
   }
 
   /** Every part of a delivery is written and marked: classify it and release its waiters. */

@@ -9,6 +9,8 @@ export interface Delivery {
   readonly tag: number;
   readonly link: ChannelLink;
   readonly id: string;
+  /** The marker digest of the id (markers.ts): computed once here, not once per part in the threads. */
+  readonly digest: Uint8Array;
   readonly redelivered: boolean;
   /** Parts not yet reported done. */
   remaining: number;

@@ -1,5 +1,19 @@
 import { scanNodes, type RedisClient } from '@tally/runtime';
-import { layoutKey, markerScanPattern, ModeSwitchRefusedError, SHARD_HASH, ShardLayoutMismatchError, type TallyConfig, type TallyMode } from '@tally/shared';
+import {
+  DEFAULTS,
+  defaultBucketWidthS,
+  LEGACY_MARKER_FORMAT,
+  layoutKey,
+  legacyMarkerScanPattern,
+  MARKER_FORMAT,
+  MarkerFormatRefusedError,
+  markerScanPattern,
+  ModeSwitchRefusedError,
+  SHARD_HASH,
+  ShardLayoutMismatchError,
+  type TallyConfig,
+  type TallyMode,
+} from '@tally/shared';
 
 export interface Layout {
   readonly virtualShards: number;
@@ -8,6 +22,14 @@ export interface Layout {
   readonly mode: TallyMode;
   /** The mode recorded before this start, when this start switched the prefix to another one. */
   readonly switchedFrom: TallyMode | null;
+  /** The prefix's marker layout (markers.ts), as recorded: every daemon of the prefix uses these, whatever its own settings. */
+  readonly markers: MarkerLayout;
+}
+
+export interface MarkerLayout {
+  readonly format: string;
+  readonly bucketS: number;
+  readonly subBuckets: number;
 }
 
 /**
@@ -41,9 +63,12 @@ const LEASE_FIELD = 'lease:';
  * ARGV: 1 virtual shards, 2 shard hash, 3 mode, 4 now (ISO, for created_at
  *       and mode_switched_at), 5 mode of a layout recorded before modes were,
  *       6 lease holder ('' for none), 7 lease ms, 8 '1' when the caller found
- *       no live marker and may switch the mode
+ *       no live marker and may switch the mode, 9 marker format, 10 marker
+ *       bucket seconds, 11 marker sub-buckets (recorded only when the layout
+ *       is created here; an older layout gets them from recordMarkerFormat)
  * Reply: { verdict, virtual_shards, hash, recorded mode, created 0|1, live
- *          leases of another mode }, verdict one of 'ok', 'switched',
+ *          leases of another mode, marker format, bucket s, sub-buckets ('' when
+ *          not recorded) }, verdict one of 'ok', 'switched',
  *          'layout' (shards or hash differ), 'mode' (mode differs, no switch).
  *
  * TIME is the server's clock, so lease expiries do not depend on the clocks
@@ -58,7 +83,8 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local created = 0
 if redis.call('EXISTS', key) == 0 then
-  redis.call('HSET', key, 'virtual_shards', ARGV[1], 'hash', ARGV[2], 'created_at', ARGV[4], 'mode', ARGV[3])
+  redis.call('HSET', key, 'virtual_shards', ARGV[1], 'hash', ARGV[2], 'created_at', ARGV[4], 'mode', ARGV[3],
+    'marker_format', ARGV[9], 'marker_bucket_s', ARGV[10], 'marker_sub_buckets', ARGV[11])
   created = 1
 else
   redis.call('HSETNX', key, 'virtual_shards', ARGV[1])
@@ -69,8 +95,10 @@ end
 local shards = redis.call('HGET', key, 'virtual_shards')
 local hash = redis.call('HGET', key, 'hash')
 local mode = redis.call('HGET', key, 'mode')
+local markers = redis.call('HMGET', key, 'marker_format', 'marker_bucket_s', 'marker_sub_buckets')
+local format, bucketS, subBuckets = markers[1] or '', markers[2] or '', markers[3] or ''
 if shards ~= ARGV[1] or hash ~= ARGV[2] then
-  return { 'layout', shards, hash, mode, created, 0 }
+  return { 'layout', shards, hash, mode, created, 0, format, bucketS, subBuckets }
 end
 local others = 0
 local fields = redis.call('HGETALL', key)
@@ -88,7 +116,7 @@ end
 local verdict = 'ok'
 if mode ~= ARGV[3] then
   if ARGV[8] ~= '1' or others > 0 then
-    return { 'mode', shards, hash, mode, created, others }
+    return { 'mode', shards, hash, mode, created, others, format, bucketS, subBuckets }
   end
   redis.call('HSET', key, 'mode', ARGV[3], 'mode_switched_at', ARGV[4])
   verdict = 'switched'
@@ -96,7 +124,19 @@ end
 if ARGV[6] ~= '' then
   redis.call('HSET', key, '${LEASE_FIELD}' .. ARGV[6], ARGV[3] .. ' ' .. (now + tonumber(ARGV[7])))
 end
-return { verdict, shards, hash, mode, created, others }
+return { verdict, shards, hash, mode, created, others, format, bucketS, subBuckets }
+`;
+
+/**
+ * KEYS[1] layout hash; ARGV: 1 marker format, 2 bucket s, 3 sub-buckets.
+ * Records the marker format of a layout made before it was recorded, unless
+ * another daemon did first; replies with what is recorded.
+ */
+const RECORD_MARKER_FORMAT_LUA = `
+if redis.call('HSETNX', KEYS[1], 'marker_format', ARGV[1]) == 1 then
+  redis.call('HSET', KEYS[1], 'marker_bucket_s', ARGV[2], 'marker_sub_buckets', ARGV[3])
+end
+return redis.call('HMGET', KEYS[1], 'marker_format', 'marker_bucket_s', 'marker_sub_buckets')
 `;
 
 /**
@@ -123,14 +163,25 @@ interface ScriptReply {
   readonly created: boolean;
   /** Live leases held by daemons of another mode. */
   readonly otherModeLeases: number;
+  /** '' fields: not recorded (a layout from before marker formats). */
+  readonly markerFormat: string;
+  readonly markerBucketS: string;
+  readonly markerSubBuckets: string;
 }
 
-async function runLayoutScript(
-  redis: RedisClient,
-  config: Pick<TallyConfig, 'prefix' | 'virtualShards' | 'mode'>,
-  lease: ModeLease | null,
-  maySwitch: boolean,
-): Promise<ScriptReply> {
+/** The settings the layout check reads; the marker ones default as in config.ts. */
+type LayoutConfig = Pick<TallyConfig, 'prefix' | 'virtualShards' | 'mode'> & Partial<Pick<TallyConfig, 'markerTtlS' | 'markerSubBuckets'>>;
+
+/** What a daemon with these settings records for a new prefix. */
+function proposedMarkers(config: LayoutConfig): MarkerLayout {
+  return {
+    format: MARKER_FORMAT,
+    bucketS: defaultBucketWidthS(config.markerTtlS ?? DEFAULTS.markerTtlS),
+    subBuckets: config.markerSubBuckets ?? DEFAULTS.markerSubBuckets,
+  };
+}
+
+async function runLayoutScript(redis: RedisClient, config: LayoutConfig, lease: ModeLease | null, maySwitch: boolean): Promise<ScriptReply> {
   const reply = (await redis.eval(
     ENSURE_LAYOUT_LUA,
     1,
@@ -143,7 +194,10 @@ async function runLayoutScript(
     lease?.holder ?? '',
     String(lease?.ttlMs ?? 0),
     maySwitch ? '1' : '0',
-  )) as [Verdict, string, string, string, number, number];
+    MARKER_FORMAT,
+    String(proposedMarkers(config).bucketS),
+    String(proposedMarkers(config).subBuckets),
+  )) as [Verdict, string, string, string, number, number, string, string, string];
   return {
     verdict: reply[0],
     virtualShards: reply[1],
@@ -151,27 +205,77 @@ async function runLayoutScript(
     mode: reply[3] as TallyMode,
     created: reply[4] === 1,
     otherModeLeases: reply[5],
+    markerFormat: reply[6],
+    markerBucketS: reply[7],
+    markerSubBuckets: reply[8],
   };
 }
 
 /**
  * Any live idempotency marker under the prefix, with its remaining TTL; null
- * when there is none. Markers are spread over every slot, so on a cluster
- * every master is scanned.
+ * when there is none. Both formats by default (a marker hash or a legacy
+ * marker key); `legacyOnly` looks for legacy ones alone. Markers are spread
+ * over every slot, so on a cluster every master is scanned.
  */
-export async function findLiveMarker(redis: RedisClient, prefix: string): Promise<{ key: string; ttlS: number } | null> {
-  for (const node of scanNodes(redis)) {
-    let cursor = '0';
-    do {
-      const [next, keys] = await node.scan(cursor, 'MATCH', markerScanPattern(prefix), 'COUNT', 1000);
-      cursor = next;
-      for (const key of keys) {
-        const ttlS = await node.ttl(key);
-        if (ttlS !== -2) return { key, ttlS };
-      }
-    } while (cursor !== '0');
+export async function findLiveMarker(redis: RedisClient, prefix: string, legacyOnly = false): Promise<{ key: string; ttlS: number } | null> {
+  const patterns = legacyOnly ? [legacyMarkerScanPattern(prefix)] : [markerScanPattern(prefix), legacyMarkerScanPattern(prefix)];
+  for (const pattern of patterns) {
+    for (const node of scanNodes(redis)) {
+      let cursor = '0';
+      do {
+        const [next, keys] = await node.scan(cursor, 'MATCH', pattern, 'COUNT', 1000);
+        cursor = next;
+        for (const key of keys) {
+          const ttlS = await node.ttl(key);
+          if (ttlS !== -2) return { key, ttlS };
+        }
+      } while (cursor !== '0');
+    }
   }
   return null;
+}
+
+function markerLayoutOf(format: string, bucketS: string, subBuckets: string): MarkerLayout | null {
+  if (format === '') return null;
+  return { format, bucketS: Number(bucketS), subBuckets: Number(subBuckets) };
+}
+
+/**
+ * The marker layout of a verified prefix. A layout made before marker formats
+ * were recorded used one key per marker: it gets this build's format once no
+ * such marker is live (a daemon reading only the new format would miss the
+ * duplicates they record). A format this build does not know (a newer
+ * build's) is refused.
+ */
+async function ensureMarkerFormat(redis: RedisClient, config: LayoutConfig, reply: ScriptReply): Promise<MarkerLayout> {
+  const key = layoutKey(config.prefix);
+  let recorded = markerLayoutOf(reply.markerFormat, reply.markerBucketS, reply.markerSubBuckets);
+  if (recorded === null) {
+    const live = await findLiveMarker(redis, config.prefix, true);
+    if (live !== null) {
+      const expiry = live.ttlS >= 0 ? `${live.key} expires in ${live.ttlS} s` : `${live.key} has no TTL and must be deleted by hand`;
+      throw new MarkerFormatRefusedError(
+        `prefix "${config.prefix}" holds live idempotency markers in the ${LEGACY_MARKER_FORMAT} format of an older Tally (${expiry}); this build writes ${MARKER_FORMAT} and would miss the duplicates they record. ` +
+          `Stop the older daemons and start again once their markers have expired (at most their TALLY_MARKER_TTL_S after their last write), or use a new TALLY_PREFIX.`,
+      );
+    }
+    const proposed = proposedMarkers(config);
+    const [format, bucketS, subBuckets] = (await redis.eval(
+      RECORD_MARKER_FORMAT_LUA,
+      1,
+      key,
+      proposed.format,
+      String(proposed.bucketS),
+      String(proposed.subBuckets),
+    )) as [string | null, string | null, string | null];
+    recorded = markerLayoutOf(format ?? '', bucketS ?? '', subBuckets ?? '');
+  }
+  if (recorded === null || recorded.format !== MARKER_FORMAT || !(recorded.bucketS >= 1) || !(recorded.subBuckets >= 1)) {
+    throw new MarkerFormatRefusedError(
+      `prefix "${config.prefix}" records the marker format ${JSON.stringify(recorded?.format ?? '')} (Redis key ${key}), this build writes ${MARKER_FORMAT}; run the build that laid it out, or use a new TALLY_PREFIX.`,
+    );
+  }
+  return recorded;
 }
 
 function liveDaemonRefusal(config: Pick<TallyConfig, 'prefix' | 'mode'>, recorded: TallyMode, count: number): ModeSwitchRefusedError {
@@ -207,11 +311,7 @@ function liveDaemonRefusal(config: Pick<TallyConfig, 'prefix' | 'mode'>, recorde
  * daemon of the old mode takes its lease before it writes any marker, so one
  * that starts between the two steps stops the switch.
  */
-export async function ensureLayout(
-  redis: RedisClient,
-  config: Pick<TallyConfig, 'prefix' | 'virtualShards' | 'mode'>,
-  lease: ModeLease | null = null,
-): Promise<Layout> {
+export async function ensureLayout(redis: RedisClient, config: LayoutConfig, lease: ModeLease | null = null): Promise<Layout> {
   const key = layoutKey(config.prefix);
   const first = await runLayoutScript(redis, config, lease, false);
   if (first.verdict === 'layout') {
@@ -226,12 +326,13 @@ export async function ensureLayout(
       `prefix "${config.prefix}" was laid out with shard hash "${first.hash}", this build uses "${SHARD_HASH}"; use a new TALLY_PREFIX.`,
     );
   }
-  const layout = (reply: ScriptReply, switchedFrom: TallyMode | null): Layout => ({
+  const layout = async (reply: ScriptReply, switchedFrom: TallyMode | null): Promise<Layout> => ({
     virtualShards: Number(reply.virtualShards),
     hash: SHARD_HASH,
     created: first.created,
     mode: config.mode,
     switchedFrom,
+    markers: await ensureMarkerFormat(redis, config, reply),
   });
   if (first.verdict === 'ok') return layout(first, null);
 

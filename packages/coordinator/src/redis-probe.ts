@@ -7,7 +7,7 @@
  *   INFO cluster on the seeds         standalone or Redis Cluster (cluster_enabled:1)
  *   INFO                              version, AOF, replicas, loading
  *   CONFIG GET maxmemory-policy       (INFO's maxmemory_policy when CONFIG is refused or renamed)
- *   MGET marker / HGETALL layout      ACL key patterns for reads
+ *   HGET marker hash / HGETALL layout ACL key patterns for reads
  *   SCRIPT LOAD + EVALSHA             scripting allowed, #!lua understood, and the
  *                                     writes Tally's scripts make, on a key of each family
  *
@@ -29,7 +29,7 @@ import {
   countKey,
   factsFromInfo,
   layoutKey,
-  markerKey,
+  markerBaseKey,
   plaintextPortProblem,
   receiptKey,
   RedisRequirementError,
@@ -74,14 +74,25 @@ export interface ProbeLog {
  * script, so no reader ever sees them.
  */
 const PROBE_SCRIPT = `#!lua
-redis.call('TIME')
+local now = tonumber(redis.call('TIME')[1])
 for i = 1, #KEYS do
-  redis.call('SET', KEYS[i], '0', 'PX', 1000)
-  redis.call('INCRBY', KEYS[i], 1)
-  redis.call('EXPIRE', KEYS[i], 1)
-  redis.call('EXISTS', KEYS[i])
-  redis.call('GET', KEYS[i])
-  redis.call('SET', KEYS[i], '0', 'PX', 1)
+  if i == 2 then
+    -- The marker family: small hashes (markers.ts).
+    redis.call('HSET', KEYS[i], 'probe', '1', 'n', '0')
+    redis.call('HGET', KEYS[i], 'probe')
+    redis.call('HMGET', KEYS[i], 'probe', 'other')
+    redis.call('HINCRBY', KEYS[i], 'n', 1)
+    redis.call('HDEL', KEYS[i], 'probe')
+    redis.call('EXPIREAT', KEYS[i], now + 1)
+    redis.call('PEXPIRE', KEYS[i], 1)
+  else
+    redis.call('SET', KEYS[i], '0', 'PX', 1000)
+    redis.call('INCRBY', KEYS[i], 1)
+    redis.call('EXPIRE', KEYS[i], 1)
+    redis.call('EXISTS', KEYS[i])
+    redis.call('GET', KEYS[i])
+    redis.call('SET', KEYS[i], '0', 'PX', 1)
+  end
 end
 return #KEYS
 `;
@@ -184,7 +195,8 @@ export async function probeRedis(config: ProbeConfig, log: ProbeLog): Promise<Re
     for (const master of masters) probed.push(await probeMaster(master, redis, config, last));
 
     const id = `probe-${randomUUID()}`;
-    await attempt('MGET of a marker key', last, () => redis.mget(markerKey(config.prefix, 0, id)));
+    const markerProbeKey = `${markerBaseKey(config.prefix, 0)}:${id}`;
+    await attempt('HGET of a marker hash', last, () => redis.hget(markerProbeKey, 'probe'));
     await attempt('HGETALL of the layout key', last, () => redis.hgetall(layoutKey(config.prefix)));
 
     const facts = combinedFacts(probed.map((p) => p.facts));
@@ -228,7 +240,7 @@ export async function probeRedis(config: ProbeConfig, log: ProbeLog): Promise<Re
     const shard = topology === 'cluster' ? shardServedBy(client as Cluster, master) : 0;
     const id = `probe-${randomUUID()}`;
     const sha = await attempt(`SCRIPT LOAD${where}`, lastClientError, () => master.script('LOAD', PROBE_SCRIPT) as Promise<string>);
-    const keys = [countKey(settings.prefix, shard, id), markerKey(settings.prefix, shard, id), receiptKey(settings.prefix, shard, id)];
+    const keys = [countKey(settings.prefix, shard, id), `${markerBaseKey(settings.prefix, shard)}:${id}`, receiptKey(settings.prefix, shard, id)];
     await attempt(`EVALSHA of Tally's scripts${where}`, lastClientError, () => master.evalsha(sha, keys.length, ...keys));
     return { facts };
   }

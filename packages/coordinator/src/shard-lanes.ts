@@ -51,6 +51,8 @@ export class ShardLanes {
   private busyLanes = 0;
   private pendingParts = 0;
   private idleWaiters: Array<() => void> = [];
+  /** Parts put back by hold(), waiting for their timer; counted in pendingParts meanwhile. */
+  private readonly heldTimers = new Set<NodeJS.Timeout>();
 
   constructor(
     private readonly options: LaneOptions,
@@ -74,6 +76,24 @@ export class ShardLanes {
     this.pendingParts++;
     if (this.full(lane)) this.flush(vshard);
     else this.arm(vshard);
+  }
+
+  /**
+   * Puts a part back into its lane after `delayMs`: another daemon's claim
+   * held it (two-step). It counts as pending meanwhile, so whenIdle() waits
+   * for it and a drain does not mistake it for finished.
+   */
+  hold(vshard: number, part: PendingPart, delayMs: number): void {
+    this.pendingParts++;
+    const timer = setTimeout(() => {
+      this.heldTimers.delete(timer);
+      const lane = this.lanes[vshard]!;
+      lane.pending.push(part);
+      lane.arrivedAt.push(performance.now());
+      if (lane.pending.length >= this.options.batchSize) this.flush(vshard);
+      else this.arm(vshard);
+    }, delayMs);
+    this.heldTimers.add(timer);
   }
 
   /** Flushes every lane that has parts waiting. */
@@ -102,8 +122,10 @@ export class ShardLanes {
     return new Promise((resolve) => this.idleWaiters.push(resolve));
   }
 
-  /** Clears timers; parts still waiting are abandoned (their deliveries stay unacked). */
+  /** Clears timers; parts still waiting or held are abandoned (their deliveries stay unacked). */
   close(): void {
+    for (const timer of this.heldTimers) clearTimeout(timer);
+    this.heldTimers.clear();
     for (const lane of this.lanes) {
       if (lane.timer) clearTimeout(lane.timer);
       lane.timer = null;

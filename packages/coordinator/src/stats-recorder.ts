@@ -23,6 +23,7 @@ const URGENT: ReadonlySet<CounterName> = new Set([
   'redelivered_unmarked',
   'partial_duplicates',
   'count_errors',
+  'claim_takeovers',
   'loaded_ms',
   'window_message_ms',
   'occupied_unacked_message_ms',

@@ -7,6 +7,7 @@
  */
 import type { TallyMode } from './config.js';
 import type { FailureClass } from './failure-class.js';
+import { MARKER_DIGEST_BYTES } from './markers.js';
 import type { PartChanges } from './shards.js';
 import type { RedisTopology } from './redis-requirements.js';
 
@@ -26,6 +27,13 @@ export interface WorkerSettings {
   readonly waitReplicas: number;
   /** TALLY_REDIS_WAIT_TIMEOUT_MS: one WAIT's timeout; a timeout is retried, never ignored. */
   readonly waitTimeoutMs: number;
+  /** The prefix's marker bucket width and initial sub-bucket count, as recorded in its layout (markers.ts). */
+  readonly markerBucketS: number;
+  readonly markerSubBuckets: number;
+  /** Two-step: this daemon's claim token (hex), the same in all its threads, new at every start. */
+  readonly claimToken: string;
+  /** Two-step: a claim older than this is taken over (its daemon died or stalled). */
+  readonly claimTtlMs: number;
 }
 
 export interface BatchTask {
@@ -41,6 +49,12 @@ export interface BatchTask {
   readonly batchId: string;
   /** Message id of each part, parallel to `changes`. */
   readonly ids: readonly string[];
+  /**
+   * The marker digest of each part's message id (markers.ts), parallel to
+   * `ids`: computed once per message by the coordinator. When absent (tests
+   * build tasks from ids), the worker computes them.
+   */
+  readonly digests?: readonly Uint8Array[];
   readonly changes: readonly PartChanges[];
   /** Per part, its share of its message (1/parts), parallel to `ids`: what the window gauge weighs it by. */
   readonly shares?: Float64Array;
@@ -50,40 +64,48 @@ export interface BatchTask {
 
 /**
  * A BatchTask as it crosses the thread boundary: one flat array of
- * primitives, `id, k, sku1, delta1, …, skuk, deltak` per part. Structured
- * cloning copies every nested array as an object; a flat array of strings
- * and numbers is far cheaper to clone, and the main thread, which every
- * delivery already passes through, is the one that pays (docs/benchmark.md).
+ * primitives, `id, k, sku1, delta1, …, skuk, deltak` per part, and the
+ * parts' marker digests back to back in one byte array. Structured cloning
+ * copies every nested array as an object; a flat array of strings and
+ * numbers is far cheaper to clone, and one byte array for all the digests is
+ * one copy where a Buffer per part would be one object each. The main
+ * thread, which every delivery already passes through, is the one that pays
+ * (docs/benchmark.md).
  */
 export interface WireBatchTask {
   readonly vshard: number;
   readonly batchId: string;
   readonly parts: number;
   readonly flat: ReadonlyArray<string | number>;
+  /** MARKER_DIGEST_BYTES per part, in part order. */
+  readonly digests: Uint8Array;
   readonly shares?: Float64Array;
   readonly traceparent?: string;
 }
 
-/** Flattens parts into a wire task; `partOf(i)` gives part i's id and changes. */
+/** Flattens parts into a wire task; `partOf(i)` gives part i's id, its message's marker digest and its changes. */
 export function encodeBatchTask(
   vshard: number,
   batchId: string,
   parts: number,
-  partOf: (index: number) => { readonly id: string; readonly changes: PartChanges },
+  partOf: (index: number) => { readonly id: string; readonly digest: Uint8Array; readonly changes: PartChanges },
   traceparent?: string,
   shares?: Float64Array,
 ): WireBatchTask {
   const flat: Array<string | number> = [];
+  const digests = new Uint8Array(parts * MARKER_DIGEST_BYTES);
   for (let i = 0; i < parts; i++) {
-    const { id, changes } = partOf(i);
+    const { id, digest, changes } = partOf(i);
     flat.push(id, changes.length);
     for (const [sku, delta] of changes) flat.push(sku, delta);
+    digests.set(digest, i * MARKER_DIGEST_BYTES);
   }
   return {
     vshard,
     batchId,
     parts,
     flat,
+    digests,
     ...(shares === undefined ? {} : { shares }),
     ...(traceparent === undefined ? {} : { traceparent }),
   };
@@ -93,7 +115,10 @@ export function encodeBatchTask(
 export function decodeBatchTask(wire: WireBatchTask): BatchTask {
   const ids: string[] = new Array(wire.parts);
   const changes: PartChanges[] = new Array(wire.parts);
+  const digests: Buffer[] = new Array(wire.parts);
   const { flat } = wire;
+  if (wire.digests.length !== wire.parts * MARKER_DIGEST_BYTES)
+    throw new TypeError(`malformed batch task: ${wire.digests.length} digest bytes for ${wire.parts} parts`);
   let at = 0;
   for (let i = 0; i < wire.parts; i++) {
     const id = flat[at++];
@@ -103,6 +128,8 @@ export function decodeBatchTask(wire: WireBatchTask): BatchTask {
     for (let c = 0; c < count; c++) part[c] = [flat[at++] as string, flat[at++] as number];
     ids[i] = id;
     changes[i] = part;
+    // A view, not a copy: ioredis sends it as the 16 bytes it covers.
+    digests[i] = Buffer.from(wire.digests.buffer, wire.digests.byteOffset + i * MARKER_DIGEST_BYTES, MARKER_DIGEST_BYTES);
   }
   if (at !== flat.length) throw new TypeError(`malformed batch task: ${flat.length - at} values left over`);
   if (wire.shares !== undefined && wire.shares.length !== wire.parts)
@@ -112,6 +139,7 @@ export function decodeBatchTask(wire: WireBatchTask): BatchTask {
     vshard,
     batchId,
     ids,
+    digests,
     changes,
     ...(wire.shares === undefined ? {} : { shares: wire.shares }),
     ...(wire.traceparent === undefined ? {} : { traceparent: wire.traceparent }),
@@ -138,7 +166,12 @@ export interface CountRefusal {
 
 export interface BatchResult {
   readonly vshard: number;
-  /** Per part: 1 if its marker was already occupied (a duplicate), else 0. */
+  /**
+   * Per part: 0 new (counted now, or refused: see refusals), 1 its marker
+   * was already occupied (a duplicate), 2 held: another daemon's live claim
+   * has it (two-step), so nothing of it was counted and the coordinator runs
+   * it again later.
+   */
   readonly marked: Uint8Array;
   /** Count writes that failed and were retried. */
   readonly writeRetries: number;
@@ -148,6 +181,8 @@ export interface BatchResult {
   readonly waitTimeouts: number;
   /** Parts Redis refused to count; each counted nothing and has no marker. */
   readonly refusals: readonly CountRefusal[];
+  /** Two-step: parts claimed over another daemon's expired claim (it died or stalled). */
+  readonly claimTakeovers: number;
   readonly timings: { readonly precheckMs: number; readonly writeMs: number; readonly occupyMs: number };
 }
 

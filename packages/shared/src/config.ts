@@ -41,6 +41,15 @@ export interface TallyConfig {
   readonly batchMaxChanges: number;
   readonly batchWaitMs: number;
   readonly markerTtlS: number;
+  /**
+   * TALLY_MARKER_SUB_BUCKETS: marker hashes of a shard's time bucket when the
+   * bucket before it is unknown (a power of two); later buckets size
+   * themselves from the one before (markers.ts). Recorded when a prefix is
+   * first laid out.
+   */
+  readonly markerSubBuckets: number;
+  /** TALLY_MARKER_CLAIM_TTL_S: a two-step claim older than this is taken over (its daemon died or stalled); longer than any batch. */
+  readonly markerClaimTtlS: number;
   readonly countTtlS: number;
   /** null accepts every change type. */
   readonly acceptTypes: ReadonlySet<string> | null;
@@ -90,6 +99,8 @@ export const DEFAULTS = Object.freeze({
   batchMaxChanges: 5_000,
   batchWaitMs: 50,
   markerTtlS: 600,
+  markerSubBuckets: 256,
+  markerClaimTtlS: 10,
   countTtlS: 2_592_000,
   virtualShards: 16,
   maxMessageBytes: 65_536,
@@ -110,6 +121,8 @@ export const LIMITS = Object.freeze({
   batchMaxChanges: [1, 10_000_000],
   batchWaitMs: [0, 60_000],
   markerTtlS: [1, 31_536_000],
+  markerSubBuckets: [1, 65_536],
+  markerClaimTtlS: [1, 3_600],
   countTtlS: [1, 315_360_000],
   metricsPort: [0, 65_535],
   virtualShards: [1, 1024],
@@ -143,6 +156,12 @@ function integer(env: Env, name: string, fallback: number, [min, max]: readonly 
   if (!Number.isSafeInteger(value) || value < min || value > max) {
     throw new ConfigError(name, `expected an integer from ${min} to ${max}, got ${raw}`);
   }
+  return value;
+}
+
+function powerOfTwo(env: Env, name: string, fallback: number, range: readonly [number, number]): number {
+  const value = integer(env, name, fallback, range);
+  if ((value & (value - 1)) !== 0) throw new ConfigError(name, `expected a power of two from ${range[0]} to ${range[1]}, got ${value}`);
   return value;
 }
 
@@ -354,6 +373,8 @@ export function loadConfig(env: Env = process.env): TallyConfig {
     batchMaxChanges: integer(env, 'TALLY_BATCH_MAX_CHANGES', DEFAULTS.batchMaxChanges, LIMITS.batchMaxChanges),
     batchWaitMs: integer(env, 'TALLY_BATCH_WAIT_MS', DEFAULTS.batchWaitMs, LIMITS.batchWaitMs),
     markerTtlS: integer(env, 'TALLY_MARKER_TTL_S', DEFAULTS.markerTtlS, LIMITS.markerTtlS),
+    markerSubBuckets: powerOfTwo(env, 'TALLY_MARKER_SUB_BUCKETS', DEFAULTS.markerSubBuckets, LIMITS.markerSubBuckets),
+    markerClaimTtlS: integer(env, 'TALLY_MARKER_CLAIM_TTL_S', DEFAULTS.markerClaimTtlS, LIMITS.markerClaimTtlS),
     countTtlS: integer(env, 'TALLY_COUNT_TTL_S', DEFAULTS.countTtlS, LIMITS.countTtlS),
     acceptTypes: acceptTypes(env, 'TALLY_ACCEPT_TYPES'),
     metricsPort: metricsPortRaw === undefined ? null : integer(env, 'TALLY_METRICS_PORT', 0, LIMITS.metricsPort),

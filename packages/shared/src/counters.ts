@@ -16,6 +16,10 @@ export const COUNTERS = Object.freeze({
   count_errors:
     'parts Redis refused to count (a foreign value in a count key, a 64-bit overflow): each counted nothing and its message was dead-lettered count-refused',
   wait_timeouts: 'WAITs (TALLY_REDIS_WAIT_REPLICAS) that timed out before enough replicas acknowledged a batch: retried, its deliveries unacked meanwhile',
+  claim_holds:
+    'message parts held back because another daemon had claimed them (two-step: a copy of the message was being counted elsewhere at that instant); each is retried until that daemon marks it or its claim runs out',
+  claim_takeovers:
+    "message parts counted over another daemon's expired claim (two-step: that daemon died or stalled past TALLY_MARKER_CLAIM_TTL_S); if it had written their counts, they are counted again, as after a crash in the window",
   // Exposure: time integrals, not events, taken while the daemon is under
   // load. Divided by loaded_ms they give how many messages a crash under load
   // puts at risk; the deviation estimator (`tally deviation`) reads them.

@@ -6,6 +6,8 @@ export type TallyErrorCode =
   | 'TALLY_CONFIG_INVALID'
   | 'TALLY_SHARD_LAYOUT_MISMATCH'
   | 'TALLY_MODE_MISMATCH'
+  /** The prefix holds live markers in a format this build does not write (markers.ts). */
+  | 'TALLY_MARKER_FORMAT'
   /** The CLI could not reach RabbitMQ (tally dead). */
   | 'TALLY_AMQP_UNAVAILABLE'
   /** RabbitMQ refused Tally at start (login, vhost, permission, queue arguments): the message names the fix. */
@@ -68,6 +70,17 @@ export class ShardLayoutMismatchError extends TallyError {
 export class ModeSwitchRefusedError extends TallyError {
   constructor(message: string) {
     super('TALLY_MODE_MISMATCH', message);
+  }
+}
+
+/**
+ * The prefix's live markers are in another format than the one this build
+ * writes: a daemon reading one format would miss duplicates recorded in the
+ * other, so the start is refused until they expire (or on a new prefix).
+ */
+export class MarkerFormatRefusedError extends TallyError {
+  constructor(message: string) {
+    super('TALLY_MARKER_FORMAT', message);
   }
 }
 

@@ -4,6 +4,7 @@ export * from './config.js';
 export * from './message.js';
 export * from './shards.js';
 export * from './keys.js';
+export * from './markers.js';
 export * from './counters.js';
 export * from './backoff.js';
 export * from './failure-class.js';

@@ -5,11 +5,22 @@
  * atomic mode) can touch them all.
  *
  *   <prefix>c:{<vshard>}:<sku>        count (integer, TTL TALLY_COUNT_TTL_S, refreshed on write)
- *   <prefix>m:{<vshard>}:<id>         marker: this message's part for this shard is counted (TTL TALLY_MARKER_TTL_S)
+ *   <prefix>mk:{<vshard>}:<bucket>:<sub>
+ *                                     markers: a small hash (listpack) whose fields are the 16-byte
+ *                                     digests of message ids, value '1' (this message's part for this
+ *                                     shard is counted) or, in two-step mode, a claim 'c<token>:<ms>'
+ *                                     (a daemon is counting it now). <bucket> = server time / bucket
+ *                                     width, <sub> = digest bits; the hash expires at the bucket's end
+ *                                     plus TALLY_MARKER_TTL_S (see markers.ts)
+ *   <prefix>mk:{<vshard>}:<bucket>:m  the bucket's meta hash: s = its sub-bucket count, n = markers written
  *   <prefix>w:{<vshard>}:<batch id>   write receipt: this batch's counts landed (TTL TALLY_MARKER_TTL_S)
  *   <prefix>stats                     hash of accumulated counters
- *   <prefix>layout                    hash: virtual shard count, hash function, mode, and one
+ *   <prefix>layout                    hash: virtual shard count, hash function, mode, marker format
+ *                                     (marker_format, marker_bucket_s, marker_sub_buckets), and one
  *                                     `lease:<daemon id>` field per live daemon (its mode and lease expiry)
+ *   <prefix>m:{<vshard>}:<id>         the marker format before `marker_format` was recorded: one
+ *                                     `SET … EX` key per marker. No longer written; a start refuses a
+ *                                     prefix while any is live (layout-guard.ts)
  *   <prefix>daemon:<host>:<pid>:<rnd>  heartbeat of one daemon: JSON (host, pid, mode, version, consuming,
  *                                     oldest unacked age, ...), TTL a few heartbeat intervals, deleted on a clean stop
  *
@@ -21,7 +32,8 @@ export function countKey(prefix: string, vshard: number, sku: string): string {
   return `${prefix}c:{${vshard}}:${sku}`;
 }
 
-export function markerKey(prefix: string, vshard: number, id: string): string {
+/** A marker of the legacy key-per-marker format; no longer written, only looked for (layout-guard.ts). */
+export function legacyMarkerKey(prefix: string, vshard: number, id: string): string {
   return `${prefix}m:{${vshard}}:${id}`;
 }
 
@@ -55,7 +67,13 @@ export function daemonScanPattern(prefix: string): string {
   return `${escapeGlob(prefix)}daemon:*`;
 }
 
+/** Every marker hash of the prefix (markers.ts). */
 export function markerScanPattern(prefix: string): string {
+  return `${escapeGlob(prefix)}mk:{*}:*`;
+}
+
+/** Every marker key of the legacy key-per-marker format. */
+export function legacyMarkerScanPattern(prefix: string): string {
   return `${escapeGlob(prefix)}m:{*}:*`;
 }
 

@@ -1,9 +1,9 @@
 import { expect } from 'chai';
-import { decodeBatchTask, encodeBatchTask, type PartChanges } from '../src/index.js';
+import { decodeBatchTask, encodeBatchTask, markerDigest, type PartChanges } from '../src/index.js';
 
 describe('batch protocol (the thread boundary)', () => {
   it('round-trips parts, ids with any characters, empty and big parts, and the traceparent', () => {
-    const parts: Array<{ id: string; changes: PartChanges }> = [
+    const raw: Array<{ id: string; changes: PartChanges }> = [
       {
         id: 'm-1',
         changes: [
@@ -15,6 +15,7 @@ describe('batch protocol (the thread boundary)', () => {
       { id: 'm-3', changes: [] },
       { id: 'm-4', changes: Array.from({ length: 300 }, (_, i): [string, number] => [`S${i}`, i - 150]) },
     ];
+    const parts = raw.map((p) => ({ ...p, digest: markerDigest(p.id) }));
     const traceparent = '00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01';
     const wire = encodeBatchTask(7, 'batch-7a', parts.length, (i) => parts[i]!, traceparent);
     expect(
@@ -25,6 +26,10 @@ describe('batch protocol (the thread boundary)', () => {
     expect(task.vshard).to.equal(7);
     expect(task.batchId, "the coordinator's batch id crosses unchanged").to.equal('batch-7a');
     expect(task.ids).to.deep.equal(parts.map((p) => p.id));
+    expect(wire.digests, 'the digests travel as one byte array')
+      .to.be.instanceOf(Uint8Array)
+      .with.length(4 * 16);
+    expect(task.digests!.map((d) => Buffer.from(d).toString('hex'))).to.deep.equal(parts.map((p) => p.digest.toString('hex')));
     expect(task.changes).to.deep.equal(parts.map((p) => p.changes));
     // Against the input, not the encoder's output: an encoder that dropped it would pass the latter.
     expect(task.traceparent).to.equal(traceparent);
@@ -32,7 +37,11 @@ describe('batch protocol (the thread boundary)', () => {
   });
 
   it('refuses a malformed wire task instead of misreading it', () => {
-    expect(() => decodeBatchTask({ vshard: 1, batchId: 'b', parts: 2, flat: ['m-1', 1, 'A', 1] })).to.throw(TypeError);
-    expect(() => decodeBatchTask({ vshard: 1, batchId: 'b', parts: 1, flat: ['m-1', 1, 'A', 1, 'extra'] })).to.throw(/left over/);
+    const digests = new Uint8Array(32);
+    expect(() => decodeBatchTask({ vshard: 1, batchId: 'b', parts: 2, flat: ['m-1', 1, 'A', 1], digests })).to.throw(TypeError);
+    expect(() => decodeBatchTask({ vshard: 1, batchId: 'b', parts: 1, flat: ['m-1', 1, 'A', 1, 'extra'], digests: digests.subarray(0, 16) })).to.throw(
+      /left over/,
+    );
+    expect(() => decodeBatchTask({ vshard: 1, batchId: 'b', parts: 2, flat: ['m-1', 0, 'm-2', 0], digests: digests.subarray(0, 16) })).to.throw(/digest bytes/);
   });
 });

@@ -31,6 +31,8 @@ const BAD_VALUES: ReadonlyArray<readonly [variable: string, values: readonly str
   ['TALLY_BATCH_SIZE', ['0', '100001', '-5', '500ms']],
   ['TALLY_BATCH_WAIT_MS', ['-1', '60001', '50ms', '1.5']],
   ['TALLY_MARKER_TTL_S', ['0', '31536001', '600s', '99999999999999999999']],
+  ['TALLY_MARKER_SUB_BUCKETS', ['0', '3', '100', '65537', '131072', '256.0', 'many']],
+  ['TALLY_MARKER_CLAIM_TTL_S', ['0', '3601', '30s', '1.5']],
   ['TALLY_COUNT_TTL_S', ['0', '315360001', 'forever']],
   ['TALLY_ACCEPT_TYPES', [`sale,${'t'.repeat(65)}`]],
   ['TALLY_METRICS_PORT', ['65536', '-1', 'http', '9464.5']],
@@ -69,6 +71,8 @@ describe('loadConfig', () => {
       batchMaxChanges: 5_000,
       batchWaitMs: 50,
       markerTtlS: 600,
+      markerSubBuckets: 256,
+      markerClaimTtlS: 10,
       countTtlS: 2_592_000,
       acceptTypes: null,
       metricsPort: null,
@@ -139,7 +143,7 @@ describe('loadConfig', () => {
       const read = new Set([...source.matchAll(/'(TALLY_[A-Z_]+)'/g)].map((m) => m[1]!));
       const covered = new Set(BAD_VALUES.map(([name]) => name));
       expect([...covered].sort()).to.deep.equal([...read].sort());
-      expect(covered.size).to.equal(27);
+      expect(covered.size).to.equal(29);
     });
 
     it('names the accepted range for integers', () => {
@@ -255,6 +259,8 @@ describe('loadConfig', () => {
         TALLY_BATCH_MAX_CHANGES: 'batchMaxChanges',
         TALLY_BATCH_WAIT_MS: 'batchWaitMs',
         TALLY_MARKER_TTL_S: 'markerTtlS',
+        TALLY_MARKER_SUB_BUCKETS: 'markerSubBuckets',
+        TALLY_MARKER_CLAIM_TTL_S: 'markerClaimTtlS',
         TALLY_COUNT_TTL_S: 'countTtlS',
         TALLY_METRICS_PORT: 'metricsPort',
         TALLY_MAX_MESSAGE_BYTES: 'maxMessageBytes',

@@ -1,5 +1,17 @@
 import { expect } from 'chai';
-import { countKey, countScanPattern, escapeGlob, layoutKey, markerKey, markerScanPattern, receiptKey, skuOfCountKey, statsKey } from '../src/keys.js';
+import {
+  countKey,
+  countScanPattern,
+  escapeGlob,
+  layoutKey,
+  legacyMarkerKey,
+  legacyMarkerScanPattern,
+  markerScanPattern,
+  receiptKey,
+  skuOfCountKey,
+  statsKey,
+} from '../src/keys.js';
+import { markerBucketKey } from '../src/markers.js';
 
 /** Redis Cluster's hash tag rule: the text between the first '{' and the first '}' after it, if non-empty. */
 function hashTag(key: string): string | null {
@@ -57,7 +69,8 @@ const TRICKY_SKUS = [
 describe('key layout', () => {
   it('writes the documented layout', () => {
     expect(countKey('tally:', 3, 'SKU-1')).to.equal('tally:c:{3}:SKU-1');
-    expect(markerKey('tally:', 3, 'msg-1')).to.equal('tally:m:{3}:msg-1');
+    expect(legacyMarkerKey('tally:', 3, 'msg-1')).to.equal('tally:m:{3}:msg-1');
+    expect(markerBucketKey('tally:', 3, 2891234, 17)).to.equal('tally:mk:{3}:2891234:17');
     expect(receiptKey('tally:', 3, 'b-1')).to.equal('tally:w:{3}:b-1');
     expect(statsKey('tally:')).to.equal('tally:stats');
     expect(layoutKey('tally:')).to.equal('tally:layout');
@@ -67,7 +80,12 @@ describe('key layout', () => {
     for (const prefix of PREFIXES) {
       for (const vshard of VSHARDS) {
         for (const text of TRICKY_SKUS) {
-          for (const key of [countKey(prefix, vshard, text), markerKey(prefix, vshard, text), receiptKey(prefix, vshard, text)]) {
+          for (const key of [
+            countKey(prefix, vshard, text),
+            legacyMarkerKey(prefix, vshard, text),
+            markerBucketKey(prefix, vshard, 9, 3),
+            receiptKey(prefix, vshard, text),
+          ]) {
             expect(key.startsWith(prefix), key).to.equal(true);
             expect(hashTag(key), key).to.equal(String(vshard));
           }
@@ -77,8 +95,15 @@ describe('key layout', () => {
   });
 
   it('keeps counts, markers and receipts apart', () => {
-    const keys = new Set([countKey('tally:', 1, 'x'), markerKey('tally:', 1, 'x'), receiptKey('tally:', 1, 'x'), statsKey('tally:'), layoutKey('tally:')]);
-    expect(keys.size).to.equal(5);
+    const keys = new Set([
+      countKey('tally:', 1, 'x'),
+      legacyMarkerKey('tally:', 1, 'x'),
+      markerBucketKey('tally:', 1, 1, 1),
+      receiptKey('tally:', 1, 'x'),
+      statsKey('tally:'),
+      layoutKey('tally:'),
+    ]);
+    expect(keys.size).to.equal(6);
   });
 
   it('skuOfCountKey round-trips SKUs containing }, :, {, spaces and unicode', () => {
@@ -93,7 +118,8 @@ describe('key layout', () => {
 
   it('skuOfCountKey returns null for keys that are not count keys of the prefix', () => {
     const notCounts = [
-      markerKey('tally:', 1, 'm'),
+      legacyMarkerKey('tally:', 1, 'm'),
+      markerBucketKey('tally:', 1, 5, 7),
       receiptKey('tally:', 1, 'b'),
       statsKey('tally:'),
       layoutKey('tally:'),
@@ -136,14 +162,21 @@ describe('escapeGlob and scan patterns', () => {
   it('count and marker scan patterns match their own keys and nothing else', () => {
     const prefix = 'tally:';
     expect(countScanPattern(prefix)).to.equal('tally:c:{*}:*');
-    expect(markerScanPattern(prefix)).to.equal('tally:m:{*}:*');
+    expect(markerScanPattern(prefix)).to.equal('tally:mk:{*}:*');
+    expect(legacyMarkerScanPattern(prefix)).to.equal('tally:m:{*}:*');
     const counts = globToRegExp(countScanPattern(prefix));
     const markers = globToRegExp(markerScanPattern(prefix));
+    const legacy = globToRegExp(legacyMarkerScanPattern(prefix));
+    expect(markers.test(markerBucketKey(prefix, 5, 123, 45))).to.equal(true);
+    expect(legacy.test(markerBucketKey(prefix, 5, 123, 45))).to.equal(false);
+    expect(counts.test(markerBucketKey(prefix, 5, 123, 45))).to.equal(false);
     for (const sku of TRICKY_SKUS) {
       expect(counts.test(countKey(prefix, 5, sku)), sku).to.equal(true);
       expect(markers.test(countKey(prefix, 5, sku)), sku).to.equal(false);
-      expect(markers.test(markerKey(prefix, 5, sku)), sku).to.equal(true);
-      expect(counts.test(markerKey(prefix, 5, sku)), sku).to.equal(false);
+      expect(legacy.test(countKey(prefix, 5, sku)), sku).to.equal(false);
+      expect(legacy.test(legacyMarkerKey(prefix, 5, sku)), sku).to.equal(true);
+      expect(markers.test(legacyMarkerKey(prefix, 5, sku)), sku).to.equal(false);
+      expect(counts.test(legacyMarkerKey(prefix, 5, sku)), sku).to.equal(false);
       expect(counts.test(countKey('other:', 5, sku)), sku).to.equal(false);
     }
     expect(counts.test(statsKey(prefix))).to.equal(false);

@@ -28,20 +28,3 @@ export function aggregateNewParts(changes: readonly PartChanges[], isNew: (index
   }
   return sums;
 }
-
-/**
- * Which parts of a batch are new: their marker was not found, and no earlier
- * part of the same batch carries the same id (invariant 4, the last line of
- * defence: the coordinator already holds back an id that is in flight).
- */
-export function selectNewParts(ids: readonly string[], markerValues: readonly (string | null)[]): Uint8Array {
-  const marked = new Uint8Array(ids.length);
-  const seen = new Set<string>();
-  for (let i = 0; i < ids.length; i++) {
-    const id = ids[i]!;
-    if (markerValues[i] !== null && markerValues[i] !== undefined) marked[i] = 1;
-    else if (seen.has(id)) marked[i] = 1;
-    seen.add(id);
-  }
-  return marked;
-}

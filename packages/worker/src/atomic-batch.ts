@@ -16,8 +16,18 @@
  * scripts (EVALSHA; SCRIPT LOAD on NOSCRIPT; a reload after the first logged).
  */
 import { onSlotConnection, type RedisClient } from '@tally/runtime';
-import { countKey, describeError, retryUntilDone, markerKey, receiptKey, type BatchResult, type BatchTask, type WorkerSettings } from '@tally/shared';
-import { loadScript, runScript } from './lua-scripts.js';
+import {
+  countKey,
+  describeError,
+  markerBaseKey,
+  receiptKey,
+  retryUntilDone,
+  taskDigests,
+  type BatchResult,
+  type BatchTask,
+  type WorkerSettings,
+} from '@tally/shared';
+import { loadScript, runScript, type ScriptArg } from './lua-scripts.js';
 import { reportingHealth } from './health-report.js';
 import type { BatchHooks, BatchLog } from './batch-log.js';
 import { batchTracer, inSpan } from './batch-tracing.js';
@@ -30,16 +40,18 @@ export const ATOMIC_BATCH_SHA = ATOMIC_BATCH.sha;
 
 /** The EVALSHA arguments of a batch after the command name: SHA, number of keys, keys, then ARGV as documented in the script. */
 export function atomicBatchArgs(
-  settings: Pick<WorkerSettings, 'prefix' | 'markerTtlS' | 'countTtlS'>,
+  settings: Pick<WorkerSettings, 'prefix' | 'markerTtlS' | 'countTtlS' | 'markerBucketS' | 'markerSubBuckets'>,
   task: BatchTask,
   batchId: string,
-): Array<string | number> {
+): ScriptArg[] {
   const { prefix, markerTtlS, countTtlS } = settings;
   const { vshard, ids, changes } = task;
   const skuIndex = new Map<string, number>();
-  const partArgs: Array<string | number> = [];
-  for (const part of changes) {
-    partArgs.push(part.length);
+  const partArgs: ScriptArg[] = [];
+  const digests = taskDigests(task);
+  for (let i = 0; i < changes.length; i++) {
+    const part = changes[i]!;
+    partArgs.push(digests[i] as Buffer, part.length);
     for (const [sku, delta] of part) {
       let index = skuIndex.get(sku);
       if (index === undefined) {
@@ -51,10 +63,9 @@ export function atomicBatchArgs(
     }
   }
   // Built with push, not spread: a batch of 100,000 parts exceeds the arguments a call can take.
-  const args: Array<string | number> = [ATOMIC_BATCH_SHA, 1 + ids.length + skuIndex.size, receiptKey(prefix, vshard, batchId)];
-  for (const id of ids) args.push(markerKey(prefix, vshard, id));
+  const args: ScriptArg[] = [ATOMIC_BATCH_SHA, 2 + skuIndex.size, receiptKey(prefix, vshard, batchId), markerBaseKey(prefix, vshard)];
   for (const sku of skuIndex.keys()) args.push(countKey(prefix, vshard, sku));
-  args.push(markerTtlS, countTtlS, ids.length, skuIndex.size);
+  args.push(markerTtlS, countTtlS, ids.length, skuIndex.size, settings.markerBucketS, settings.markerSubBuckets);
   for (const value of partArgs) args.push(value);
   return args;
 }
@@ -76,7 +87,7 @@ async function runAtomicScript(redis: RedisClient, settings: WorkerSettings, tas
   const args = atomicBatchArgs(settings, task, task.batchId);
   let writeRetries = 0;
   // On the master of the shard's slot (every key carries the hash tag {vshard}): see onSlotConnection.
-  const shardKey = markerKey(settings.prefix, task.vshard, '');
+  const shardKey = markerBaseKey(settings.prefix, task.vshard);
   const runOnce = reportingHealth(task.vshard, () => onSlotConnection(redis, shardKey, (connection) => runScript(connection, ATOMIC_BATCH, args, log)));
   const reply = (await retryUntilDone(runOnce, {
     // A `fatal` or `data` reply (a bad argument, NOPERM, a bug) would fail
@@ -101,11 +112,13 @@ async function runAtomicScript(redis: RedisClient, settings: WorkerSettings, tas
   const refusals = decodeRefusals(rawRefusals, settings.prefix);
   logRefusals(log, task, refusals);
   // Durability of the ack (replica-wait.ts): every part not refused has a
-  // marker, occupied by this batch or found occupied, and relies on it.
+  // marker, done by this batch or found done, and relies on it.
   let waitTimeouts = 0;
-  const reliedOn: string[] = [];
-  if (settings.waitReplicas > 0)
-    for (let i = 0; i < flags.length; i++) if (flags[i] !== '2') reliedOn.push(markerKey(settings.prefix, task.vshard, task.ids[i]!));
+  const reliedOn: Uint8Array[] = [];
+  if (settings.waitReplicas > 0) {
+    const digests = taskDigests(task);
+    for (let i = 0; i < flags.length; i++) if (flags[i] !== '2') reliedOn.push(digests[i]!);
+  }
   if (reliedOn.length > 0) {
     waitTimeouts = await inSpan(batchTracer(), 'tally.wait_replicas', { 'tally.shard': task.vshard, 'tally.replicas': settings.waitReplicas }, () =>
       waitForReplicas(redis, settings, task, reliedOn, log, hooks.onWaitTimeout),
@@ -122,6 +135,8 @@ async function runAtomicScript(redis: RedisClient, settings: WorkerSettings, tas
     occupationFailures: 0,
     waitTimeouts,
     refusals,
+    // No claims in atomic mode: the script is the whole batch.
+    claimTakeovers: 0,
     // One step: it is the count write and the marker occupation at once.
     timings: { precheckMs: 0, writeMs: t1 - t0, occupyMs: 0 },
   };

@@ -1,6 +1,6 @@
 import { fileURLToPath } from 'node:url';
 
-export { aggregateNewParts, selectNewParts, type Sum } from './aggregate.js';
+export { aggregateNewParts, type Sum } from './aggregate.js';
 export type { BatchHooks, BatchLog } from './batch-log.js';
 export { runTwoStepBatch } from './two-step-batch.js';
 

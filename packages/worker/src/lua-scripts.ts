@@ -13,6 +13,11 @@
  * header comment. They are read once, when this module loads, from beside
  * the compiled module (the build copies `src/lua` to `dist/src/lua`), and the
  * SHA is computed from exactly the text that SCRIPT LOAD sends.
+ *
+ * Redis scripts cannot call one another, so helpers several scripts need
+ * live in `lua/include/<name>.lua` and a line `-- @include <name>` is
+ * replaced by that file's text: one copy of the marker bucket arithmetic
+ * and of the all-or-nothing increments, not one per script.
  */
 import { createHash } from 'node:crypto';
 import { readFileSync } from 'node:fs';
@@ -35,9 +40,24 @@ export function defineScript(name: string, source: string, lostMessage = DEFAULT
   return Object.freeze({ name, source, sha: createHash('sha1').update(source).digest('hex'), lostMessage });
 }
 
-/** Reads `lua/<name>.lua` next to this module. Synchronous: it runs once per thread, at import. */
+const INCLUDE_LINE = /^-- @include ([a-z_]+)$/gm;
+
+/** A script's text with each `-- @include <name>` line replaced by `lua/include/<name>.lua` (one level: includes include nothing). */
+export function expandIncludes(source: string, readInclude: (name: string) => string): string {
+  return source.replace(INCLUDE_LINE, (_, name: string) => {
+    const included = readInclude(name);
+    if (/^-- @include /m.test(included)) throw new Error(`lua/include/${name}.lua includes another file: one level only`);
+    return included.trimEnd();
+  });
+}
+
+function readLua(path: string): string {
+  return readFileSync(new URL(`./lua/${path}.lua`, import.meta.url), 'utf8');
+}
+
+/** Reads `lua/<name>.lua` next to this module, its includes expanded. Synchronous: it runs once per thread, at import. */
 export function loadScript(name: string, lostMessage = DEFAULT_LOST_MESSAGE): LuaScript {
-  return defineScript(name, readFileSync(new URL(`./lua/${name}.lua`, import.meta.url), 'utf8'), lostMessage);
+  return defineScript(name, expandIncludes(readLua(name), (included) => readLua(`include/${included}`)), lostMessage);
 }
 
 /** Per client, the scripts it has loaded once: a NOSCRIPT after that means Redis lost its script cache. */
@@ -52,17 +72,19 @@ export async function loadScriptInto(redis: Redis, script: LuaScript): Promise<v
   const sha = await redis.script('LOAD', script.source);
   if (sha !== script.sha) throw new Error(`SCRIPT LOAD of ${script.name} returned ${String(sha)}, expected ${script.sha}`);
 }
+/** An EVALSHA argument: binary ones (marker digests) go as Buffers, byte for byte. */
+export type ScriptArg = string | number | Buffer;
 
 /** EVALSHA args: sha, key count, keys, argv. Built with push: a big batch exceeds what a spread call can take. */
-export function evalshaArgs(script: LuaScript, keys: readonly string[], argv: readonly (string | number)[]): Array<string | number> {
-  const args: Array<string | number> = [script.sha, keys.length];
+export function evalshaArgs(script: LuaScript, keys: readonly string[], argv: readonly ScriptArg[]): ScriptArg[] {
+  const args: ScriptArg[] = [script.sha, keys.length];
   for (const key of keys) args.push(key);
   for (const value of argv) args.push(value);
   return args;
 }
 
 /** Runs a script, loading it first if Redis does not have it. Other errors propagate to the caller's retry loop. */
-export async function runScript(redis: Redis, script: LuaScript, args: Array<string | number>, log: Pick<BatchLog, 'warn'>): Promise<unknown> {
+export async function runScript(redis: Redis, script: LuaScript, args: ScriptArg[], log: Pick<BatchLog, 'warn'>): Promise<unknown> {
   let scripts = loaded.get(redis);
   if (scripts === undefined) {
     scripts = new Set();

@@ -9,9 +9,10 @@
  * answer at once, acknowledging nothing of ours. So every attempt sends, on
  * one connection and in one pipeline, a write of its own and then the WAIT:
  * confirm_markers.lua, which checks that every marker the batch relies on
- * exists and then PEXPIREs the last of them (a key in the batch's hash slot),
- * then WAIT. The replication stream of a master is one ordered stream: a
- * replica that acknowledged the PEXPIRE has every earlier write too, the
+ * is done and then writes to the shard's newest marker bucket (a key in the
+ * batch's hash slot), then WAIT. The replication stream of a master is one
+ * ordered stream: a replica that acknowledged that write has every earlier
+ * write too, the
  * batch's counts, receipt and markers included, and the markers of the
  * duplicates it found (they were set before it read them).
  *
@@ -19,7 +20,7 @@
  * answered by the promoted replica's replicas, and one marker being there
  * says nothing of a marker another batch set on the old master (a duplicate
  * this batch found before it was replicated). An ack on the strength of the
- * touched marker alone would lose the parts of the missing one.
+ * touched bucket alone would lose the parts of the missing one.
  *
  * - Markers missing: they are gone, and so are the writes before them (a
  *   failover to a replica that never had them). The batch fails (transient)
@@ -34,7 +35,7 @@
  * reply loads the script there and the pair is sent again.
  */
 import { onSlotConnection, type RedisClient } from '@tally/runtime';
-import { describeError, retryUntilDone, type BatchTask, type WorkerSettings } from '@tally/shared';
+import { describeError, markerBaseKey, retryUntilDone, type BatchTask, type WorkerSettings } from '@tally/shared';
 import type { BatchLog } from './batch-log.js';
 import { evalshaArgs, isNoScript, loadScript, loadScriptInto } from './lua-scripts.js';
 
@@ -53,24 +54,28 @@ export class BatchWritesLostError extends Error {
 
 /**
  * Returns once `waitReplicas` replicas acknowledged every write up to a fresh
- * touch of `markers` (all of which must exist: see above); resolves to the
- * number of WAITs that timed out.
+ * touch of the shard's markers, after checking that the markers of
+ * `digests` (the parts the batch relies on) are all done: see above.
+ * Resolves to the number of WAITs that timed out.
  */
 export async function waitForReplicas(
   redis: RedisClient,
-  settings: Pick<WorkerSettings, 'waitReplicas' | 'waitTimeoutMs' | 'markerTtlS'>,
+  settings: Pick<WorkerSettings, 'prefix' | 'waitReplicas' | 'waitTimeoutMs' | 'markerTtlS' | 'markerBucketS' | 'markerSubBuckets'>,
   task: BatchTask,
-  markers: readonly string[],
+  digests: readonly Uint8Array[],
   log: BatchLog,
   onTimeout: OnWaitTimeout = () => {},
 ): Promise<number> {
   const wanted = settings.waitReplicas;
-  const confirm = evalshaArgs(CONFIRM_MARKERS, markers, [settings.markerTtlS * 1000]);
+  const shardKey = markerBaseKey(settings.prefix, task.vshard);
+  // Distinct digests (a message twice in one batch relies on one marker), byte for byte.
+  const distinct = [...new Map(digests.map((digest) => [Buffer.from(digest).toString('latin1'), Buffer.from(digest)])).values()];
+  const confirm = evalshaArgs(CONFIRM_MARKERS, [shardKey], [settings.markerBucketS, settings.markerTtlS, settings.markerSubBuckets, ...distinct]);
   let timeouts = 0;
   for (;;) {
     const [missing, acked] = await retryUntilDone(
       () =>
-        onSlotConnection(redis, markers.at(-1)!, async (connection) => {
+        onSlotConnection(redis, shardKey, async (connection) => {
           const send = () => connection.pipeline().call('EVALSHA', confirm).call('WAIT', wanted, settings.waitTimeoutMs).exec();
           let replies = await send();
           if (replies !== null && isNoScript(replies[0]![0])) {
@@ -88,7 +93,7 @@ export async function waitForReplicas(
           log.warn({ step: 'wait', vshard: task.vshard, attempt, delayMs, failureClass, err: describeError(error) }, 'redis step failed; retrying'),
       },
     );
-    if (missing > 0) throw new BatchWritesLostError(`${missing} of the batch's ${markers.length} markers are`);
+    if (missing > 0) throw new BatchWritesLostError(`${missing} of the batch's ${distinct.length} markers are`);
     if (acked >= wanted) return timeouts;
     timeouts++;
     onTimeout(task, acked, wanted);

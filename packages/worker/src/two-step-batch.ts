@@ -1,15 +1,23 @@
 /**
- * The two-step batch: pre-check markers, write counts, occupy markers.
+ * The two-step batch: claim markers, write counts, occupy markers.
  *
- *   MGET markers                               -> which parts are new
- *   EVALSHA write_counts (INCRBY/EXPIRE … receipt) -> counts written (all or none)
- *   EVALSHA occupy_markers (SET marker EX …)   -> markers occupied, if the receipt is there
+ *   EVALSHA claim_markers  (HMGET live buckets, HSET batch no.) -> which parts are new, held or done
+ *   EVALSHA write_counts   (INCRBY/EXPIRE … receipt)            -> counts written (all or none)
+ *   EVALSHA occupy_markers (the batch's record -> done)         -> markers occupied, if the receipt is there
  *
  * The order is the point (invariant 2): a marker is occupied only after its
  * counts are written. A crash between the two double-counts on redelivery,
  * which the counters make visible; the reverse order would lose the counts
  * invisibly. The window between them is one per shard batch, not one per
  * message.
+ *
+ * The claim closes a race between daemons: two daemons handed copies of one
+ * message at the same instant both used to miss the marker and both count.
+ * Now the pre-check claims each new part in the same script that reads the
+ * markers, so the second daemon sees a live claim and holds its part back
+ * (PART_HELD) until the first has occupied the marker. A claim is not a
+ * marker: a crash after the claim and before the count write loses nothing,
+ * the claim runs out after the claim TTL and the redelivery counts it.
  *
  * Every step runs on the connection to the master of the shard's slot
  * (onSlotConnection; on a standalone Redis, the one connection), so a
@@ -20,8 +28,12 @@ import {
   countKey,
   describeError,
   retryUntilDone,
-  markerKey,
+  markerBaseKey,
+  PART_HELD,
+  parsePartFlags,
+  PART_NEW,
   receiptKey,
+  taskDigests,
   WindowGauge,
   type BatchResult,
   type BatchTask,
@@ -29,15 +41,16 @@ import {
   type WorkerSettings,
 } from '@tally/shared';
 import { onSlotConnection, type RedisClient } from '@tally/runtime';
-import { aggregateNewParts, selectNewParts } from './aggregate.js';
+import { aggregateNewParts } from './aggregate.js';
 import type { BatchHooks, BatchLog } from './batch-log.js';
 import { batchTracer, inSpan } from './batch-tracing.js';
 import { decodeRefusals, logRefusals } from './count-refusals.js';
-import { evalshaArgs, loadScript, runScript } from './lua-scripts.js';
+import { evalshaArgs, loadScript, runScript, type ScriptArg } from './lua-scripts.js';
 import { reportingHealth } from './health-report.js';
 import { BatchWritesLostError, waitForReplicas } from './replica-wait.js';
 
-/** The count write and the marker occupation, their KEYS and ARGV documented in lua/*.lua. */
+/** The claim, the count write and the marker occupation, their KEYS and ARGV documented in lua/*.lua. */
+export const CLAIM_MARKERS = loadScript('claim_markers');
 export const WRITE_COUNTS = loadScript('write_counts');
 export const OCCUPY_MARKERS = loadScript('occupy_markers');
 
@@ -78,7 +91,7 @@ function gaugeOf(settings: WorkerSettings): WindowGauge | null {
 /** Messages the new parts stand for: each part weighs its share of its message (1 when the task carries no shares). */
 function newMessages(task: BatchTask, marked: Uint8Array): number {
   let messages = 0;
-  for (let i = 0; i < marked.length; i++) if (marked[i] === 0) messages += task.shares?.[i] ?? 1;
+  for (let i = 0; i < marked.length; i++) if (marked[i] === PART_NEW) messages += task.shares?.[i] ?? 1;
   return messages;
 }
 
@@ -89,22 +102,37 @@ export async function runTwoStepBatch(
   log: BatchLog,
   hooks: BatchHooks = {},
 ): Promise<BatchResult> {
-  const { prefix, markerTtlS, countTtlS } = settings;
+  const { prefix, markerTtlS, countTtlS, markerBucketS, markerSubBuckets } = settings;
   const { vshard, ids, changes } = task;
-  const markerKeys = ids.map((id) => markerKey(prefix, vshard, id));
-  // Any key of the shard names its slot (hash tag {vshard}): every step runs on that slot's master.
-  const shardKey = markerKey(prefix, vshard, '');
+  const digests = taskDigests(task) as Buffer[];
+  // The shard's marker base names its slot (hash tag {vshard}): every step runs on that slot's master.
+  const shardKey = markerBaseKey(prefix, vshard);
   const receipt = receiptKey(prefix, vshard, task.batchId);
+  const bucketArgs = [markerBucketS, markerTtlS, markerSubBuckets];
 
   const tracer = batchTracer();
   const t0 = performance.now();
-  const values = await inSpan(tracer, 'tally.precheck', { 'tally.shard': vshard, 'tally.markers': markerKeys.length }, () =>
-    untilDone('precheck', task, log, () => onSlotConnection(redis, shardKey, (connection) => connection.mget(markerKeys))),
+  // Claims are retried with the same token: a claim this daemon made on an
+  // attempt whose reply was lost is its own, and is taken again.
+  const claimArgs = evalshaArgs(CLAIM_MARKERS, [shardKey], [...bucketArgs, settings.claimToken, settings.claimTtlMs, ...digests]);
+  const [flags, claimBucket, claimTakeovers, claimBatch] = await inSpan(
+    tracer,
+    'tally.precheck',
+    { 'tally.shard': vshard, 'tally.markers': ids.length },
+    () =>
+      untilDone('precheck', task, log, () =>
+        onSlotConnection(
+          redis,
+          shardKey,
+          async (connection) => (await runScript(connection, CLAIM_MARKERS, claimArgs, log)) as [string, number, number, number],
+        ),
+      ),
   );
-  const marked = selectNewParts(ids, values);
+  const marked = parsePartFlags(flags, ids.length);
+  if (claimTakeovers > 0) log.warn({ vshard, claimTakeovers }, 'took over parts whose claim by another daemon had run out (it died or stalled); counted here');
   const t1 = performance.now();
 
-  const sums = aggregateNewParts(changes, (i) => marked[i] === 0);
+  const sums = aggregateNewParts(changes, (i) => marked[i] === PART_NEW);
   const gauge = gaugeOf(settings);
   let windowMessages = sums.size > 0 ? newMessages(task, marked) : 0;
   // The window opens with the count write and closes when the markers are
@@ -124,7 +152,7 @@ export async function runTwoStepBatch(
     }
     // Built once: every attempt sends the same receipt, so a retry after a
     // reply that never came finds the receipt and writes nothing twice.
-    const write = (args: Array<string | number>): Promise<WriteCountsReply> =>
+    const write = (args: ScriptArg[]): Promise<WriteCountsReply> =>
       untilDone(
         'write_counts',
         task,
@@ -145,7 +173,7 @@ export async function runTwoStepBatch(
       // only the parts Redis refuses are left out.
       const partArgv: Array<string | number> = [countTtlS, markerTtlS, 'parts', ids.length];
       for (let i = 0; i < ids.length; i++) {
-        if (marked[i] === 1) continue;
+        if (marked[i] !== PART_NEW) continue;
         const part = changes[i]!;
         partArgv.push(i + 1, part.length);
         for (const [sku, delta] of part) partArgv.push(keyIndex.get(sku)!, String(delta));
@@ -168,21 +196,33 @@ export async function runTwoStepBatch(
   if (wroteCounts) await hooks.afterCountWrite?.(task);
 
   let occupationFailures = 0;
-  // A refused part counted nothing: it gets no marker, so its replay counts it.
+  // A refused part counted nothing: its claim is deleted, so it gets no
+  // marker and its replay counts it.
   const refused = new Set(refusals.map((refusal) => refusal.part));
-  const newMarkers: string[] = [];
-  for (let i = 0; i < ids.length; i++) if (marked[i] === 0 && !refused.has(i)) newMarkers.push(markerKeys[i]!);
-  if (newMarkers.length > 0) {
-    // New parts always have counts written (or found by their receipt), so the receipt exists where the counts do.
-    const args = evalshaArgs(OCCUPY_MARKERS, [receipt, ...newMarkers], [markerTtlS]);
-    // Once the SETs leave, a SIGKILL no longer re-counts these parts (Redis runs what it was sent).
+  if (claimBatch > 0) {
+    const refusedDigests = [...refused].map((i) => digests[i]!);
+    // The batch's record turns done in one write; the new parts' digests travel
+    // only when time has moved to a later bucket and the markers must follow (-1).
+    // With counts written, the receipt must still be there (-2 otherwise): see occupy_markers.lua.
+    const occupyKeys = sums.size > 0 ? [shardKey, receipt] : [shardKey];
+    const args = evalshaArgs(OCCUPY_MARKERS, occupyKeys, [...bucketArgs, claimBucket, claimBatch, refusedDigests.length, ...refusedDigests]);
+    const moving = (): Buffer[] => {
+      const moved: Buffer[] = [];
+      for (let i = 0; i < ids.length; i++) if (marked[i] === PART_NEW && !refused.has(i)) moved.push(digests[i]!);
+      return moved;
+    };
+    // Once the write leaves, a SIGKILL no longer re-counts these parts (Redis runs what it was sent).
     gauge?.close(vshard);
     const occupied = await inSpan(tracer, 'tally.occupy_markers', { 'tally.shard': vshard }, () =>
       untilDone(
         'occupy_markers',
         task,
         log,
-        () => onSlotConnection(redis, shardKey, (connection) => runScript(connection, OCCUPY_MARKERS, args, log)),
+        () =>
+          onSlotConnection(redis, shardKey, async (connection) => {
+            const first = await runScript(connection, OCCUPY_MARKERS, args, log);
+            return first === -1 ? runScript(connection, OCCUPY_MARKERS, [...args, ...moving()], log) : first;
+          }),
         () => {
           // The counts are written and the markers are not: the crash window
           // is open for this batch until a retry succeeds. Counted once per batch.
@@ -195,7 +235,7 @@ export async function runTwoStepBatch(
         },
       ),
     );
-    if (occupied === -1) {
+    if (occupied === -2) {
       // The receipt, and so the counts, are not on the server this step
       // reached: a failover (or a restart without persistence) lost them
       // after they were written. No marker was set; the coordinator reruns
@@ -210,11 +250,12 @@ export async function runTwoStepBatch(
   const t3 = performance.now();
 
   // Durability of the ack: the batch returns only once the replicas have its
-  // writes (replica-wait.ts), and every marker it relies on is on the master
-  // they replicate: occupied now, or found occupied (a duplicate, which is
-  // acked on the strength of that marker); not a refused part's.
+  // writes (replica-wait.ts), and every marker it relies on is done on the
+  // master they replicate: occupied now, or found done (a duplicate, which is
+  // acked on the strength of that marker); not a held part's (it is not acked
+  // now) nor a refused one's (it has no marker).
   let waitTimeouts = 0;
-  const reliedOn = settings.waitReplicas > 0 ? markerKeys.filter((_, i) => !refused.has(i)) : [];
+  const reliedOn = settings.waitReplicas > 0 ? digests.filter((_, i) => marked[i] !== PART_HELD && !refused.has(i)) : [];
   if (reliedOn.length > 0) {
     waitTimeouts = await inSpan(tracer, 'tally.wait_replicas', { 'tally.shard': vshard, 'tally.replicas': settings.waitReplicas }, () =>
       waitForReplicas(redis, settings, task, reliedOn, log, hooks.onWaitTimeout),
@@ -228,6 +269,7 @@ export async function runTwoStepBatch(
     occupationFailures,
     waitTimeouts,
     refusals,
+    claimTakeovers,
     timings: { precheckMs: t1 - t0, writeMs: t2 - t1, occupyMs: t3 - t2 },
   };
 }

@@ -1,6 +1,6 @@
 import { expect } from 'chai';
 import type { PartChanges } from '@tally/shared';
-import { aggregateNewParts, selectNewParts, type Sum } from '../src/aggregate.js';
+import { aggregateNewParts, type Sum } from '../src/aggregate.js';
 
 const MAX = Number.MAX_SAFE_INTEGER;
 const all = () => true;
@@ -69,14 +69,6 @@ describe('aggregateNewParts', () => {
     expect(aggregateNewParts([[['a', 1]], [['b', 2]]], () => false).size).to.equal(0);
   });
 
-  it('works with the Uint8Array of selectNewParts', () => {
-    const ids = ['m1', 'm2', 'm1', 'm3'];
-    const parts: PartChanges[] = [[['a', 1]], [['a', 10]], [['a', 100]], [['a', 1000]]];
-    const marked = selectNewParts(ids, [null, 'ts', null, null]);
-    const sums = aggregateNewParts(parts, (i) => marked[i] === 0);
-    expect(sums.get('a')).to.equal(1001);
-  });
-
   it('stays a number while the sum is a safe integer', () => {
     const sums = aggregateNewParts([[['a', MAX - 1]], [['a', 1]], [['b', -(MAX - 1)]], [['b', -1]]], all);
     expect(sums.get('a')).to.equal(MAX);
@@ -143,60 +135,6 @@ describe('aggregateNewParts', () => {
         expect(BigInt(got), sku).to.equal(expected);
         if (typeof got === 'number') expect(Number.isSafeInteger(got)).to.equal(true);
       }
-    }
-  });
-});
-
-describe('selectNewParts', () => {
-  it('marks nothing when no marker is set and ids are distinct', () => {
-    expect([...selectNewParts(['a', 'b', 'c'], [null, null, null])]).to.deep.equal([0, 0, 0]);
-  });
-
-  it('returns a Uint8Array parallel to the ids', () => {
-    const marked = selectNewParts(['a', 'b'], [null, null]);
-    expect(marked).to.be.instanceOf(Uint8Array);
-    expect(marked.length).to.equal(2);
-    expect(selectNewParts([], []).length).to.equal(0);
-  });
-
-  it('marks parts whose marker value is non-null, whatever the value', () => {
-    const ids = ['a', 'b', 'c', 'd', 'e'];
-    expect([...selectNewParts(ids, [null, '1', null, '', '0'])]).to.deep.equal([0, 1, 0, 1, 1]);
-  });
-
-  it('treats a missing marker value as no marker', () => {
-    expect([...selectNewParts(['a', 'b'], [null])]).to.deep.equal([0, 0]);
-  });
-
-  it('marks the second and later occurrences of an id within one batch', () => {
-    expect([...selectNewParts(['a', 'b', 'a', 'c', 'a', 'b'], [null, null, null, null, null, null])]).to.deep.equal([0, 0, 1, 0, 1, 1]);
-  });
-
-  it('marks every occurrence when the first one is already marked in Redis', () => {
-    expect([...selectNewParts(['a', 'a', 'a'], ['1', null, null])]).to.deep.equal([1, 1, 1]);
-  });
-
-  it('counts the id once even when a later occurrence carries the marker', () => {
-    // The first copy is new; the second found a marker: only the first counts.
-    expect([...selectNewParts(['a', 'a'], [null, '1'])]).to.deep.equal([0, 1]);
-  });
-
-  it('counts each id at most once across a random batch', () => {
-    let seed = 4242;
-    const random = () => {
-      seed = (Math.imul(seed, 1103515245) + 12345) >>> 0;
-      return seed / 2 ** 32;
-    };
-    for (let round = 0; round < 200; round++) {
-      const n = Math.floor(random() * 50);
-      const ids = Array.from({ length: n }, () => `m${Math.floor(random() * 10)}`);
-      const inRedis = new Set(Array.from({ length: 3 }, () => `m${Math.floor(random() * 10)}`));
-      const values = ids.map((id) => (inRedis.has(id) ? '1' : null));
-      const marked = selectNewParts(ids, values);
-      const counted = ids.filter((_, i) => marked[i] === 0);
-      expect(new Set(counted).size).to.equal(counted.length);
-      expect(counted.every((id) => !inRedis.has(id))).to.equal(true);
-      expect(new Set(counted)).to.deep.equal(new Set(ids.filter((id) => !inRedis.has(id))));
     }
   });
 });

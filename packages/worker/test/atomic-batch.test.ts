@@ -1,21 +1,36 @@
 import { randomBytes, randomUUID } from 'node:crypto';
 import { expect } from 'chai';
 import { Redis } from 'ioredis';
-import { countKey, markerKey, type BatchTask, type WorkerSettings } from '@tally/shared';
-import { startProxy } from '@tally/testkit';
+import { bucketOf, countKey, markerBucketKey, markerDigest, subBucketOf, type BatchTask, type WorkerSettings } from '@tally/shared';
+import { markerEntry, readMarkers, startProxy } from '@tally/testkit';
 import { atomicBatchArgs, runAtomicBatch } from '../src/atomic-batch.js';
 import { createRedisClient } from '@tally/runtime';
 import type { BatchLog } from '../src/batch-log.js';
 import { runTwoStepBatch } from '../src/two-step-batch.js';
 
+/** Tasks built by the tests carry the ids (the coordinator sends digests only). */
+type TestTask = BatchTask & { readonly ids: readonly string[] };
 const REDIS_URL = process.env.TALLY_REDIS_URL ?? 'redis://127.0.0.1:6379';
 const quiet: BatchLog = { warn() {}, error() {} };
 
-function settingsFor(prefix: string, mode: WorkerSettings['mode'] = 'atomic'): WorkerSettings {
-  return { redisUrl: REDIS_URL, prefix, mode, markerTtlS: 600, countTtlS: 2_592_000, logLevel: 'silent', waitReplicas: 0, waitTimeoutMs: 1000 };
+function settingsFor(prefix: string, mode: WorkerSettings['mode'] = 'atomic', claimToken = 'a1'): WorkerSettings {
+  return {
+    redisUrl: REDIS_URL,
+    prefix,
+    mode,
+    markerTtlS: 600,
+    countTtlS: 2_592_000,
+    logLevel: 'silent',
+    markerBucketS: 300,
+    markerSubBuckets: 256,
+    claimToken,
+    claimTtlMs: 30_000,
+    waitReplicas: 0,
+    waitTimeoutMs: 1000,
+  };
 }
 
-function taskFor(runId: string, vshard = 5, parts = 60): BatchTask {
+function taskFor(runId: string, vshard = 5, parts = 60): TestTask {
   const ids: string[] = [];
   const changes: Array<Array<[string, number]>> = [];
   for (let i = 0; i < parts; i++) {
@@ -33,7 +48,7 @@ function redelivered(task: BatchTask): BatchTask {
   return { ...task, batchId: randomUUID() };
 }
 
-function expectedCounts(task: BatchTask, counted: (i: number) => boolean = () => true): Map<string, bigint> {
+function expectedCounts(task: TestTask, counted: (i: number) => boolean = () => true): Map<string, bigint> {
   const sums = new Map<string, bigint>();
   task.changes.forEach((part, i) => {
     if (!counted(i)) return;
@@ -42,7 +57,7 @@ function expectedCounts(task: BatchTask, counted: (i: number) => boolean = () =>
   return sums;
 }
 
-async function countsIn(redis: Redis, prefix: string, task: BatchTask): Promise<Map<string, bigint>> {
+async function countsIn(redis: Redis, prefix: string, task: TestTask): Promise<Map<string, bigint>> {
   const result = new Map<string, bigint>();
   for (const part of task.changes) {
     for (const [sku] of part) {
@@ -53,9 +68,15 @@ async function countsIn(redis: Redis, prefix: string, task: BatchTask): Promise<
   return result;
 }
 
-async function markersIn(redis: Redis, prefix: string, task: BatchTask): Promise<number> {
-  const values = await redis.mget(task.ids.map((id) => markerKey(prefix, task.vshard, id)));
-  return values.filter((v) => v !== null).length;
+async function markersIn(redis: Redis, prefix: string, task: TestTask): Promise<number> {
+  const { done } = await readMarkers(redis, prefix);
+  return task.ids.filter((id) => done.has(markerEntry(task.vshard, id))).length;
+}
+
+/** The hash a marker written now lands in (bucket of the server's clock). */
+async function markerHashNow(redis: Redis, prefix: string, vshard: number, id: string, settings: WorkerSettings): Promise<string> {
+  const [seconds] = await redis.time();
+  return markerBucketKey(prefix, vshard, bucketOf(Number(seconds), settings.markerBucketS), subBucketOf(markerDigest(id), settings.markerSubBuckets));
 }
 
 /** The Redis Cluster hash tag of a key: what decides its slot. */
@@ -96,7 +117,11 @@ describe('atomic batch against a real Redis', function () {
     expect(await markersIn(redis, prefix, task)).to.equal(task.ids.length);
     const ttl = await redis.ttl(countKey(prefix, task.vshard, 'S0'));
     expect(ttl, 'count TTL set').to.be.within(2_592_000 - 5, 2_592_000);
-    expect(await redis.ttl(markerKey(prefix, task.vshard, task.ids[0]!)), 'marker TTL set').to.be.within(595, 600);
+    // The bucket's end plus the marker TTL: at least the TTL, at most one bucket width more.
+    const markerHash = await markerHashNow(redis, prefix, task.vshard, task.ids[0]!, settingsFor(prefix));
+    expect(await redis.hget(markerHash, markerDigest(task.ids[0]!) as unknown as string), 'the marker is a field of the bucket hash').to.equal('1');
+    expect(await redis.ttl(markerHash), 'marker TTL set').to.be.within(595, 900);
+    expect(await redis.object('ENCODING', markerHash), 'a small hash stays a listpack').to.equal('listpack');
 
     const again = await runAtomicBatch(client, settingsFor(prefix), redelivered(task), quiet);
     expect([...again.marked]).to.deep.equal(new Array(task.ids.length).fill(1));
@@ -111,8 +136,13 @@ describe('atomic batch against a real Redis', function () {
   it('counts only the parts whose marker is absent, and the same id twice in one batch once', async () => {
     const task = taskFor(runId, 2, 20);
     // Parts 0..4 were counted before; part 7 appears again at the end of the batch.
-    await redis.mset(...task.ids.slice(0, 5).flatMap((id) => [markerKey(prefix, 2, id), '1']));
-    const withRepeat: BatchTask = { vshard: 2, batchId: randomUUID(), ids: [...task.ids, task.ids[7]!], changes: [...task.changes, task.changes[7]!] };
+    await runAtomicBatch(
+      client,
+      settingsFor(prefix),
+      { vshard: 2, batchId: randomUUID(), ids: task.ids.slice(0, 5), changes: task.changes.slice(0, 5).map(() => []) },
+      quiet,
+    );
+    const withRepeat: TestTask = { vshard: 2, batchId: randomUUID(), ids: [...task.ids, task.ids[7]!], changes: [...task.changes, task.changes[7]!] };
     const result = await runAtomicBatch(client, settingsFor(prefix), withRepeat, quiet);
     const expectedMarked = withRepeat.ids.map((_, i) => (i < 5 || i === 20 ? 1 : 0));
     expect([...result.marked]).to.deep.equal(expectedMarked);
@@ -121,7 +151,7 @@ describe('atomic batch against a real Redis', function () {
 
   it('adds a SKU exactly across several new parts, past 2^53, with deltas of both signs', async () => {
     const max = Number.MAX_SAFE_INTEGER;
-    const task: BatchTask = {
+    const task: TestTask = {
       vshard: 9,
       batchId: randomUUID(),
       ids: ['a', 'b', 'c', 'd', 'e'].map((s) => `${runId}-${s}`),
@@ -153,7 +183,7 @@ describe('atomic batch against a real Redis', function () {
   });
 
   it('fails the whole batch on a script refusal and writes nothing: no count, no marker', async () => {
-    const task: BatchTask = { vshard: 1, batchId: randomUUID(), ids: [`${runId}-ok`, `${runId}-bad`], changes: [[['OK', 2]], [['BAD', 1.5]]] };
+    const task: TestTask = { vshard: 1, batchId: randomUUID(), ids: [`${runId}-ok`, `${runId}-bad`], changes: [[['OK', 2]], [['BAD', 1.5]]] };
     let thrown: unknown = null;
     try {
       await runAtomicBatch(client, settingsFor(prefix), task, quiet);
@@ -170,7 +200,8 @@ describe('atomic batch against a real Redis', function () {
     const task = taskFor(runId, 13, 30);
     const args = atomicBatchArgs(settingsFor(prefix), task, 'batch-1');
     const numKeys = Number(args[1]);
-    expect(numKeys).to.equal(1 + 30 + 12);
+    // The receipt, the shard's marker base (the script derives its bucket hashes from it, same tag) and 12 count keys.
+    expect(numKeys).to.equal(1 + 1 + 12);
     const keys = args.slice(2, 2 + numKeys).map(String);
     expect(new Set(keys.map(hashTag))).to.deep.equal(new Set(['13']));
   });
@@ -220,7 +251,7 @@ describe('atomic batch against a real Redis', function () {
     }
   });
 
-  it('serialises two processes racing the same batch: one counts it, the other sees duplicates (two-step counts it twice)', async () => {
+  it('serialises two processes racing the same batch: one counts it, the other sees duplicates (two-step: held by the claim)', async () => {
     const other = createRedisClient(REDIS_URL, 'test-atomic-2');
     try {
       const rounds = 20;
@@ -231,10 +262,11 @@ describe('atomic batch against a real Redis', function () {
           const task = taskFor(`${runId}-${mode}-${r}`, 3, 50);
           const run = mode === 'atomic' ? runAtomicBatch : runTwoStepBatch;
           const skuPrefix = `${mode}-${r}-`;
-          const renamed: BatchTask = { ...task, changes: task.changes.map((part) => part.map(([sku, d]) => [skuPrefix + sku, d] as [string, number])) };
+          const renamed: TestTask = { ...task, changes: task.changes.map((part) => part.map(([sku, d]) => [skuPrefix + sku, d] as [string, number])) };
+          // Two daemons: two claim tokens, two batch ids.
           const [a, b] = await Promise.all([
-            run(client, settingsFor(prefix, mode), renamed, quiet),
-            run(other, settingsFor(prefix, mode), redelivered(renamed), quiet),
+            run(client, settingsFor(prefix, mode, 'a1'), renamed, quiet),
+            run(other, settingsFor(prefix, mode, 'b2'), redelivered(renamed), quiet),
           ]);
           const counts = await countsIn(redis, prefix, renamed);
           let excess = 0n;
@@ -248,10 +280,13 @@ describe('atomic batch against a real Redis', function () {
             for (let i = 0; i < 50; i++) expect(a.marked[i]! + b.marked[i]!, `part ${i} counted by exactly one`).to.equal(1);
           } else {
             twoStepExcess += excess;
+            // Exactly one counted each part; the other found it done or held by the first one's claim.
+            for (let i = 0; i < 50; i++) expect([a.marked[i], b.marked[i]].filter((m) => m === 0).length, `part ${i} counted by exactly one`).to.equal(1);
           }
         }
       }
       expect(atomicExcess, 'atomic: the race adds nothing').to.equal(0n);
+      expect(twoStepExcess, 'two-step: the claim makes the race add nothing either').to.equal(0n);
       console.log(`      racing the same batch ${rounds} times: atomic excess ${atomicExcess}, two-step ${twoStepExcess} units off the truth`);
     } finally {
       other.disconnect();

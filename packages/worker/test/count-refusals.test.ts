@@ -9,7 +9,8 @@
 import { randomBytes, randomUUID } from 'node:crypto';
 import { expect } from 'chai';
 import { Redis } from 'ioredis';
-import { countKey, markerKey, type BatchResult, type BatchTask, type WorkerSettings } from '@tally/shared';
+import { countKey, type BatchResult, type BatchTask, type WorkerSettings } from '@tally/shared';
+import { markerEntry, readMarkers } from '@tally/testkit';
 import { createRedisClient } from '@tally/runtime';
 import type { BatchLog } from '../src/batch-log.js';
 import { runAtomicBatch } from '../src/atomic-batch.js';
@@ -73,6 +74,10 @@ describe('count refusals against a real Redis (both modes)', function () {
     logLevel: 'silent',
     waitReplicas: 0,
     waitTimeoutMs: 1000,
+    markerBucketS: 300,
+    markerSubBuckets: 256,
+    claimToken: 'a1',
+    claimTtlMs: 30_000,
   });
 
   /** 12 parts on shard 4: every part adds 1 to GOOD and 2 to its own SKU; parts 3 and 8 also touch BAD (poisoned). */
@@ -97,8 +102,8 @@ describe('count refusals against a real Redis (both modes)', function () {
   }
 
   async function markers(task: BatchTask): Promise<boolean[]> {
-    const values = await redis.mget(task.ids.map((id) => markerKey(prefix, 4, id)));
-    return values.map((v) => v !== null);
+    const { done } = await readMarkers(redis, prefix);
+    return task.ids.map((id) => done.has(markerEntry(4, id)));
   }
 
   function expectRefusedParts(result: BatchResult, poison: Poison): void {

@@ -2,18 +2,32 @@ import { randomBytes, randomUUID } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { expect } from 'chai';
 import { Redis } from 'ioredis';
-import { countKey, markerKey, type BatchResult, type BatchTask, type WorkerSettings } from '@tally/shared';
+import { countKey, layoutKey, markerDigest, type BatchResult, type BatchTask, type WorkerSettings } from '@tally/shared';
 import { createRedisClient, type RedisClient } from '@tally/runtime';
-import { startPrivateRedis, startProxy, type PrivateRedis } from '@tally/testkit';
+import { markersDone, startPrivateRedis, startProxy, writeDoneMarker, type PrivateRedis } from '@tally/testkit';
 import { runAtomicBatch } from '../src/atomic-batch.js';
 import type { BatchHooks, BatchLog } from '../src/batch-log.js';
 import { BatchWritesLostError } from '../src/replica-wait.js';
 import { runTwoStepBatch } from '../src/two-step-batch.js';
 
 const quiet: BatchLog = { warn() {}, error() {} };
+const WIDTH_S = 300;
 
 function settingsFor(mode: WorkerSettings['mode'], prefix: string, url: string): WorkerSettings {
-  return { redisUrl: url, prefix, mode, markerTtlS: 600, countTtlS: 2_592_000, logLevel: 'silent', waitReplicas: 1, waitTimeoutMs: 200 };
+  return {
+    redisUrl: url,
+    prefix,
+    mode,
+    markerTtlS: 600,
+    countTtlS: 2_592_000,
+    logLevel: 'silent',
+    markerBucketS: WIDTH_S,
+    markerSubBuckets: 256,
+    claimToken: 'a1',
+    claimTtlMs: 30_000,
+    waitReplicas: 1,
+    waitTimeoutMs: 200,
+  };
 }
 
 /** Until `replica` has everything `master` had written when this was called. */
@@ -59,10 +73,12 @@ describe('WAIT after a failover: every marker a batch relies on must be on the n
         servers.push(oldMaster, promoted, promotedReplica);
         const [oldAdmin, newAdmin] = [new Redis(oldMaster.url), new Redis(promoted.url)];
         admins.push(oldAdmin, newAdmin);
-        const [m0, m1] = task.ids.map((id) => markerKey(prefix, vshard, id)) as [string, string];
-        await oldAdmin.set(m0, '1', 'EX', 600);
-        await oldAdmin.set(m1, '1', 'EX', 600);
-        await newAdmin.set(m0, '1', 'EX', 600);
+        const [m0, m1] = task.ids as [string, string];
+        await writeDoneMarker(oldAdmin, prefix, vshard, m0, WIDTH_S, 600);
+        await writeDoneMarker(oldAdmin, prefix, vshard, m1, WIDTH_S, 600);
+        await writeDoneMarker(newAdmin, prefix, vshard, m0, WIDTH_S, 600);
+        // The layout a daemon would have recorded (markersDone reads the bucket width from it).
+        await newAdmin.hset(layoutKey(prefix), 'marker_bucket_s', WIDTH_S);
         await untilReplicated(newAdmin);
 
         proxy.retarget(oldMaster.port);
@@ -92,7 +108,7 @@ describe('WAIT after a failover: every marker a batch relies on must be on the n
         expect([...rerun.marked]).to.deep.equal([1, 0]);
         expect(await newAdmin.get(countKey(prefix, vshard, 'A')), 'm0 counted by its first delivery only').to.equal(null);
         expect(await newAdmin.get(countKey(prefix, vshard, 'B'))).to.equal('5');
-        expect(await newAdmin.exists(m1)).to.equal(1);
+        expect(await markersDone(newAdmin, prefix, 600, [{ vshard, digest: markerDigest(m1) }])).to.deep.equal([true]);
       } finally {
         client?.disconnect();
         for (const admin of admins) admin.disconnect();

@@ -3,23 +3,50 @@ import { randomBytes, randomUUID } from 'node:crypto';
 import { fileURLToPath } from 'node:url';
 import { expect } from 'chai';
 import { Redis } from 'ioredis';
-import { countKey, markerKey, type BatchTask, type WorkerSettings } from '@tally/shared';
+import {
+  bucketOf,
+  countKey,
+  markerBucketKey,
+  markerDigest,
+  markerMetaKey,
+  subBucketOf,
+  subBucketsAfter,
+  type BatchTask,
+  type WorkerSettings,
+} from '@tally/shared';
 import { createRedisClient } from '@tally/runtime';
 import type { BatchLog } from '../src/batch-log.js';
 import { BatchWritesLostError } from '../src/replica-wait.js';
+import { runAtomicBatch } from '../src/atomic-batch.js';
 import { runTwoStepBatch, WRITE_COUNTS } from '../src/two-step-batch.js';
-import { startPrivateRedis, startProxy } from '@tally/testkit';
+import { markerEntry, readMarkers, startPrivateRedis, startProxy } from '@tally/testkit';
 
+/** Tasks built by the tests carry the ids (the coordinator sends digests only). */
+type TestTask = BatchTask & { readonly ids: readonly string[] };
 const REDIS_URL = process.env.TALLY_REDIS_URL ?? 'redis://127.0.0.1:6379';
 const quiet: BatchLog = process.env.TEST_VERBOSE
   ? { warn: (f, m) => console.log(Date.now() % 100000, m, JSON.stringify(f)), error: (f, m) => console.log(m, f) }
   : { warn() {}, error() {} };
 
-function settingsFor(prefix: string): WorkerSettings {
-  return { redisUrl: REDIS_URL, prefix, mode: 'two-step', markerTtlS: 600, countTtlS: 2_592_000, logLevel: 'silent', waitReplicas: 0, waitTimeoutMs: 1000 };
+function settingsFor(prefix: string, over: Partial<WorkerSettings> = {}): WorkerSettings {
+  return {
+    redisUrl: REDIS_URL,
+    prefix,
+    mode: 'two-step',
+    markerTtlS: 600,
+    countTtlS: 2_592_000,
+    logLevel: 'silent',
+    markerBucketS: 300,
+    markerSubBuckets: 256,
+    claimToken: 'a1',
+    claimTtlMs: 30_000,
+    waitReplicas: 0,
+    waitTimeoutMs: 1000,
+    ...over,
+  };
 }
 
-function taskFor(runId: string, vshard = 3, parts = 50): BatchTask {
+function taskFor(runId: string, vshard = 3, parts = 50): TestTask {
   const ids: string[] = [];
   const changes: Array<Array<[string, number]>> = [];
   for (let i = 0; i < parts; i++) {
@@ -37,21 +64,28 @@ function redelivered(task: BatchTask): BatchTask {
   return { ...task, batchId: randomUUID() };
 }
 
-function expectedCounts(task: BatchTask): Map<string, number> {
+function expectedCounts(task: TestTask): Map<string, number> {
   const sums = new Map<string, number>();
   for (const part of task.changes) for (const [sku, delta] of part) sums.set(sku, (sums.get(sku) ?? 0) + delta);
   return sums;
 }
 
-async function countsIn(redis: Redis, prefix: string, task: BatchTask): Promise<Map<string, number>> {
+async function countsIn(redis: Redis, prefix: string, task: TestTask): Promise<Map<string, number>> {
   const result = new Map<string, number>();
   for (const sku of expectedCounts(task).keys()) result.set(sku, Number(await redis.get(countKey(prefix, task.vshard, sku))));
   return result;
 }
 
-async function markersIn(redis: Redis, prefix: string, task: BatchTask): Promise<number> {
-  const values = await redis.mget(task.ids.map((id) => markerKey(prefix, task.vshard, id)));
-  return values.filter((v) => v !== null).length;
+/** Parts of the task whose marker is done. */
+async function markersIn(redis: Redis, prefix: string, task: TestTask): Promise<number> {
+  const { done } = await readMarkers(redis, prefix);
+  return task.ids.filter((id) => done.has(markerEntry(task.vshard, id))).length;
+}
+
+/** Parts of the task that are claimed and not done. */
+async function claimsIn(redis: Redis, prefix: string, task: TestTask): Promise<number> {
+  const { claims } = await readMarkers(redis, prefix);
+  return task.ids.filter((id) => claims.has(markerEntry(task.vshard, id))).length;
 }
 
 describe('two-step batch against a real Redis', function () {
@@ -79,8 +113,17 @@ describe('two-step batch against a real Redis', function () {
       expect([...first.marked]).to.deep.equal(task.ids.map(() => 0));
       expect(await countsIn(redis, prefix, task)).to.deep.equal(expectedCounts(task));
       expect(await markersIn(redis, prefix, task)).to.equal(task.ids.length);
-      const ttl = await redis.ttl(markerKey(prefix, task.vshard, task.ids[0]!));
-      expect(ttl).to.be.within(590, 600);
+      const [seconds] = await redis.time();
+      const settings = settingsFor(prefix);
+      const markerHash = markerBucketKey(
+        prefix,
+        task.vshard,
+        bucketOf(Number(seconds), settings.markerBucketS),
+        subBucketOf(markerDigest(task.ids[0]!), settings.markerSubBuckets),
+      );
+      // The bucket's end plus the marker TTL: at least the TTL, at most one bucket width more.
+      expect(await redis.ttl(markerHash)).to.be.within(595, 900);
+      expect(await claimsIn(redis, prefix, task), 'every claim became done').to.equal(0);
       expect(await redis.ttl(countKey(prefix, task.vshard, 'S0'))).to.be.greaterThan(2_500_000);
 
       const second = await runTwoStepBatch(client, settingsFor(prefix), redelivered(task), quiet);
@@ -96,17 +139,28 @@ describe('two-step batch against a real Redis', function () {
     const seen: string[] = [];
     // MONITOR also shows the commands a script runs, in the order Redis ran them.
     monitor.on('monitor', (_time: string, args: string[]) => {
-      if (args[0] && args[1]?.startsWith(prefix)) seen.push(`${args[0].toLowerCase()} ${args[1]}`);
+      if (!args[0] || !args[1]?.startsWith(prefix)) return;
+      const command = args[0].toLowerCase();
+      // A marker HSET is a claim (value c<token>:<ms>) or an occupation (value 1).
+      // A claim writes the batch's number into the marker hashes; the occupation turns the batch's record in the meta hash to '1'.
+      if (command === 'hset' && args[1].endsWith(':m') && args[2]?.startsWith('b')) seen.push(`${args[3] === '1' ? 'occupy' : 'record'} ${args[1]}`);
+      else if (command === 'hset' && !args[1].endsWith(':m')) seen.push(`${args[3] === '1' ? 'occupy' : 'claim'} ${args[1]}`);
+      else seen.push(`${command} ${args[1]}`);
     });
     const client = createRedisClient(REDIS_URL, 'test');
     try {
       const task = taskFor(runId);
       await runTwoStepBatch(client, settingsFor(prefix), task, quiet);
       await new Promise((resolve) => setTimeout(resolve, 200));
-      const firstMarkerSet = seen.findIndex((line) => line.startsWith(`set ${prefix}m:`));
+      const firstMarkerSet = seen.findIndex((line) => line.startsWith(`occupy ${prefix}mk:`));
       const lastIncr = seen.map((line) => line.startsWith('incrby ')).lastIndexOf(true);
       const receipt = seen.findIndex((line) => line.startsWith(`set ${prefix}w:`));
+      const lastClaim = seen.map((line) => line.startsWith('claim ')).lastIndexOf(true);
       expect(firstMarkerSet, 'markers were set').to.be.greaterThan(-1);
+      expect(lastClaim, 'the parts were claimed before the first INCRBY').to.be.within(
+        0,
+        seen.findIndex((line) => line.startsWith('incrby ')),
+      );
       expect(seen.filter((line) => line.startsWith('incrby ')).length, 'one INCRBY per SKU').to.equal(expectedCounts(task).size);
       expect(lastIncr, 'every INCRBY comes before the first marker SET').to.be.lessThan(firstMarkerSet);
       expect(receipt, 'the write receipt lands with the counts, before any marker').to.be.within(lastIncr, firstMarkerSet);
@@ -136,11 +190,19 @@ describe('two-step batch against a real Redis', function () {
     expect(signal).to.equal('SIGKILL');
     expect(await countsIn(redis, prefix, task), 'counts written before the crash').to.deep.equal(expectedCounts(task));
     expect(await markersIn(redis, prefix, task), 'no marker occupied').to.equal(0);
+    expect(await claimsIn(redis, prefix, task), 'the dead process left its claims').to.equal(task.ids.length);
 
-    // The redelivery (a new batch of a new daemon) finds no marker and counts again: double, never zero.
     const client = createRedisClient(REDIS_URL, 'test');
     try {
-      const redelivery = await runTwoStepBatch(client, settingsFor(prefix), redelivered(task), quiet);
+      // Another daemon gets the redelivery at once: the dead one's claims are live, so it holds every part back.
+      const early = await runTwoStepBatch(client, settingsFor(prefix, { claimToken: 'b2', claimTtlMs: 5_000 }), redelivered(task), quiet);
+      expect([...early.marked], 'held by the live claims').to.deep.equal(task.ids.map(() => 2));
+      expect(await countsIn(redis, prefix, task), 'a held part adds nothing').to.deep.equal(expectedCounts(task));
+      // Once the claims are older than the claim TTL they are taken over. The
+      // redelivery finds no marker and counts again: double, never zero.
+      await new Promise((resolve) => setTimeout(resolve, 5_100));
+      const redelivery = await runTwoStepBatch(client, settingsFor(prefix, { claimToken: 'b2', claimTtlMs: 5_000 }), redelivered(task), quiet);
+      expect(redelivery.claimTakeovers, 'every dead claim taken over, and said so').to.equal(task.ids.length);
       expect([...redelivery.marked].every((m) => m === 0)).to.equal(true);
       const doubled = new Map([...expectedCounts(task)].map(([sku, n]) => [sku, 2 * n]));
       expect(await countsIn(redis, prefix, task)).to.deep.equal(doubled);
@@ -311,11 +373,151 @@ describe('two-step batch against a real Redis', function () {
         'the reload was noticed',
       ).to.equal(true);
       expect(await probe.get(countKey(prefix, 5, 'S0')), 'counted on the restarted server').to.not.equal(null);
-      expect(await probe.mget(second.ids.map((id) => markerKey(prefix, 5, id)))).to.deep.equal(second.ids.map(() => '1'));
+      expect(await markersIn(probe, prefix, second), 'every marker occupied on the restarted server').to.equal(second.ids.length);
     } finally {
       client.disconnect();
       probe.disconnect();
       await server.stop();
+    }
+  });
+
+  it('a second daemon holds back a part another daemon has claimed, and finds it done afterwards: counted once', async () => {
+    const a = createRedisClient(REDIS_URL, 'test-a');
+    const b = createRedisClient(REDIS_URL, 'test-b');
+    try {
+      const task = taskFor(runId, 7, 40);
+      let during: Uint8Array | null = null;
+      // Daemon B runs the same parts while A is inside its crash window (counts written, markers not).
+      const first = await runTwoStepBatch(a, settingsFor(prefix, { claimToken: 'a1' }), task, quiet, {
+        afterCountWrite: async () => {
+          during = (await runTwoStepBatch(b, settingsFor(prefix, { claimToken: 'b2' }), task, quiet)).marked;
+        },
+      });
+      expect([...first.marked]).to.deep.equal(task.ids.map(() => 0));
+      expect([...during!], 'held by A’s live claims').to.deep.equal(task.ids.map(() => 2));
+      const after = await runTwoStepBatch(b, settingsFor(prefix, { claimToken: 'b2' }), task, quiet);
+      expect([...after.marked], 'done once A occupied them').to.deep.equal(task.ids.map(() => 1));
+      expect(await countsIn(redis, prefix, task), 'counted once').to.deep.equal(expectedCounts(task));
+    } finally {
+      a.disconnect();
+      b.disconnect();
+    }
+  });
+
+  for (const mode of ['two-step', 'atomic'] as const) {
+    it(`${mode}: catches a duplicate across bucket boundaries for at least the marker TTL, then lets the markers expire`, async function () {
+      this.timeout(30_000);
+      const run = mode === 'atomic' ? runAtomicBatch : runTwoStepBatch;
+      // A 2 s TTL in 1 s buckets: every check below crosses a bucket boundary.
+      const settings = settingsFor(prefix, { mode, markerTtlS: 2, markerBucketS: 1 });
+      const client = createRedisClient(REDIS_URL, 'test-ttl');
+      try {
+        const task = taskFor(`${runId}-${mode}`, 11, 30);
+        const first = await run(client, settings, task, quiet);
+        const markedAt = performance.now();
+        expect([...first.marked]).to.deep.equal(task.ids.map(() => 0));
+        let checks = 0;
+        // Until just under the TTL after the markers were written, every copy is a duplicate.
+        while (performance.now() - markedAt < 1_850) {
+          // A copy is a new batch (a new batch id): the same id would be answered by the first run's receipt.
+          const again = await run(client, settings, redelivered(task), quiet);
+          if (performance.now() - markedAt >= 2_000) break; // the check itself ran past the TTL: not evidence either way
+          expect([...again.marked], `a duplicate ${Math.round(performance.now() - markedAt)} ms after`).to.deep.equal(task.ids.map(() => 1));
+          checks++;
+          await new Promise((resolve) => setTimeout(resolve, 150));
+        }
+        expect(checks, 'checked across the TTL').to.be.at.least(5);
+        expect(await countsIn(redis, prefix, task), 'counted once').to.deep.equal(expectedCounts(task));
+        // A marker lives at most one bucket width past the TTL: after that the same id counts again.
+        await new Promise((resolve) => setTimeout(resolve, Math.max(0, 3_300 - (performance.now() - markedAt))));
+        const expired = await run(client, settings, redelivered(task), quiet);
+        expect([...expired.marked], 'markers expired with their buckets').to.deep.equal(task.ids.map(() => 0));
+        expect((await readMarkers(redis, prefix)).hashes, 'only the live bucket is left').to.be.greaterThan(0);
+      } finally {
+        client.disconnect();
+      }
+    });
+  }
+
+  for (const mode of ['two-step', 'atomic'] as const) {
+    it(`${mode}: sizes each bucket's sub-buckets from the bucket before, and finds markers across buckets of different sizes`, async function () {
+      this.timeout(30_000);
+      const run = mode === 'atomic' ? runAtomicBatch : runTwoStepBatch;
+      const settings = settingsFor(prefix, { mode, markerTtlS: 6, markerBucketS: 2, markerSubBuckets: 16 });
+      const client = createRedisClient(REDIS_URL, 'test-subs');
+      try {
+        const bucketNow = async () => bucketOf(Number((await redis.time())[0]), settings.markerBucketS);
+        // Start right after a bucket boundary, so both batches below land in consecutive buckets.
+        const start = await bucketNow();
+        while ((await bucketNow()) === start) await new Promise((resolve) => setTimeout(resolve, 20));
+        const big = taskFor(`${runId}-${mode}-big`, 4, 700);
+        await run(client, settings, big, quiet);
+        const first = await bucketNow();
+        expect(await redis.hget(markerMetaKey(prefix, 4, first), 's'), 'first bucket: the initial count').to.equal('16');
+        expect(await redis.hget(markerMetaKey(prefix, 4, first), 'n')).to.equal('700');
+        while ((await bucketNow()) === first) await new Promise((resolve) => setTimeout(resolve, 20));
+        const small = taskFor(`${runId}-${mode}-small`, 4, 10);
+        await run(client, settings, small, quiet);
+        const second = await bucketNow();
+        expect(second, 'the next bucket').to.equal(first + 1);
+        expect(Number(await redis.hget(markerMetaKey(prefix, 4, second), 's')), 'sized for 700 markers').to.equal(subBucketsAfter(700, 16));
+        expect(subBucketsAfter(700, 16)).to.equal(16); // 700 / 64 -> 16: same as the initial here; the third bucket shrinks
+        while ((await bucketNow()) === second) await new Promise((resolve) => setTimeout(resolve, 20));
+        const tiny = taskFor(`${runId}-${mode}-tiny`, 4, 3);
+        await run(client, settings, tiny, quiet);
+        expect(await redis.hget(markerMetaKey(prefix, 4, second + 1), 's'), 'sized for 10 markers').to.equal('1');
+        // Every marker of the three buckets is still found: copies of all three batches are duplicates.
+        for (const task of [big, small, tiny]) {
+          const again = await run(client, settings, redelivered(task), quiet);
+          expect(
+            [...again.marked].every((m) => m === 1),
+            `${task.ids[0]} found again`,
+          ).to.equal(true);
+        }
+        const listpacks = await readMarkers(redis, prefix);
+        expect(listpacks.done.size).to.equal(713);
+        // Every marker hash and meta hash carries its expiry (set once, when the hash was created).
+        const keys = await redis.keys(`${prefix}mk:*`);
+        expect(keys.length).to.be.greaterThan(3);
+        for (const key of keys) expect(await redis.ttl(key), key).to.be.within(1, 8);
+      } finally {
+        client.disconnect();
+      }
+    });
+  }
+
+  it('moves the markers to the bucket of now when the occupation comes a bucket after the claim, so they live the TTL from then', async function () {
+    this.timeout(20_000);
+    const settings = settingsFor(prefix, { markerTtlS: 4, markerBucketS: 2 });
+    const client = createRedisClient(REDIS_URL, 'test-move');
+    try {
+      const bucketNow = async () => bucketOf(Number((await redis.time())[0]), settings.markerBucketS);
+      const task = taskFor(`${runId}-move`, 6, 25);
+      let claimedIn = -1;
+      await runTwoStepBatch(client, settings, task, quiet, {
+        // Inside the window: wait for the next bucket before the occupation runs.
+        afterCountWrite: async () => {
+          claimedIn = await bucketNow();
+          while ((await bucketNow()) === claimedIn) await new Promise((resolve) => setTimeout(resolve, 20));
+        },
+      });
+      const occupiedIn = await bucketNow();
+      expect(occupiedIn, 'occupied a bucket later').to.be.greaterThan(claimedIn);
+      // Every marker is done, and written as done to the later bucket's hashes.
+      expect(await markersIn(redis, prefix, task)).to.equal(task.ids.length);
+      const subs = Number(await redis.hget(markerMetaKey(prefix, 6, occupiedIn), 's'));
+      const digest = markerDigest(task.ids[0]!);
+      const later = markerBucketKey(prefix, 6, occupiedIn, subBucketOf(digest, subs));
+      expect(await redis.hget(later, digest as unknown as string)).to.equal('1');
+      // It expires at the later bucket's end plus the TTL: at least the TTL after the occupation.
+      const [nowS, nowUs] = await redis.time();
+      const expiresAtMs = Number(nowS) * 1000 + Number(nowUs) / 1000 + (await redis.pttl(later));
+      expect(expiresAtMs, 'the later bucket lives the TTL from its end').to.be.closeTo(((occupiedIn + 1) * 2 + 4) * 1000, 50);
+      const again = await runTwoStepBatch(client, settings, redelivered(task), quiet);
+      expect([...again.marked]).to.deep.equal(task.ids.map(() => 1));
+      expect(await countsIn(redis, prefix, task)).to.deep.equal(expectedCounts(task));
+    } finally {
+      client.disconnect();
     }
   });
 });

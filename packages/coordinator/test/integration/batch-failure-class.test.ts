@@ -8,7 +8,8 @@
 import { randomBytes } from 'node:crypto';
 import { expect } from 'chai';
 import { Redis } from 'ioredis';
-import { ClassifiedFailure, countKey, encodeBatchTask, markerKey, type PartChanges, type TallyMode } from '@tally/shared';
+import { ClassifiedFailure, countKey, encodeBatchTask, markerDigest, type PartChanges, type TallyMode } from '@tally/shared';
+import { markerEntry, readMarkers } from '@tally/testkit';
 import { runIsolating } from '../../src/batch-isolation.js';
 import { WorkerPools } from '../../src/worker-pools.js';
 import { REDIS_URL } from './harness.js';
@@ -20,7 +21,20 @@ describe('batch failure classes across the thread boundary (real threads, real R
     it(`${mode}: a data failure arrives classified 'data'; isolation refuses only the failing part and counts the rest`, async () => {
       const prefix = `t.isolate.${randomBytes(4).toString('hex')}:`;
       const pools = new WorkerPools(
-        { redisUrl: REDIS_URL, prefix, mode, markerTtlS: 600, countTtlS: 600, logLevel: 'silent', waitReplicas: 0, waitTimeoutMs: 1000 },
+        {
+          redisUrl: REDIS_URL,
+          prefix,
+          mode,
+          markerTtlS: 600,
+          countTtlS: 600,
+          logLevel: 'silent',
+          waitReplicas: 0,
+          waitTimeoutMs: 1000,
+          markerBucketS: 300,
+          markerSubBuckets: 256,
+          claimToken: 'a1',
+          claimTtlMs: 30_000,
+        },
         1,
         16,
       );
@@ -29,8 +43,9 @@ describe('batch failure classes across the thread boundary (real threads, real R
         // A delta of 1.5 never passes the parser; here it stands for any
         // argument Redis (two-step: INCRBY) or the script (atomic:
         // TALLY_SCRIPT_ARGS) refuses for the batch as a whole.
-        const parts: Array<{ id: string; changes: PartChanges }> = Array.from({ length: 7 }, (_, i) => ({
+        const parts: Array<{ id: string; digest: Uint8Array; changes: PartChanges }> = Array.from({ length: 7 }, (_, i) => ({
           id: `${prefix}m${i}`,
+          digest: markerDigest(`${prefix}m${i}`),
           changes: [[`S${i}`, i === 4 ? 1.5 : 10 + i]],
         }));
         if (mode === 'atomic') {
@@ -64,7 +79,7 @@ describe('batch failure classes across the thread boundary (real threads, real R
         expect([...result.marked]).to.deep.equal(new Array(7).fill(0));
         for (let i = 0; i < 7; i++) {
           expect(await redis.get(countKey(prefix, 2, `S${i}`)), `S${i}`).to.equal(i === 4 ? null : String(10 + i));
-          expect(await redis.exists(markerKey(prefix, 2, parts[i]!.id)), `marker ${i}`).to.equal(i === 4 ? 0 : 1);
+          expect((await readMarkers(redis, prefix)).done.has(markerEntry(2, parts[i]!.id)), `marker ${i}`).to.equal(i !== 4);
         }
       } finally {
         await pools.destroy();

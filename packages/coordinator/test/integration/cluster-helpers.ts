@@ -2,8 +2,8 @@
  * Reading a Redis Cluster (or any TALLY_REDIS_URL) from the tests: the same
  * factory and scans the CLI uses, so a test sees what an operator would.
  */
-import { markerScanPattern } from '@tally/shared';
 import { connectRedis, scanNodes, type RedisClient } from '@tally/runtime';
+import { markerEntry, readMarkers } from '@tally/testkit';
 import { readCounts } from '../../src/commands/counts.js';
 import { readStats } from '../../src/commands/stats.js';
 import type { PartsById } from './crash-window.js';
@@ -29,22 +29,9 @@ export async function statsAt(url: string, prefix: string): Promise<Awaited<Retu
   return withRedisAt(url, (redis) => readStats(redis, { prefix }));
 }
 
-/** Every occupied marker of the prefix, as `<vshard>:<message id>`, from every master. */
+/** Every occupied marker of the prefix, as markerEntry(vshard, id) (`<vshard>:<digest hex>`), from every master. */
 export async function markedParts(redis: RedisClient, prefix: string): Promise<Set<string>> {
-  const marked = new Set<string>();
-  const head = `${prefix}m:{`;
-  for (const node of scanNodes(redis)) {
-    let cursor = '0';
-    do {
-      const [next, keys] = await node.scan(cursor, 'MATCH', markerScanPattern(prefix), 'COUNT', 10_000);
-      cursor = next;
-      for (const key of keys) {
-        const close = key.indexOf('}:', head.length);
-        marked.add(`${key.slice(head.length, close)}:${key.slice(close + 2)}`);
-      }
-    } while (cursor !== '0');
-  }
-  return marked;
+  return new Set((await readMarkers(redis, prefix)).done);
 }
 
 /**
@@ -55,7 +42,7 @@ export async function markedParts(redis: RedisClient, prefix: string): Promise<S
  */
 export function unmarkedGoodParts(parts: PartsById, marked: ReadonlySet<string>): number {
   let missing = 0;
-  for (const [id, byShard] of parts) for (const vshard of byShard.keys()) if (!marked.has(`${vshard}:${id}`)) missing++;
+  for (const [id, byShard] of parts) for (const vshard of byShard.keys()) if (!marked.has(markerEntry(vshard, id))) missing++;
   return missing;
 }
 

@@ -5,7 +5,8 @@
  * could have had.
  */
 import type { Redis } from 'ioredis';
-import { markerKey, markerScanPattern, parseMessage, shardOf, splitByShard, type PartChanges } from '@tally/shared';
+import { DEFAULTS, markerDigest, parseMessage, shardOf, splitByShard, type PartChanges } from '@tally/shared';
+import { markersDone, readMarkers } from '@tally/testkit';
 import type { Publish } from '@tally/workload';
 import { readCounts } from '../../src/commands/counts.js';
 
@@ -35,19 +36,16 @@ export async function unmarkedUnitsPerShard(redis: Redis, prefix: string, virtua
   const counts = await readCounts(redis, { prefix, virtualShards }, []);
   const unmarked = new Map<string, number>();
   for (const [sku, value] of counts) unmarked.set(sku, Number(value));
-  const head = `${prefix}m:{`;
-  let cursor = '0';
-  do {
-    const [next, keys] = await redis.scan(cursor, 'MATCH', markerScanPattern(prefix), 'COUNT', 10_000);
-    cursor = next;
-    for (const key of keys) {
-      const close = key.indexOf('}:', head.length);
-      const vshard = Number(key.slice(head.length, close));
-      const part = parts.get(key.slice(close + 2))?.get(vshard);
-      if (part === undefined) throw new Error(`marker ${key} stands for no published part`);
-      for (const [sku, delta] of part) unmarked.set(sku, (unmarked.get(sku) ?? 0) - delta);
-    }
-  } while (cursor !== '0');
+  const idOfDigest = new Map<string, string>();
+  for (const id of parts.keys()) idOfDigest.set(markerDigest(id).toString('hex'), id);
+  // Done markers only: a claim stands for nothing counted yet.
+  for (const entry of (await readMarkers(redis, prefix)).done) {
+    const [vshard, digest] = entry.split(':') as [string, string];
+    const id = idOfDigest.get(digest);
+    const part = id === undefined ? undefined : parts.get(id)?.get(Number(vshard));
+    if (part === undefined) throw new Error(`marker ${entry} stands for no published part`);
+    for (const [sku, delta] of part) unmarked.set(sku, (unmarked.get(sku) ?? 0) - delta);
+  }
   const totals = new Array<number>(virtualShards).fill(0);
   for (const [sku, units] of unmarked) totals[shardOf(sku, virtualShards)]! += units;
   return totals;
@@ -72,7 +70,7 @@ export function largestBatchUnits(parts: PartsById, vshard: number, batchSize: n
 interface LedgerPart {
   readonly position: number;
   readonly vshard: number;
-  readonly key: string;
+  readonly digest: Buffer;
   readonly units: number;
 }
 
@@ -103,13 +101,15 @@ export class UnmarkedLedger {
     private readonly prefix: string,
     private readonly virtualShards: number,
     private readonly slack: number,
+    private readonly markerTtlS: number = DEFAULTS.markerTtlS,
   ) {
     const seen = new Set<string>();
     publishes.forEach((publish, position) => {
       if (publish.kind !== 'good' || publish.id === undefined || seen.has(publish.id)) return;
       seen.add(publish.id);
+      const digest = markerDigest(publish.id);
       for (const [vshard, part] of parts.get(publish.id) ?? []) {
-        this.parts.push({ position, vshard, key: markerKey(prefix, vshard, publish.id), units: part.reduce((sum, [, delta]) => sum + delta, 0) });
+        this.parts.push({ position, vshard, digest, units: part.reduce((sum, [, delta]) => sum + delta, 0) });
         for (const [sku] of part) this.shardOfSku.set(sku, vshard);
       }
     });
@@ -121,14 +121,10 @@ export class UnmarkedLedger {
   async measure(redis: Redis, delivered: number): Promise<number[]> {
     this.deliveredMost = Math.max(this.deliveredMost, delivered);
     while (this.next < this.parts.length && this.parts[this.next]!.position < this.deliveredMost + this.slack) this.pending.push(this.parts[this.next++]!);
-    const pipeline = redis.pipeline();
-    for (const part of this.pending) pipeline.exists(part.key);
-    const answers = (await pipeline.exec()) ?? [];
+    const done = await markersDone(redis, this.prefix, this.markerTtlS, this.pending);
     const still: LedgerPart[] = [];
     this.pending.forEach((part, i) => {
-      const [error, exists] = answers[i] ?? [new Error('no answer'), 0];
-      if (error) throw error;
-      if (exists === 1) this.markedUnits[part.vshard]! += part.units;
+      if (done[i]) this.markedUnits[part.vshard]! += part.units;
       else still.push(part);
     });
     this.pending = still;

@@ -4,7 +4,8 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { expect } from 'chai';
 import amqp from 'amqplib';
 import { generateWorkload, publishAll, type Publish } from '@tally/workload';
-import { deadLetterReason, markerKey, shardOf } from '@tally/shared';
+import { deadLetterReason, shardOf } from '@tally/shared';
+import { markerEntry, readMarkers } from '@tally/testkit';
 import { createLogger } from '../../src/logger.js';
 import { declareTallyQueues } from '../../src/queue-declaration.js';
 import {
@@ -209,10 +210,11 @@ describe('quorum queues (integration: the local RabbitMQ)', function () {
 
       // Counted: every part's marker is there.
       const counted = await withRedis(async (redis) => {
+        const { done } = await readMarkers(redis, space.prefix);
         const ids = new Set<string>();
         for (const m of good) {
-          const keys = [...new Set(m.changes.filter((c) => c.delta !== 0).map((c) => markerKey(space.prefix, shardOf(c.sku, 16), m.id)))];
-          if ((await redis.exists(...keys)) === keys.length) ids.add(m.id);
+          const entries = [...new Set(m.changes.filter((c) => c.delta !== 0).map((c) => markerEntry(shardOf(c.sku, 16), m.id)))];
+          if (entries.every((entry) => done.has(entry))) ids.add(m.id);
         }
         return ids;
       });

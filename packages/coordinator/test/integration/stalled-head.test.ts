@@ -77,8 +77,8 @@ describe('a stalled head (integration: private redis-server with a narrow ACL, r
     const stallMs = 2_000;
     const space = testSpace('stall', { TALLY_METRICS_PORT: '0', TALLY_STALL_MS: String(stallMs), TALLY_BATCH_WAIT_MS: '20', TALLY_VIRTUAL_SHARDS: '16' });
     const p = space.prefix;
-    // Every family of the prefix except the keys of shard 5: `<prefix>c:{5}:…`, `m:{5}:…`, `w:{5}:…`.
-    const keyPatterns = [`~${p}stats`, `~${p}layout`, `~${p}daemon:*`, `~${p}?:{[0-46-9]}*`, `~${p}?:{1[0-9]}*`];
+    // Every family of the prefix except the keys of shard 5: `<prefix>c:{5}:…`, `mk:{5}:…`, `w:{5}:…`.
+    const keyPatterns = [`~${p}stats`, `~${p}layout`, `~${p}daemon:*`, `~${p}?:{[0-46-9]}*`, `~${p}?:{1[0-9]}*`, `~${p}mk:{[0-46-9]}*`, `~${p}mk:{1[0-9]}*`];
     await asAdmin(server, (admin) =>
       // +time: the layout check's script reads the server clock (layout-guard.ts).
       admin.call('ACL', 'SETUSER', 'tally', 'on', '>pw', ...keyPatterns, '+@read', '+@write', '+@scripting', '+@connection', '+info', '+time'),

@@ -5,13 +5,19 @@
 
   Input:
     KEYS[1]                the batch's receipt
-    KEYS[2 .. n+1]         the parts' markers
-    KEYS[n+2 .. n+m+1]     the batch's count keys
+    KEYS[2]                the shard's marker base, <prefix>mk:{<vshard>}; the
+                           script reads and writes <base>:<bucket>:<sub> and
+                           <base>:<bucket>:m (the same hash tag, so the same
+                           slot on a cluster)
+    KEYS[3 .. m+2]         the batch's count keys
     ARGV[1]                marker TTL, seconds (also the receipt's)
     ARGV[2]                count TTL, seconds
     ARGV[3]                n, the number of parts
     ARGV[4]                m, the number of count keys
-    ARGV[5 ..]             per part: k, then k pairs
+    ARGV[5]                bucket width, seconds
+    ARGV[6]                sub-buckets of a shard's bucket when the bucket
+                           before it is unknown (a power of two)
+    ARGV[7 ..]             per part: its 16-byte digest, k, then k pairs
                            (count key index 1..m, delta as a decimal string)
 
   Output:
@@ -25,6 +31,16 @@
   Errors:
     TALLY_SCRIPT_ARGS  the keys and arguments disagree; nothing was written
 
+  - Markers are fields of time-bucketed hashes (shared/src/markers.ts): a
+    part is a duplicate when its digest is done ('1') in any live bucket.
+    (A two-step marker holds its batch's number instead; a prefix switches
+    mode only once no marker is live, so atomic mode never meets one.) New
+    markers go to the bucket of now (TIME, the server's clock), whose hashes
+    expire at the bucket's end plus the marker TTL. Each bucket's meta hash
+    <base>:<bucket>:m holds its sub-bucket count `s` (fixed by the first
+    script that writes to it, from `n` of the bucket before), `n`, the
+    markers written to it, and `x`, which of its hashes already carry their
+    expiry (as in claim_markers.lua). Reads and writes are grouped by hash.
   - Everything that can fail for a bad argument is checked in the first
     pass, before any write: Redis does not roll back a script that errors
     halfway, so an error must come before the first write or not at all.
@@ -58,13 +74,39 @@ if done then
   if not sep then return {done, {}, 1} end
   return {string.sub(done, 1, sep - 1), cjson.decode(string.sub(done, sep + 1)), 1}
 end
+if redis.replicate_commands then redis.replicate_commands() end
 local markerTtl = ARGV[1]
 local countTtl = ARGV[2]
 local n = tonumber(ARGV[3])
 local m = tonumber(ARGV[4])
-if n == nil or m == nil or #KEYS ~= 1 + n + m then
+local width = tonumber(ARGV[5])
+local initialSubs = tonumber(ARGV[6])
+if n == nil or m == nil or width == nil or initialSubs == nil or #KEYS ~= 2 + m then
   return redis.error_reply('TALLY_SCRIPT_ARGS keys and part count disagree')
 end
+local base = KEYS[2]
+local nowS = tonumber(redis.call('TIME')[1])
+local current = math.floor(nowS / width)
+local oldest = math.floor((nowS - tonumber(markerTtl)) / width)
+local expiresAt = (current + 1) * width + tonumber(markerTtl)
+
+-- @include marker_buckets
+
+-- Which digests are done in any live bucket: one HMGET per hash and bucket, in chunks.
+local all = {}
+local walk = 7
+for i = 1, n do
+  local digest = ARGV[walk]
+  local k = tonumber(ARGV[walk + 1])
+  if digest == nil or #digest ~= 16 or k == nil then return redis.error_reply('TALLY_SCRIPT_ARGS part ' .. i .. ' has no digest or no change count') end
+  all[#all + 1] = digest
+  walk = walk + 2 + 2 * k
+end
+local doneSet = {}
+local currentSubs = readBuckets(current, oldest, all, function(_, digest, value)
+  if value == '1' then doneSet[digest] = true end
+end)
+
 local SAFE = 9007199254740991
 local flags = {}
 local seen = {}
@@ -72,14 +114,15 @@ local sums = {}
 local spills = {}
 -- Where each part's k sits in ARGV, for the per-part pass after a refusal.
 local partAt = {}
-local pos = 5
+local digestOf = {}
+local pos = 7
 for i = 1, n do
-  local marker = KEYS[1 + i]
-  local k = tonumber(ARGV[pos])
-  if k == nil then return redis.error_reply('TALLY_SCRIPT_ARGS part ' .. i .. ' has no change count') end
-  partAt[i] = pos
-  pos = pos + 1
-  if seen[marker] or redis.call('EXISTS', marker) == 1 then
+  local marker = ARGV[pos]
+  local k = tonumber(ARGV[pos + 1])
+  digestOf[i] = marker
+  partAt[i] = pos + 1
+  pos = pos + 2
+  if seen[marker] or doneSet[marker] then
     flags[i] = '1'
     pos = pos + 2 * k
   else
@@ -105,33 +148,7 @@ for i = 1, n do
   end
 end
 
-local function negate(delta)
-  if delta == '0' then return '0' end
-  if string.sub(delta, 1, 1) == '-' then return string.sub(delta, 2) end
-  return '-' .. delta
-end
-
--- Keys an INCRBY succeeded on (so they hold an integer): the only ones that get the count TTL.
-local touched = {}
-
--- Applies INCRBY keys[i] deltas[i] for every i, all or nothing. Returns nil,
--- or the position and error of the refused increment after taking back the
--- ones before it (the inverse of an increment that succeeded cannot fail). A
--- key taken back to 0 is deleted: the INCRBY may have created it, and a
--- count of 0 reads the same as no key.
-local function addAll(keys, deltas)
-  for i = 1, #keys do
-    local reply = redis.pcall('INCRBY', keys[i], deltas[i])
-    if type(reply) == 'table' and reply.err then
-      for j = i - 1, 1, -1 do
-        if redis.call('INCRBY', keys[j], negate(deltas[j])) == 0 then redis.call('DEL', keys[j]) end
-      end
-      return i, reply.err
-    end
-    touched[keys[i]] = true
-  end
-  return nil
-end
+-- @include count_apply
 
 -- Never tostring (it writes 1e+15), and never '-0' (Redis refuses it).
 local function decimal(sum)
@@ -142,11 +159,11 @@ end
 -- The usual case: the whole batch as one group, one INCRBY per SKU (and per spill).
 local keys, deltas = {}, {}
 for _, spill in ipairs(spills) do
-  keys[#keys + 1] = KEYS[1 + n + spill[1]]
+  keys[#keys + 1] = KEYS[2 + spill[1]]
   deltas[#deltas + 1] = decimal(spill[2])
 end
 for index, sum in pairs(sums) do
-  keys[#keys + 1] = KEYS[1 + n + index]
+  keys[#keys + 1] = KEYS[2 + index]
   deltas[#deltas + 1] = decimal(sum)
 end
 local refusals = {}
@@ -158,7 +175,7 @@ if addAll(keys, deltas) then
       local k = tonumber(ARGV[at])
       local partKeys, partDeltas = {}, {}
       for c = 1, k do
-        partKeys[c] = KEYS[1 + n + tonumber(ARGV[at + 2 * c - 1])]
+        partKeys[c] = KEYS[2 + tonumber(ARGV[at + 2 * c - 1])]
         partDeltas[c] = ARGV[at + 2 * c]
       end
       local failed, err = addAll(partKeys, partDeltas)
@@ -170,9 +187,11 @@ if addAll(keys, deltas) then
   end
 end
 for key in pairs(touched) do redis.call('EXPIRE', key, countTtl) end
+local fresh = {}
 for i = 1, n do
-  if flags[i] == '0' then redis.call('SET', KEYS[1 + i], '1', 'EX', markerTtl) end
+  if flags[i] == '0' then fresh[#fresh + 1] = digestOf[i] end
 end
+if #fresh > 0 then writeMarkers(current, currentSubs or openBucket(current, initialSubs, expiresAt), fresh, '1', expiresAt) end
 local result = table.concat(flags)
 local receipt = result
 if #refusals > 0 then receipt = result .. ':' .. cjson.encode(refusals) end

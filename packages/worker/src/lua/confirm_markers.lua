@@ -1,17 +1,21 @@
 #!lua
 --[[
   Before a batch's WAIT (replica-wait.ts): every marker the batch relies on
-  must exist on the master that will answer the WAIT, and the last one is
-  touched, a write of this connection's own for the WAIT to follow.
+  must be done on the master that will answer the WAIT, and then this
+  connection makes a write of its own for the WAIT to follow.
 
   Input:
-    KEYS[1..n]  the markers the batch relies on: those it occupied and those
-                it found occupied (its duplicates); KEYS[n] is touched
-    ARGV[1]     marker TTL, milliseconds
+    KEYS[1]     the shard's marker base, <prefix>mk:{<vshard>}
+    ARGV[1]     bucket width, seconds
+    ARGV[2]     marker TTL, seconds
+    ARGV[3]     sub-buckets of a new bucket when the bucket before it is
+                unknown (as in claim_markers)
+    ARGV[4 ..]  the 16-byte digests of the parts the batch relies on: those
+                it counted and marked, and those it found done (duplicates)
 
   Output:
-    the number of those markers that do not exist (0: all there, and KEYS[n]
-    touched; otherwise nothing written)
+    the number of those digests not done in any live bucket (0: all done,
+    and the touch written; otherwise nothing written)
 
   Why every marker, not one: after a failover the WAIT is answered by the
   promoted replica's own replicas. A marker this batch found on the old
@@ -20,22 +24,62 @@
   present; acking on the strength of the present one would lose the parts
   of the missing one. Missing markers make the caller rerun the batch.
 
-  A marker whose TTL has run below half is given the full TTL again: a batch
-  that waits for its replicas a long time (a replica down for longer than
-  the marker TTL) must not see its own markers expire and count its parts a
-  second time on the rerun. Otherwise a single write, the PEXPIRE of KEYS[n]:
-  replicated after everything this master had run before it.
+  A marker whose bucket expires within half the TTL is written again as done
+  into the bucket of now: a batch that waits for its replicas a long time (a
+  replica down for longer than the marker TTL) must not see its own markers
+  expire and count its parts a second time on the rerun. Otherwise the write
+  is an EXPIREAT of the newest bucket's meta hash to the expiry it already
+  has (a bucket's hashes expire together; moving one would not keep it
+  readable past its bucket's life): replicated after everything this master
+  had run before it.
 ]]
-local ttl = tonumber(ARGV[1])
+if redis.replicate_commands then redis.replicate_commands() end
+local base = KEYS[1]
+local width = tonumber(ARGV[1])
+local ttl = tonumber(ARGV[2])
+local initialSubs = tonumber(ARGV[3])
+local nowS = tonumber(redis.call('TIME')[1])
+local current = math.floor(nowS / width)
+local oldest = math.floor((nowS - ttl) / width)
+
+-- @include marker_buckets
+
+local digests = {}
+for i = 4, #ARGV do digests[#digests + 1] = ARGV[i] end
+
+-- A two-step marker holds its batch's number: done once that batch's record is '1'.
+local batchDone = {}
+local function isDone(bucket, value)
+  if value == '1' then return true end
+  local cacheKey = bucket .. ':' .. value
+  if batchDone[cacheKey] == nil then batchDone[cacheKey] = redis.call('HGET', metaKey(bucket), 'b' .. value) == '1' end
+  return batchDone[cacheKey]
+end
+
+-- The newest bucket each digest is done in (buckets are visited newest first).
+local doneIn = {}
+readBuckets(current, oldest, digests, function(bucket, digest, value)
+  if doneIn[digest] == nil and isDone(bucket, value) then doneIn[digest] = bucket end
+end)
+
 local missing = 0
-for i = 1, #KEYS do
-  local left = redis.call('PTTL', KEYS[i])
-  if left == -2 then
+local newest = oldest
+local renew = {}
+for _, digest in ipairs(digests) do
+  local bucket = doneIn[digest]
+  if bucket == nil then
     missing = missing + 1
-  elseif left >= 0 and left < ttl / 2 then
-    redis.call('PEXPIRE', KEYS[i], ttl)
+  else
+    if bucket > newest then newest = bucket end
+    if (bucket + 1) * width + ttl - nowS < ttl / 2 then renew[#renew + 1] = digest end
   end
 end
 if missing > 0 then return missing end
-redis.call('PEXPIRE', KEYS[#KEYS], ttl)
+
+if #renew > 0 then
+  local expiresAt = (current + 1) * width + ttl
+  writeMarkers(current, openBucket(current, initialSubs, expiresAt), renew, '1', expiresAt)
+else
+  redis.call('EXPIREAT', metaKey(newest), (newest + 1) * width + ttl)
+end
 return 0

@@ -4,13 +4,24 @@
   their counts were written (invariant 2).
 
   Input:
-    KEYS[1]       the batch's write receipt (write_counts.lua left it with the counts)
-    KEYS[2..n+1]  the markers to occupy
-    ARGV[1]       marker TTL, seconds
+    KEYS[1]     the shard's marker base, <prefix>mk:{<vshard>}
+    KEYS[2]     the batch's write receipt (write_counts.lua left it with the
+                counts); absent when the batch wrote no counts
+    ARGV[1]     bucket width, seconds
+    ARGV[2]     marker TTL, seconds
+    ARGV[3]     sub-buckets of a new bucket when the bucket before it is
+                unknown (as in claim_markers)
+    ARGV[4]     the bucket claim_markers put the claims in
+    ARGV[5]     the batch number claim_markers gave them
+    ARGV[6]     r, the number of parts Redis refused to count
+    ARGV[7 .. 6+r]  their 16-byte digests: their claims are deleted, so they
+                get no marker and their replay counts them
+    ARGV[7+r ..]    the 16-byte digests of the other new parts: only needed,
+                and only sent, when the first call answered -1
 
   Output:
-    n, the number of markers set; or -1, and nothing set, when the receipt
-    is gone.
+    n  the markers occupied; -1: time has moved on to a later bucket, so
+       call again with the digests; -2: the receipt is gone, nothing written
 
   The receipt check keeps invariant 2 across a failover: the count write may
   have landed on a master that died before its replica had it, and this
@@ -21,8 +32,41 @@
   they are; without it the caller reruns the whole batch (same batch id), and
   the rerun writes the counts again.
 
-  SET is idempotent: a retry simply sets them again.
+  The batch's parts hold its number; its record `b<number>` in the bucket's
+  meta hash turns from the claim into '1', and every part reads as done: one
+  HSET for the whole batch. When the bucket of now is a later one than the
+  claims', the claims' hashes expire earlier than the marker TTL from now,
+  so the markers are also written as '1' to the bucket of now (in chunks of
+  1,000 fields per HSET), which lives at least the TTL from now. Every write
+  is idempotent: a retry does it again.
 ]]
-if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
-for i = 2, #KEYS do redis.call('SET', KEYS[i], '1', 'EX', ARGV[1]) end
-return #KEYS - 1
+if redis.replicate_commands then redis.replicate_commands() end
+if KEYS[2] and redis.call('EXISTS', KEYS[2]) == 0 then return -2 end
+local base = KEYS[1]
+local width = tonumber(ARGV[1])
+local ttl = tonumber(ARGV[2])
+local initialSubs = tonumber(ARGV[3])
+local claimed = tonumber(ARGV[4])
+local batch = ARGV[5]
+local refused = tonumber(ARGV[6])
+local FIRST = 7 + refused
+local nowS = tonumber(redis.call('TIME')[1])
+local current = math.floor(nowS / width)
+if current ~= claimed and #ARGV < FIRST then return -1 end
+
+-- @include marker_buckets
+
+local claimSubs = tonumber(redis.call('HGET', metaKey(claimed), 's')) or initialSubs
+for i = 7, 6 + refused do
+  local digest = ARGV[i]
+  redis.call('HDEL', base .. ':' .. claimed .. ':' .. ((string.byte(digest, 1) * 256 + string.byte(digest, 2)) % claimSubs), digest)
+end
+redis.call('HSET', metaKey(claimed), 'b' .. batch, '1')
+if current == claimed then return 0 end
+
+-- A later bucket: open it as claim_markers would, then write the markers there as done.
+local expiresAt = (current + 1) * width + ttl
+local moved = {}
+for i = FIRST, #ARGV do moved[#moved + 1] = ARGV[i] end
+writeMarkers(current, openBucket(current, initialSubs, expiresAt), moved, '1', expiresAt)
+return #moved

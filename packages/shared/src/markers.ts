@@ -1,0 +1,173 @@
+/**
+ * Pure: the marker format. A marker says "this message's part for this
+ * virtual shard is counted". It is a field of a small hash, not a key of its
+ * own:
+ *
+ *   <prefix>mk:{<vshard>}:<bucket>:<sub>   hash  field: digest(id), 16 bytes   value: '1' (done) or a claim
+ *   <prefix>mk:{<vshard>}:<bucket>:m       hash  s: the bucket's sub-bucket count, n: markers written to it
+ *
+ * - digest: the first 16 bytes (128 bits) of SHA-256 of the message id. Two
+ *   ids share a digest with probability about n^2 / 2^129: with 10^12 live
+ *   markers that is 1 in 10^14, so a collision (which would drop the second
+ *   message as a duplicate) never realistically happens. Fixed length keeps
+ *   every field small, whatever the ids look like.
+ * - bucket: floor(server time in seconds / bucket width). Every marker of a
+ *   bucket expires with its hash, at the bucket's end plus the marker TTL, so
+ *   a marker lives at least TALLY_MARKER_TTL_S and at most that plus one
+ *   bucket width. The time is the Redis server's (TIME inside the scripts),
+ *   so daemons on different machines agree on the bucket.
+ * - sub: the digest's first two bytes modulo the bucket's sub-bucket count (a
+ *   power of two), so each hash stays under `hash-max-listpack-entries` (128
+ *   by default) and Redis keeps it as a listpack: about 23 bytes per marker
+ *   against about 133 for a `SET … EX` key of its own. The count adapts to
+ *   the rate: the first script that writes to a shard's bucket fixes it in
+ *   the bucket's meta hash, from the markers the bucket before received
+ *   (about 64 per hash; subBucketsAfter), or the prefix's initial count when
+ *   that bucket is unknown. Readers take it from the meta hash, so every
+ *   daemon computes the same keys.
+ *
+ * A pre-check looks for a digest in every bucket still live, newest first:
+ * ceil(ttl / width) + 1 of them, skipping buckets without a meta hash (no
+ * marker there). The bucket width and the initial sub-bucket count are
+ * recorded in the layout when the prefix is created, so every daemon of a
+ * prefix uses the same.
+ *
+ * The scripts (packages/worker/src/lua) do this arithmetic themselves, on the
+ * server's clock; these functions are the same arithmetic for tooling and
+ * tests, and the worker tests check that both agree.
+ */
+import { hash } from 'node:crypto';
+
+/** Recorded as `marker_format` in the layout hash; a prefix with live markers of another format is refused. */
+export const MARKER_FORMAT = 'digest16-buckets-v1';
+/** What a prefix laid out before `marker_format` was recorded used: one `SET … EX` key per marker. */
+export const LEGACY_MARKER_FORMAT = 'key-per-marker';
+
+export const MARKER_DIGEST_BYTES = 16;
+
+/** The value of a marker whose part is counted (two-step: occupied; atomic: written with its counts). */
+export const DONE_VALUE = '1';
+
+/** The 16-byte digest of a message id: the field of its markers. */
+export function markerDigest(id: string): Buffer {
+  return hash('sha256', id, 'buffer').subarray(0, MARKER_DIGEST_BYTES);
+}
+
+/** The digests of a batch task's parts: the coordinator's, or computed from the ids (tests build tasks without them). */
+export function taskDigests(task: { readonly digests?: readonly Uint8Array[]; readonly ids?: readonly string[] }): readonly Uint8Array[] {
+  if (task.digests !== undefined) return task.digests;
+  if (task.ids === undefined) throw new TypeError('a batch task needs digests or ids');
+  return task.ids.map(markerDigest);
+}
+
+/** Which sub-bucket a digest falls in: its first two bytes, big-endian, modulo a power of two. */
+export function subBucketOf(digest: Uint8Array, subBuckets: number): number {
+  return ((digest[0]! << 8) | digest[1]!) & (subBuckets - 1);
+}
+
+export function isPowerOfTwo(n: number): boolean {
+  return Number.isInteger(n) && n >= 1 && (n & (n - 1)) === 0;
+}
+
+/** Markers per hash a new bucket is sized for: half the listpack limit, so a rate that doubles within a bucket still fits. */
+export const MARKERS_PER_SUB_BUCKET = 64;
+export const MAX_SUB_BUCKETS = 65_536;
+
+/**
+ * A new bucket's sub-bucket count, as the scripts choose it: enough hashes
+ * for the markers the bucket before received at MARKERS_PER_SUB_BUCKET each,
+ * or `initial` when that bucket is unknown (the first of a shard, or after an
+ * idle spell longer than its life).
+ */
+export function subBucketsAfter(previousMarkers: number | null, initial: number): number {
+  if (previousMarkers === null) return initial;
+  let subs = 1;
+  while (subs < MAX_SUB_BUCKETS && subs * MARKERS_PER_SUB_BUCKET < previousMarkers) subs *= 2;
+  return subs;
+}
+
+/** The bucket a time (seconds) falls in. */
+export function bucketOf(nowS: number, widthS: number): number {
+  return Math.floor(nowS / widthS);
+}
+
+/** When (epoch seconds) a bucket's hashes expire: its end plus the marker TTL. */
+export function bucketExpiresAt(bucket: number, widthS: number, ttlS: number): number {
+  return (bucket + 1) * widthS + ttlS;
+}
+
+/** The oldest bucket still live at `nowS`: the first whose expiry is after now. */
+export function oldestLiveBucket(nowS: number, widthS: number, ttlS: number): number {
+  return Math.floor((nowS - ttlS) / widthS);
+}
+
+/** Buckets a pre-check reads at most: ceil(ttl / width) + 1. */
+export function bucketsToCheck(widthS: number, ttlS: number): number {
+  return Math.ceil(ttlS / widthS) + 1;
+}
+
+/**
+ * The bucket width a new prefix records: half the marker TTL, so a
+ * pre-check reads at most 3 buckets and a marker lives 1.0 to 1.5 TTL
+ * (1.25 on average).
+ */
+export function defaultBucketWidthS(markerTtlS: number): number {
+  return Math.max(1, Math.ceil(markerTtlS / 2));
+}
+
+/** The marker hash a digest goes to in a bucket. */
+export function markerBucketKey(prefix: string, vshard: number, bucket: number, sub: number): string {
+  return `${prefix}mk:{${vshard}}:${bucket}:${sub}`;
+}
+
+/** A bucket's meta hash: `s` its sub-bucket count, `n` the markers written to it. */
+export function markerMetaKey(prefix: string, vshard: number, bucket: number): string {
+  return `${prefix}mk:{${vshard}}:${bucket}:m`;
+}
+
+/** What the scripts get as their marker key: they append `:<bucket>:<sub>` themselves (same hash tag, same slot). */
+export function markerBaseKey(prefix: string, vshard: number): string {
+  return `${prefix}mk:{${vshard}}`;
+}
+
+/** A marker hash key's parts, or null if the key is not one. */
+export function parseMarkerBucketKey(prefix: string, key: string): { vshard: number; bucket: number; sub: number } | null {
+  const head = `${prefix}mk:{`;
+  if (!key.startsWith(head)) return null;
+  const match = /^(\d+)\}:(-?\d+):(\d+)$/.exec(key.slice(head.length));
+  if (match === null) return null;
+  return { vshard: Number(match[1]), bucket: Number(match[2]), sub: Number(match[3]) };
+}
+
+/**
+ * A claim: "daemon <token> took this part at <ms> (server clock) and has not
+ * finished it". Two-step mode only. A claim older than the claim TTL belongs
+ * to a daemon that died or stalled, and is taken over.
+ */
+export function claimValue(token: string, atMs: number): string {
+  return `c${token}:${atMs}`;
+}
+
+/** A claim's holder and time, or null when the value is not a claim (a done marker). */
+export function parseClaim(value: string): { token: string; atMs: number } | null {
+  const match = /^c([0-9a-f]+):(\d+)$/.exec(value);
+  return match === null ? null : { token: match[1]!, atMs: Number(match[2]) };
+}
+
+/** Per part, what a batch script found: the flags it returns, one character per part. */
+export const PART_NEW = 0;
+export const PART_DONE = 1;
+/** Another daemon's live claim holds it: leave it for later, count nothing now. */
+export const PART_HELD = 2;
+
+/** A script's flags string ('0' new, '1' done, '2' held) as one byte per part. */
+export function parsePartFlags(flags: string, parts: number): Uint8Array {
+  if (flags.length !== parts) throw new Error(`a batch script returned ${flags.length} flags for ${parts} parts`);
+  const out = new Uint8Array(parts);
+  for (let i = 0; i < parts; i++) {
+    const c = flags.charCodeAt(i) - 48;
+    if (c !== PART_NEW && c !== PART_DONE && c !== PART_HELD) throw new Error(`a batch script returned the flag ${flags[i]} at part ${i}`);
+    out[i] = c;
+  }
+  return out;
+}
