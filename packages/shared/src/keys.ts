@@ -8,11 +8,13 @@
  *   <prefix>mk:{<vshard>}:<bucket>:<sub>
  *                                     markers: a small hash (listpack) whose fields are the 16-byte
  *                                     digests of message ids, value '1' (this message's part for this
- *                                     shard is counted) or, in two-step mode, a claim 'c<token>:<ms>'
- *                                     (a daemon is counting it now). <bucket> = server time / bucket
+ *                                     shard is counted) or, in two-step mode, the number of the batch
+ *                                     that claimed it (done once the batch's record is '1'). <bucket> = server time / bucket
  *                                     width, <sub> = digest bits; the hash expires at the bucket's end
  *                                     plus TALLY_MARKER_TTL_S (see markers.ts)
- *   <prefix>mk:{<vshard>}:<bucket>:m  the bucket's meta hash: s = its sub-bucket count, n = markers written
+ *   <prefix>mk:{<vshard>}:<bucket>:m  the bucket's meta hash: s = its sub-bucket count, n = markers written,
+ *                                     x = which hashes carry their expiry, b = the last batch number,
+ *                                     b<number> = a two-step batch's claim 'c<token>:<ms>', then '1'
  *   <prefix>w:{<vshard>}:<batch id>   write receipt: this batch's counts landed (TTL TALLY_MARKER_TTL_S)
  *   <prefix>stats                     hash of accumulated counters
  *   <prefix>layout                    hash: virtual shard count, hash function, mode, marker format

@@ -121,7 +121,15 @@ export async function markersDone(redis: Redis, prefix: string, markerTtlS: numb
  * with `subBuckets` if the bucket is new), for tests that stage what another
  * daemon left behind. Standalone Redis.
  */
-export async function writeDoneMarker(redis: Redis, prefix: string, vshard: number, id: string, widthS: number, markerTtlS: number, subBuckets = 256): Promise<void> {
+export async function writeDoneMarker(
+  redis: Redis,
+  prefix: string,
+  vshard: number,
+  id: string,
+  widthS: number,
+  markerTtlS: number,
+  subBuckets = 256,
+): Promise<void> {
   const [seconds] = await redis.time();
   const bucket = bucketOf(Number(seconds), widthS);
   const meta = markerMetaKey(prefix, vshard, bucket);

@@ -57,7 +57,11 @@ function readLua(path: string): string {
 
 /** Reads `lua/<name>.lua` next to this module, its includes expanded. Synchronous: it runs once per thread, at import. */
 export function loadScript(name: string, lostMessage = DEFAULT_LOST_MESSAGE): LuaScript {
-  return defineScript(name, expandIncludes(readLua(name), (included) => readLua(`include/${included}`)), lostMessage);
+  return defineScript(
+    name,
+    expandIncludes(readLua(name), (included) => readLua(`include/${included}`)),
+    lostMessage,
+  );
 }
 
 /** Per client, the scripts it has loaded once: a NOSCRIPT after that means Redis lost its script cache. */

@@ -115,18 +115,10 @@ export async function runTwoStepBatch(
   // Claims are retried with the same token: a claim this daemon made on an
   // attempt whose reply was lost is its own, and is taken again.
   const claimArgs = evalshaArgs(CLAIM_MARKERS, [shardKey], [...bucketArgs, settings.claimToken, settings.claimTtlMs, ...digests]);
-  const [flags, claimBucket, claimTakeovers, claimBatch] = await inSpan(
-    tracer,
-    'tally.precheck',
-    { 'tally.shard': vshard, 'tally.markers': ids.length },
-    () =>
-      untilDone('precheck', task, log, () =>
-        onSlotConnection(
-          redis,
-          shardKey,
-          async (connection) => (await runScript(connection, CLAIM_MARKERS, claimArgs, log)) as [string, number, number, number],
-        ),
-      ),
+  const [flags, claimBucket, claimTakeovers, claimBatch] = await inSpan(tracer, 'tally.precheck', { 'tally.shard': vshard, 'tally.markers': ids.length }, () =>
+    untilDone('precheck', task, log, () =>
+      onSlotConnection(redis, shardKey, async (connection) => (await runScript(connection, CLAIM_MARKERS, claimArgs, log)) as [string, number, number, number]),
+    ),
   );
   const marked = parsePartFlags(flags, ids.length);
   if (claimTakeovers > 0) log.warn({ vshard, claimTakeovers }, 'took over parts whose claim by another daemon had run out (it died or stalled); counted here');

@@ -118,3 +118,66 @@ describe('WAIT after a failover: every marker a batch relies on must be on the n
     });
   }
 });
+
+/**
+ * A batch that waits for its replicas longer than the marker TTL must not
+ * see its own markers expire meanwhile: a rerun (or a redelivery after a
+ * crash before the ack) would count its parts again. confirm_markers moves a
+ * marker whose bucket expires within half the TTL into the bucket of now.
+ */
+describe('WAIT longer than the marker TTL: the markers the batch relies on are kept alive', function () {
+  this.timeout(60_000);
+
+  for (const mode of ['two-step', 'atomic'] as const) {
+    it(`${mode}: markers outlive a WAIT that times out for twice the marker TTL`, async () => {
+      const runId = randomBytes(4).toString('hex');
+      const prefix = `t.renew.${runId}:`;
+      const vshard = 2;
+      const task: BatchTask = { vshard, batchId: randomUUID(), ids: [`${runId}-a`, `${runId}-b`], changes: [[['A', 1]], [['B', 2]]] };
+      const ttlS = 4;
+      const widthS = 2;
+      const master = await startPrivateRedis();
+      const replica = await startPrivateRedis();
+      const admin = new Redis(master.url);
+      const replicaAdmin = new Redis(replica.url);
+      const client = createRedisClient(master.url, 'test');
+      client.on('error', () => {});
+      try {
+        await admin.hset(layoutKey(prefix), 'marker_bucket_s', widthS);
+        const settings: WorkerSettings = { ...settingsFor(mode, prefix, master.url), markerTtlS: ttlS, markerBucketS: widthS, waitTimeoutMs: 500 };
+        let timeouts = 0;
+        const startedAt = Date.now();
+        // No replica yet: every WAIT times out. The replica is attached after 2 TTLs.
+        const hooks: BatchHooks = {
+          onWaitTimeout: () => {
+            timeouts++;
+            if (Date.now() - startedAt > 2 * ttlS * 1000 && timeouts < 1000) {
+              timeouts = 1000;
+              void replicaAdmin.replicaof('127.0.0.1', String(master.port)).catch(() => {});
+            }
+          },
+        };
+        const result = await (mode === 'atomic' ? runAtomicBatch : runTwoStepBatch)(client, settings, task, quiet, hooks);
+        expect([...result.marked]).to.deep.equal([0, 0]);
+        expect(Date.now() - startedAt, 'the WAIT held the batch past the TTL').to.be.above(2 * ttlS * 1000);
+        const refs = task.ids.map((id) => ({ vshard, digest: markerDigest(id) }));
+        expect(await markersDone(admin, prefix, ttlS, refs), 'its markers are live when it returns').to.deep.equal([true, true]);
+        // A redelivery now (a crash before the ack) is caught.
+        const again = await (mode === 'atomic' ? runAtomicBatch : runTwoStepBatch)(
+          client,
+          { ...settings, waitReplicas: 0 },
+          { ...task, batchId: randomUUID() },
+          quiet,
+        );
+        expect([...again.marked]).to.deep.equal([1, 1]);
+        expect(await admin.get(countKey(prefix, vshard, 'B'))).to.equal('2');
+      } finally {
+        client.disconnect();
+        admin.disconnect();
+        replicaAdmin.disconnect();
+        await replica.stop();
+        await master.stop();
+      }
+    });
+  }
+});

@@ -13,6 +13,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { expect } from 'chai';
 import { generateWorkload, publishAll } from '@tally/workload';
 import { cleanup, compare, startDaemon, stopDaemon, testSpace, AMQP_URL, type DaemonProcess } from './harness.js';
+import { parseInfo } from '@tally/shared';
 import { asAdmin, startPrivateRedis } from '@tally/testkit';
 import { brokerQueue, countsAt, metricsText, readyz, sample, waitFor } from './runtime-probes.js';
 
@@ -84,6 +85,14 @@ export async function runOomScenario(options: { before: number; during: number; 
         }
       }
     });
+    // The filling connection's buffers (half a megabyte) are freed when it
+    // closes, room for thousands of compact markers: once it is closed, put
+    // the limit below what Redis holds, so every write is refused whatever
+    // its size. Deleting the filler (megabytes) makes room again.
+    await asAdmin(server, async (admin) => {
+      const used = Number(parseInfo(await admin.info('memory')).get('used_memory'));
+      await admin.config('SET', 'maxmemory', String(used - 256 * 1024));
+    });
     const filledAt = Date.now();
     await publishAll(second.publishes, { url: AMQP_URL, queue: space.queue });
 
@@ -96,7 +105,13 @@ export async function runOomScenario(options: { before: number; during: number; 
       },
       30_000,
       100,
-    );
+    ).catch(async (error: Error) => {
+      // What the daemon and the servers were doing instead.
+      const memory = await asAdmin(server, async (admin) => parseInfo(await admin.info('memory')));
+      throw new Error(
+        `${error.message}; queue ${JSON.stringify(await brokerQueue(space.queue))}; used_memory ${memory.get('used_memory')} of ${memory.get('maxmemory')}; daemon's last logs:\n${daemon!.logs.slice(-15).join('\n')}`,
+      );
+    });
     expect(notReady.body.since, 'since is an ISO time').to.match(/^\d{4}-\d\d-\d\dT/);
     const metrics = await metricsText(port);
     expect(sample(metrics, 'tally_redis_refusing', { error_type: 'OOM' }), 'tally_redis_refusing{error_type="OOM"}').to.equal(1);
