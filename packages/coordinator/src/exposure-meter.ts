@@ -5,7 +5,7 @@
  * counters so they survive restarts and add up across daemons:
  *
  * - `window_message_ms`: messages inside the crash window: their count
- *   write has been sent to Redis, their marker SETs not yet. A crash
+ *   write has been sent to Redis, their marker occupation not yet. A crash
  *   re-counts these whatever its recovery time. The worker threads publish
  *   them as they go (shared WindowGauge) and the meter samples the gauge,
  *   so a window still open when the daemon is killed is counted up to the
@@ -15,7 +15,7 @@
  *   finished delivery waits for every earlier tag: this can be a sizeable
  *   share of the prefetch window. A crash re-counts these only when its
  *   recovery outlasts the marker TTL (the markers expired before the
- *   redelivery). Counted from the moment the batch's marker SETs are sent
+ *   redelivery). Counted from the moment the batch's marker occupation is sent
  *   (the gauge's settling slots, until the coordinator takes the result;
  *   then the occupied map, until the ack): the window term stops there.
  *
@@ -48,7 +48,7 @@ export interface MeterSampling {
 
 export const DEFAULT_SAMPLING: MeterSampling = { periodMs: 50, maxGapMs: 500 };
 
-/** Messages whose marker SETs are sent and whose batch result the coordinator has not taken yet. */
+/** Messages whose marker occupation is sent and whose batch result the coordinator has not taken yet. */
 export interface SettlingGauge {
   settling(): number;
   settled(vshard: number): void;

@@ -10,7 +10,7 @@
  *    recovery. Each shard has at most one batch in flight, so a crash costs
  *    at most `min(virtualShards × batchSize, prefetch)` messages. Expected:
  *    W = window_message_ms / loaded_ms, the mean number of messages inside a
- *    window (count write sent, marker SETs not yet) over the time the daemon
+ *    window (count write sent, marker occupation not yet) over the time the daemon
  *    is under load: what a crash at a random moment of that time finds.
  * 2. **Recovery slower than the marker TTL.** Everything occupied but not yet
  *    acked comes back after its markers expired and is counted again. Acks

@@ -1,7 +1,7 @@
 /**
  * The crash window as it happens, shared by the worker threads and the
  * coordinator: per virtual shard, the messages of its batch whose count
- * write has been sent to Redis and whose marker SETs have not. A SIGKILL at
+ * write has been sent to Redis and whose marker occupation has not. A SIGKILL at
  * that moment re-counts exactly those (the sent write still runs, the unsent
  * SETs never do).
  *
