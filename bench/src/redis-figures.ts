@@ -49,7 +49,7 @@ export interface FiguresRow extends Pick<
   readonly backlogBytesPerMessage: number;
   readonly replicaBytesPerMessage: number;
   readonly replicaCpuUsPerMessage: number;
-  /** Where the bytes and the CPU go (RedisDrainDetail): keys left per message, the keyspace hash tables' bytes and their slot-to-keys part. */
+  /** Where the bytes go (RedisDrainDetail): keys left per message, the keyspace hash tables' bytes and their slot-to-keys part. */
   readonly keysPerMessage: number;
   readonly hashtableBytesPerMessage: number;
   readonly slotToKeysBytesPerMessage: number;

@@ -259,7 +259,7 @@ export async function runScaleOut(options: BenchOptions, outDir: string, log: (l
         `## Redis figures (${options.rounds} round(s), medians; cluster: 3 masters summed, ${options.clusterReplicas} replica(s) each reported apart)`,
         renderFiguresTable(figures.rows),
         renderIdleLine(figures.idle),
-        '### Where the bytes and the CPU go',
+        '### Where the bytes go, and redirects to another node',
         renderBreakdownTable(figures.rows),
       ].join('\n\n')
     : '';
