@@ -263,7 +263,11 @@ export async function runScaleOut(options: BenchOptions, outDir: string, log: (l
         renderBreakdownTable(figures.rows),
       ].join('\n\n')
     : '';
-  const report = `${table}${figuresText}\n\n${loadLine}\n`;
+  const heading =
+    `# Tally scale-out (${options.quick ? 'quick' : 'full'} run), finished ${new Date().toISOString()}\n\n` +
+    `Workload: ${options.messages} messages + ${Number((options.duplicateRate * 100).toFixed(2))}% duplicates, ${options.skus} SKUs, ${options.minChanges}-${options.maxChanges} changes; ` +
+    `${options.rounds} round(s); cluster: 3 masters, ${options.clusterReplicas} replica(s) each.\n\n`;
+  const report = `${heading}${table}${figuresText}\n\n${loadLine}\n`;
   process.stdout.write(`\n${report}\n`);
   await mkdir(outDir, { recursive: true });
   await writeFile(
