@@ -1,15 +1,24 @@
 /** What every drain and latency run of one bench invocation shares. */
-import type { Redis } from 'ioredis';
+import { Redis, type Cluster } from 'ioredis';
 import type { BenchOptions } from './options.js';
+import { standaloneNodes, type RedisNodes } from './redis-nodes.js';
 
-export interface BenchContext {
+/**
+ * `Client` is the control client's type: a standalone Redis (the default:
+ * latency runs and the TTL sweep need one), or a Cluster client for the
+ * drains of `--scale-out --redis-figures`; the drain takes either
+ * (AnyBenchContext).
+ */
+export interface BenchContext<Client extends Redis | Cluster = Redis> {
   readonly amqpUrl: string;
   /** The Redis every contender writes to: the private server unless --redis-url said otherwise. */
   readonly redisUrl: string;
   /** True when the bench owns that Redis: it may flush it between runs and its counters are exact. */
   readonly redisPrivate: boolean;
-  /** The bench's control client on it (verification, INFO, polling). */
-  readonly redis: Redis;
+  /** The bench's control client on it (verification, polling). */
+  readonly redis: Client;
+  /** One client per server, for INFO (memory, CPU, commands are per server) and flushes: the standalone server, or a cluster's masters and replicas. */
+  readonly nodes: RedisNodes;
   /** Names this invocation's queues (`bench.<contender>.<runId>…`) and key prefixes (`bench:<runId>:…`). */
   readonly runId: string;
   readonly prefetch: number;
@@ -23,16 +32,19 @@ export interface BenchContext {
   log(line: string): void;
 }
 
-export function queueName(ctx: BenchContext, contender: string, label: string): string {
+/** A context with either control client: what the drain and the helpers below take. */
+export type AnyBenchContext = BenchContext<Redis | Cluster>;
+
+export function queueName(ctx: AnyBenchContext, contender: string, label: string): string {
   return `bench.${contender}.${ctx.runId}.${label}`;
 }
 
-export function prefixName(ctx: BenchContext, contender: string, label: string): string {
+export function prefixName(ctx: AnyBenchContext, contender: string, label: string): string {
   return `bench:${ctx.runId}:${contender}:${label}:`;
 }
 
 /** The fields of every contender run that come from the bench's context rather than from the run. */
-export function contextRunFields(ctx: BenchContext) {
+export function contextRunFields(ctx: AnyBenchContext) {
   return {
     amqpUrl: ctx.amqpUrl,
     redisUrl: ctx.redisUrl,
@@ -43,13 +55,16 @@ export function contextRunFields(ctx: BenchContext) {
   };
 }
 
-/** The context of one invocation: the run's own resources, the rest from the command line. */
-export function benchContext(
+/** The context of one invocation: the run's own resources, the rest from the command line. A Cluster client comes with its nodes. */
+export function benchContext<Client extends Redis | Cluster = Redis>(
   options: BenchOptions,
-  run: Pick<BenchContext, 'redisUrl' | 'redisPrivate' | 'redis' | 'runId' | 'traceSinkUrl' | 'log'>,
-): BenchContext {
+  run: Pick<BenchContext<Client>, 'redisUrl' | 'redisPrivate' | 'redis' | 'runId' | 'traceSinkUrl' | 'log'> & { readonly nodes?: RedisNodes },
+): BenchContext<Client> {
+  const nodes = run.nodes ?? (run.redis instanceof Redis ? standaloneNodes(run.redis) : null);
+  if (nodes === null) throw new Error('benchContext: a Cluster client needs its nodes (clusterNodes)');
   return {
     ...run,
+    nodes,
     amqpUrl: options.amqpUrl,
     prefetch: options.prefetch,
     ackEvery: options.ackEvery,

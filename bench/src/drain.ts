@@ -5,19 +5,22 @@
  *   reset -> publish (confirms) -> start contender -> [clock starts when it consumes]
  *         -> done (its own report, or counts == truth and queue empty for Tally)
  *         -> [clock stops; CPU, peak RSS, Redis commands read] -> SIGTERM -> verify
+ *
+ * The Redis figures are read from every server the context names: the one
+ * standalone server, or a Redis Cluster's masters summed (its replicas apart).
  */
 import { setTimeout as sleep } from 'node:timers/promises';
 import amqp from 'amqplib';
 import { escapeGlob } from '@tally/shared';
 import { readCounts } from '@tally/coordinator/counts';
-import { parseInfo } from '@tally/shared';
 import { resetNamespace } from '@tally/testkit';
 import { compareWithTruth, describeTruthCheck, publishAll, type Workload } from '@tally/workload';
-import type { BenchContext } from './context.js';
+import type { AnyBenchContext } from './context.js';
 import { contextRunFields, prefixName, queueName } from './context.js';
 import { isTally, startContender, type RunningContender } from './contenders.js';
 import { cpuSeconds, peakRssBytes } from './proc.js';
-import { callsDelta, commandCalls, sumValues } from './redis-info.js';
+import { callsDelta, perNodeDelta, sumValues } from './redis-info.js';
+import { flushMasters, sampleCommands, sampleCpu, sampleErrors, sampleMemory, settleReplicas, type RedisNodes } from './redis-nodes.js';
 import type { ContenderName, DrainRecord, MarkerMemoryRecord } from './results.js';
 import { watchCounts } from './tally-progress.js';
 import { queueState } from './broker.js';
@@ -39,28 +42,14 @@ export interface DrainOutcome {
   readonly memory?: MarkerMemoryRecord;
 }
 
-async function commandSnapshot(ctx: BenchContext): Promise<Map<string, number>> {
-  return commandCalls(parseInfo(await ctx.redis.info('commandstats')));
-}
-
-async function usedMemory(ctx: BenchContext): Promise<number> {
-  return Number(parseInfo(await ctx.redis.info('memory')).get('used_memory'));
-}
-
-/** CPU seconds (user + system, main thread and children) the Redis server has used so far (INFO cpu). */
-async function redisCpuSeconds(ctx: BenchContext): Promise<number> {
-  const info = parseInfo(await ctx.redis.info('cpu'));
-  return Number(info.get('used_cpu_sys')) + Number(info.get('used_cpu_user'));
-}
-
-/** Clean slate for a run: the bench's own queue, and its prefix (or the whole private Redis). */
-export async function resetSpace(ctx: BenchContext, queue: string, prefix: string): Promise<void> {
+/** Clean slate for a run: the bench's own queue, and its prefix (or the whole private Redis: every master of a private cluster). */
+export async function resetSpace(ctx: AnyBenchContext, queue: string, prefix: string): Promise<void> {
   await resetNamespace({ amqpUrl: ctx.amqpUrl, redisUrl: ctx.redisUrl, queue, prefix });
-  if (ctx.redisPrivate) await ctx.redis.flushall();
+  if (ctx.redisPrivate) await flushMasters(ctx.nodes);
 }
 
-/** Keys matching a pattern (SCAN, never KEYS). */
-async function scanKeys(redis: BenchContext['redis'], pattern: string): Promise<string[]> {
+/** Keys matching a pattern on one server (SCAN, never KEYS). */
+async function scanKeys(redis: RedisNodes['masters'][number], pattern: string): Promise<string[]> {
   const found: string[] = [];
   let cursor = '0';
   do {
@@ -73,37 +62,49 @@ async function scanKeys(redis: BenchContext['redis'], pattern: string): Promise<
 
 /**
  * Bytes one marker costs: delete every marker of the run and see how much
- * used_memory drops. Measured on the private Redis only, where nothing else
- * allocates meanwhile; the keys' expiry entries are included, as they should be.
+ * used_memory drops (summed over a cluster's masters). Measured on a private
+ * Redis only, where nothing else allocates meanwhile; the keys' expiry
+ * entries are included, as they should be. Keys are deleted one per DEL: on
+ * a cluster node a multi-key DEL must stay within one slot.
  */
-export async function measureMarkerMemory(ctx: BenchContext, pattern: string): Promise<{ markers: number; bytes: number } | null> {
+export async function measureMarkerMemory(ctx: AnyBenchContext, pattern: string): Promise<{ markers: number; bytes: number } | null> {
   if (!ctx.redisPrivate) return null;
-  const keys = await scanKeys(ctx.redis, pattern);
-  if (keys.length === 0) return null;
+  const perServer = await Promise.all(ctx.nodes.masters.map(async (server) => ({ server, keys: await scanKeys(server, pattern) })));
+  if (perServer.every(({ keys }) => keys.length === 0)) return null;
   // A marker hash holds many markers (its fields); a marker key is one.
   let markers = 0;
-  for (let i = 0; i < keys.length; i += 1_000) {
-    const pipeline = ctx.redis.pipeline();
-    for (const key of keys.slice(i, i + 1_000)) pipeline.type(key);
-    const types = (await pipeline.exec()) ?? [];
-    const lengths = ctx.redis.pipeline();
-    keys.slice(i, i + 1_000).forEach((key, j) => (types[j]?.[1] === 'hash' ? lengths.hlen(key) : lengths.exists(key)));
-    for (const [, n] of (await lengths.exec()) ?? []) markers += Number(n);
+  for (const { server, keys } of perServer) {
+    for (let i = 0; i < keys.length; i += 1_000) {
+      const pipeline = server.pipeline();
+      for (const key of keys.slice(i, i + 1_000)) pipeline.type(key);
+      const types = (await pipeline.exec()) ?? [];
+      const lengths = server.pipeline();
+      keys.slice(i, i + 1_000).forEach((key, j) => (types[j]?.[1] === 'hash' ? lengths.hlen(key) : lengths.exists(key)));
+      for (const [, n] of (await lengths.exec()) ?? []) markers += Number(n);
+    }
   }
-  const before = await usedMemory(ctx);
-  for (let i = 0; i < keys.length; i += 1_000) await ctx.redis.del(...keys.slice(i, i + 1_000));
-  const after = await usedMemory(ctx);
+  const before = (await sampleMemory(ctx.nodes)).masters;
+  for (const { server, keys } of perServer) {
+    for (let i = 0; i < keys.length; i += 1_000) {
+      const pipeline = server.pipeline();
+      for (const key of keys.slice(i, i + 1_000)) pipeline.del(key);
+      await pipeline.exec();
+    }
+  }
+  const after = (await sampleMemory(ctx.nodes)).masters;
   return { markers, bytes: before - after };
 }
 
-export async function runDrain(ctx: BenchContext, plan: DrainPlan): Promise<DrainOutcome> {
+export async function runDrain(ctx: AnyBenchContext, plan: DrainPlan): Promise<DrainOutcome> {
   const { contender, workload } = plan;
   const queue = queueName(ctx, contender, plan.label);
   const prefix = prefixName(ctx, contender, plan.label);
   const expected = workload.publishes.length;
   await resetSpace(ctx, queue, prefix);
-  // After the flush, before anything of this run is in Redis (the preload goes to RabbitMQ only).
-  const memoryBefore = ctx.redisPrivate ? await usedMemory(ctx) : null;
+  // After the flush (and the replicas applying it), before anything of this run is in Redis (the preload goes to RabbitMQ only).
+  if (ctx.redisPrivate) await settleReplicas(ctx.nodes);
+  const memoryBefore = ctx.redisPrivate ? await sampleMemory(ctx.nodes) : null;
+  const errorsBefore = ctx.redisPrivate ? await sampleErrors(ctx.nodes) : null;
   await publishAll(workload.publishes, { url: ctx.amqpUrl, queue });
   // Let the broker finish writing the preload before the clock runs.
   await sleep(500);
@@ -142,9 +143,10 @@ export async function runDrain(ctx: BenchContext, plan: DrainPlan): Promise<Drai
     };
   }
   const cpuStart = await cpuSeconds(running.pid);
-  const commandsBefore = await commandSnapshot(ctx);
-  const redisCpuBefore = ctx.redisPrivate ? await redisCpuSeconds(ctx) : null;
-  let ownCommands = 3; // the INFO commandstats and the two INFO cpu, counted once they have run
+  const commandsBefore = await sampleCommands(ctx.nodes);
+  const redisCpuBefore = ctx.redisPrivate ? await sampleCpu(ctx.nodes) : null;
+  // The INFO commandstats and the two INFO cpu each master received, counted once they have run.
+  let ownCommands = 3 * ctx.nodes.masters.length;
   let endedAt: number | null = null;
   let problem: string | undefined;
   const timeoutMs = Math.max(60_000, (expected / 500) * 1_000);
@@ -171,12 +173,15 @@ export async function runDrain(ctx: BenchContext, plan: DrainPlan): Promise<Drai
   }
   const cpu = running.alive() ? (await cpuSeconds(running.pid)) - cpuStart : Number.NaN;
   const rss = running.alive() ? await peakRssBytes(running.pid) : Number.NaN;
-  const redisCpuAfter = ctx.redisPrivate ? await redisCpuSeconds(ctx) : null;
-  const commandsAfter = await commandSnapshot(ctx);
+  const redisCpuAfter = ctx.redisPrivate ? await sampleCpu(ctx.nodes) : null;
+  const commandsAfter = await sampleCommands(ctx.nodes);
   const exit = await running.stop();
   if (exit.code !== 0 && problem === undefined) problem = `exited with ${exit.code ?? exit.signal} on SIGTERM: ${running.stderr().slice(-300)}`;
-  // Steady state: the contender has stopped (its connections, buffers and heartbeat are gone), what it wrote stays.
-  const memoryAfter = memoryBefore === null ? null : await usedMemory(ctx);
+  // Steady state: the contender has stopped (its connections, buffers and heartbeat are gone), what it wrote stays,
+  // on a cluster's replicas too once they have applied their masters' stream.
+  if (memoryBefore !== null) await settleReplicas(ctx.nodes);
+  const memoryAfter = memoryBefore === null ? null : await sampleMemory(ctx.nodes);
+  const errorsAfter = errorsBefore === null ? null : await sampleErrors(ctx.nodes);
 
   const after = await queueState(ctx.amqpUrl, queue);
   if (after.messageCount !== 0 && problem === undefined) problem = `${after.messageCount} message(s) left unacked in the queue after the stop`;
@@ -214,8 +219,29 @@ export async function runDrain(ctx: BenchContext, plan: DrainPlan): Promise<Drai
     cpuSeconds: cpu,
     peakRssBytes: rss,
     redisCommands,
-    redisMemoryBytes: memoryBefore === null || memoryAfter === null ? null : memoryAfter - memoryBefore,
-    redisCpuSeconds: redisCpuBefore === null || redisCpuAfter === null ? null : redisCpuAfter - redisCpuBefore,
+    redisMemoryBytes: memoryBefore === null || memoryAfter === null ? null : memoryAfter.masters - memoryBefore.masters,
+    redisCpuSeconds: redisCpuBefore === null || redisCpuAfter === null ? null : redisCpuAfter.masters - redisCpuBefore.masters,
+    ...(ctx.nodes.topology === 'cluster' && memoryBefore && memoryAfter && redisCpuBefore && redisCpuAfter
+      ? {
+          cluster: {
+            perMasterMemoryBytes: perNodeDelta(memoryBefore.perMaster, memoryAfter.perMaster),
+            replicationBacklogBytes: memoryAfter.replicationBacklog - memoryBefore.replicationBacklog,
+            replicaMemoryBytes: (memoryAfter.replicas ?? Number.NaN) - (memoryBefore.replicas ?? Number.NaN),
+            replicaCpuSeconds: (redisCpuAfter.replicas ?? Number.NaN) - (redisCpuBefore.replicas ?? Number.NaN),
+          },
+        }
+      : {}),
+    ...(memoryBefore && memoryAfter && errorsBefore && errorsAfter
+      ? {
+          redisDetail: {
+            keys: memoryAfter.keys,
+            hashtableBytes: memoryAfter.hashtableBytes - memoryBefore.hashtableBytes,
+            slotToKeysBytes: memoryAfter.slotToKeysBytes - memoryBefore.slotToKeysBytes,
+            commandCalls: Object.fromEntries(callsDelta(commandsBefore, commandsAfter)),
+            errors: Object.fromEntries(callsDelta(errorsBefore, errorsAfter)),
+          },
+        }
+      : {}),
     correct: problem === undefined,
     ...(problem !== undefined ? { problem } : {}),
   };

@@ -44,6 +44,15 @@ export interface BenchOptions {
   readonly profileDir: string | null;
   /** Extra TALLY_* variables for every daemon run (--tally-env K=V, repeatable), e.g. to try a setting. */
   readonly tallyEnv: Readonly<Record<string, string>>;
+  /**
+   * --scale-out only: also drain the workload with the ceiling, Tally two-step
+   * and Tally atomic on both topologies, measuring Redis memory and CPU per
+   * message (a cluster's masters summed, its replicas apart). On in the full
+   * run; in a quick run only with --redis-figures (it adds six drains per round).
+   */
+  readonly redisFigures: boolean;
+  /** --scale-out only: replicas per master of the bench's cluster (--cluster-replicas, 1 by default; 0 shows what replication costs the masters). */
+  readonly clusterReplicas: number;
 }
 
 /** The workload flags of the command line, as the workload generator takes them. */
@@ -88,6 +97,9 @@ export const USAGE = `usage: pnpm bench [--quick] [flags]
        pnpm bench --summarize-profiles DIR          summarize existing .cpuprofile files
        pnpm bench --scale-out [--quick]             Tally atomic on a standalone Redis vs a 3-master cluster,
                                                     1, 2, 3 daemons (quick: 1, 2) on one queue, pair by pair
+                  [--redis-figures]                 then ceiling, two-step, atomic drains on both: Redis B and CPU µs
+                                                    per message, masters summed, replicas apart (full run: always)
+                  [--cluster-replicas N]            replicas per master (1; 0 to see what replication costs)
 
 workload:  --messages N (50000; quick 4000)  --skus N (10000)  --zipf S (1)  --changes MIN-MAX (1-8)
            --duplicate-rate R (0.02)  --seed N (1)
@@ -144,6 +156,8 @@ export function parseBenchArgs(argv: readonly string[], env: Readonly<Record<str
         help: { type: 'boolean', short: 'h' },
         profile: { type: 'boolean' },
         'scale-out': { type: 'boolean' },
+        'redis-figures': { type: 'boolean' },
+        'cluster-replicas': { type: 'string' },
         'profile-dir': { type: 'string' },
         'summarize-profiles': { type: 'string' },
         rounds: { type: 'string' },
@@ -188,6 +202,8 @@ export function parseBenchArgs(argv: readonly string[], env: Readonly<Record<str
         : v['scale-out']
           ? 'scale-out'
           : 'run';
+  for (const flag of ['redis-figures', 'cluster-replicas'] as const)
+    if (v[flag] !== undefined && command !== 'scale-out') throw new BenchUsageError(`--${flag} goes with --scale-out`);
   const contenders = list('contenders', v.contenders, CONTENDERS, (c) => {
     if (!(CONTENDERS as readonly string[]).includes(c)) throw new BenchUsageError(`--contenders accepts ${CONTENDERS.join(', ')}; got ${JSON.stringify(c)}`);
     return c as ContenderName;
@@ -230,6 +246,8 @@ export function parseBenchArgs(argv: readonly string[], env: Readonly<Record<str
     markerTtls: list('marker-ttls', v['marker-ttls'], base.markerTtls, (t) => int('marker-ttls', t, 0, 1, 3_600)),
     markerTtlRate: int('marker-ttl-rate', v['marker-ttl-rate'], 2_000, 10, 100_000),
     contenders,
+    redisFigures: command === 'scale-out' && (v['redis-figures'] === true || !quick),
+    clusterReplicas: int('cluster-replicas', v['cluster-replicas'], 1, 0, 2),
     outDir: v.out ?? null,
     amqpUrl: v['amqp-url'] ?? env.TALLY_AMQP_URL ?? 'amqp://guest:guest@127.0.0.1:5672',
     redisUrl: v['redis-url'] ?? null,

@@ -38,8 +38,38 @@ export interface DrainRecord {
   readonly redisMemoryBytes: number | null;
   /** used_cpu_sys + used_cpu_user of the private Redis over the drain (INFO cpu); null on a shared Redis. */
   readonly redisCpuSeconds: number | null;
+  /**
+   * On a private Redis Cluster (`--scale-out --redis-figures`), where
+   * redisMemoryBytes, redisCpuSeconds and redisCommands are sums over the
+   * masters: each master's used_memory delta, the part of the sum the
+   * masters' replication backlogs took, and the replicas' used_memory and
+   * CPU deltas summed (a copy of the masters' data, not in the sums above).
+   */
+  readonly cluster?: ClusterDrainFigures;
+  /** Private Redis only: what the Redis figures are made of (sums over a cluster's masters). */
+  readonly redisDetail?: RedisDrainDetail;
   readonly correct: boolean;
   readonly problem?: string;
+}
+
+export interface RedisDrainDetail {
+  /** Keys left after the drain (markers, meta hashes, receipts, counts, layout, stats). */
+  readonly keys: number;
+  /** Part of redisMemoryBytes: the keyspace's own hash tables (MEMORY STATS overhead.hashtable.*), after minus before. */
+  readonly hashtableBytes: number;
+  /** Part of hashtableBytes: a cluster node's slot-to-keys links (Redis 7.0: two pointers per key); 0 on a standalone server. */
+  readonly slotToKeysBytes: number;
+  /** Calls per command over the CPU window (INFO commandstats: the bench's own INFO and MGETs included, and the commands scripts call). */
+  readonly commandCalls: Readonly<Record<string, number>>;
+  /** Error replies by prefix from the flush before the drain to the stop after it (INFO errorstats): MOVED and ASK are redirects to another node. */
+  readonly errors: Readonly<Record<string, number>>;
+}
+
+export interface ClusterDrainFigures {
+  readonly perMasterMemoryBytes: readonly number[];
+  readonly replicationBacklogBytes: number;
+  readonly replicaMemoryBytes: number;
+  readonly replicaCpuSeconds: number;
 }
 
 /** One run at a controlled publish rate, measuring end-to-end latency. */

@@ -8,12 +8,17 @@
  *     reset -> preload -> start N daemons at once -> [clock from the first one consuming]
  *           -> every count at its truth and nothing ready -> [clock stops] -> SIGTERM all -> verify exact
  *
+ * Then, with --redis-figures (always in the full run), the Redis figures on
+ * both servers: memory and CPU per message, masters summed and replicas
+ * apart (redis-figures-run.ts).
+ *
  * Every run must count exactly (exit 1 otherwise); the speeds never decide
  * the exit code. On a 2-core machine several daemons and six Redis servers
  * share the same two cores as RabbitMQ: the figures show the overheads, not
  * what more machines would give.
  */
 import { mkdir, writeFile } from 'node:fs/promises';
+import { loadavg } from 'node:os';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import amqp from 'amqplib';
@@ -24,7 +29,20 @@ import { resetNamespace, startPrivateRedis, startRedisCluster, type PrivateRedis
 import { compareWithTruth, describeTruthCheck, generateWorkload, publishAll, type Workload } from '@tally/workload';
 import { startContender, type RunningContender } from './contenders.js';
 import { queueState } from './broker.js';
+import { benchContext } from './context.js';
+import { keyGroups } from './key-groups.js';
 import type { BenchOptions } from './options.js';
+import {
+  renderBreakdownTable,
+  renderFiguresTable,
+  renderIdleLine,
+  summarizeFigures,
+  type FiguresRow,
+  type IdleCpu,
+  type TopologyDrain,
+} from './redis-figures.js';
+import { runRedisFigures } from './redis-figures-run.js';
+import { clusterNodes, disconnectNodes, type RedisNodes } from './redis-nodes.js';
 import { roundOrder } from './run-bench.js';
 import { median } from './stats.js';
 
@@ -49,17 +67,11 @@ interface Topology {
 
 /** Reads the counts of `keys` grouped by virtual shard: one MGET per shard, which is one slot on a cluster. */
 async function readByShard(client: Redis | Cluster, keys: ReadonlyArray<{ key: string; vshard: number }>): Promise<Map<string, string | null>> {
-  const groups = new Map<number, string[]>();
-  for (const { key, vshard } of keys) {
-    const group = groups.get(vshard) ?? [];
-    group.push(key);
-    groups.set(vshard, group);
-  }
   const values = new Map<string, string | null>();
   await Promise.all(
-    [...groups.values()].map(async (group) => {
-      const replies = await client.mget(group);
-      group.forEach((key, i) => values.set(key, replies[i] ?? null));
+    keyGroups(keys, true).map(async (group) => {
+      const replies = await client.mget(group.map((g) => g.key));
+      group.forEach(({ key }, i) => values.set(key, replies[i] ?? null));
     }),
   );
   return values;
@@ -166,11 +178,18 @@ export async function runScaleOut(options: BenchOptions, outDir: string, log: (l
   let standalone: PrivateRedis | null = null;
   let cluster: RedisCluster | null = null;
   const clients: Array<Redis | Cluster> = [];
+  let clusterInfoNodes: RedisNodes | null = null;
   const records: ScaleOutRecord[] = [];
+  let figures: { drains: TopologyDrain[]; idle: IdleCpu[]; rows: FiguresRow[] } | null = null;
+  // The machine is shared: the load average through the run says how much the figures can be trusted.
+  const loads: number[] = [loadavg()[0]!];
+  const loadTimer = setInterval(() => loads.push(loadavg()[0]!), 10_000).unref();
   try {
     standalone = await startPrivateRedis();
-    cluster = await startRedisCluster();
-    log(`private redis-server on ${standalone.url}; cluster of 3 masters + 3 replicas on ${cluster.seedUrls.slice(0, 3).join(', ')} ...`);
+    cluster = await startRedisCluster({ replicasPerMaster: options.clusterReplicas });
+    log(
+      `private redis-server on ${standalone.url}; cluster of 3 masters + ${3 * options.clusterReplicas} replicas on ${cluster.seedUrls.slice(0, 3).join(', ')} ...`,
+    );
     const standaloneClient = new Redis(standalone.url, { connectionName: 'tally-bench' });
     const clusterClient = new Cluster([...cluster.seeds], { redisOptions: { connectionName: 'tally-bench' } });
     clients.push(standaloneClient, clusterClient);
@@ -203,21 +222,81 @@ export async function runScaleOut(options: BenchOptions, outDir: string, log: (l
         }
       }
     }
+    if (options.redisFigures) {
+      log(`Redis figures: ceiling, two-step, atomic on each topology; ${options.rounds} round(s); cluster = its 3 masters summed, replicas apart`);
+      clusterInfoNodes = clusterNodes(
+        (await cluster.masters()).map((n) => n.url),
+        (await cluster.replicas()).map((n) => n.url),
+      );
+      const shared = { redisPrivate: true, runId: `${runId}f`, traceSinkUrl: 'http://127.0.0.1:4318', log };
+      const measured = await runRedisFigures(
+        [
+          { name: 'standalone', ctx: benchContext(options, { ...shared, redisUrl: standalone.url, redis: standaloneClient }) },
+          {
+            name: 'cluster',
+            ctx: benchContext<Cluster>(options, { ...shared, redisUrl: cluster.seedUrls.join(','), redis: clusterClient, nodes: clusterInfoNodes }),
+          },
+        ],
+        workload,
+        options.rounds,
+        log,
+      );
+      figures = { ...measured, rows: summarizeFigures(measured.drains, measured.idle, options.rounds) };
+    }
   } finally {
+    clearInterval(loadTimer);
+    if (clusterInfoNodes) disconnectNodes(clusterInfoNodes);
     for (const client of clients) client.disconnect();
     await cluster?.stop();
     await standalone?.stop();
   }
+  loads.push(loadavg()[0]!);
+  const loadLine = `Load average (1 min) during the run: ${Math.min(...loads).toFixed(1)} to ${Math.max(...loads).toFixed(1)}, median ${median(loads).toFixed(1)} (${loads.length} samples).`;
   const table = scaleOutTable(records);
-  process.stdout.write(`\n${table}\n\n`);
+  const figuresText = figures
+    ? [
+        '',
+        `## Redis figures (${options.rounds} round(s), medians; cluster: 3 masters summed, ${options.clusterReplicas} replica(s) each reported apart)`,
+        renderFiguresTable(figures.rows),
+        renderIdleLine(figures.idle),
+        '### Where the bytes go, and redirects to another node',
+        renderBreakdownTable(figures.rows),
+      ].join('\n\n')
+    : '';
+  const heading =
+    `# Tally scale-out (${options.quick ? 'quick' : 'full'} run), finished ${new Date().toISOString()}\n\n` +
+    `Workload: ${options.messages} messages + ${Number((options.duplicateRate * 100).toFixed(2))}% duplicates, ${options.skus} SKUs, ${options.minChanges}-${options.maxChanges} changes; ` +
+    `${options.rounds} round(s); cluster: 3 masters, ${options.clusterReplicas} replica(s) each.\n\n`;
+  const report = `${heading}${table}${figuresText}\n\n${loadLine}\n`;
+  process.stdout.write(`\n${report}\n`);
   await mkdir(outDir, { recursive: true });
   await writeFile(
     join(outDir, 'scale-out.json'),
-    `${JSON.stringify({ finishedAt: new Date().toISOString(), quick: options.quick, messages: options.messages, records }, null, 2)}\n`,
+    `${JSON.stringify(
+      {
+        finishedAt: new Date().toISOString(),
+        quick: options.quick,
+        messages: options.messages,
+        clusterReplicasPerMaster: options.clusterReplicas,
+        workload: {
+          messages: options.messages,
+          skus: options.skus,
+          changes: `${options.minChanges}-${options.maxChanges}`,
+          duplicateRate: options.duplicateRate,
+        },
+        loadAverage1m: loads,
+        records,
+        ...(figures ? { redisFigures: figures } : {}),
+      },
+      null,
+      2,
+    )}\n`,
   );
-  await writeFile(join(outDir, 'scale-out.md'), `${table}\n`);
+  await writeFile(join(outDir, 'scale-out.md'), report);
   log(`wrote ${join(outDir, 'scale-out.json')}, ${join(outDir, 'scale-out.md')}`);
-  const failed = records.some((r) => !r.correct);
+  const failed = records.some((r) => !r.correct) || (figures?.rows.some((r) => !r.correct) ?? false);
+  for (const d of figures?.drains ?? [])
+    if (!d.record.correct) log(`problem: ${d.topology} ${d.record.contender} round ${d.record.round + 1}: ${d.record.problem}`);
   log(failed ? 'bench --scale-out: FAILED: a run miscounted or did not run' : 'bench --scale-out: every run counted exactly');
   return failed ? 1 : 0;
 }

@@ -8,7 +8,8 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import type amqp from 'amqplib';
 import { countKey, shardOf } from '@tally/shared';
-import type { BenchContext } from './context.js';
+import type { AnyBenchContext } from './context.js';
+import { keyGroups } from './key-groups.js';
 
 export interface WatchResult {
   /** Epoch ms when the drain was seen complete; null on a stall. */
@@ -21,7 +22,7 @@ export interface WatchResult {
 const MGET_CHUNK = 2_000;
 
 export async function watchCounts(
-  ctx: BenchContext,
+  ctx: AnyBenchContext,
   channel: amqp.Channel,
   queue: string,
   prefix: string,
@@ -31,14 +32,18 @@ export async function watchCounts(
   const intervalMs = options.intervalMs ?? 20;
   const stallMs = options.stallMs ?? 15_000;
   // Only SKUs not yet at their truth are read again: the set shrinks as the drain proceeds.
-  let pending = [...truth].map(([sku, want]) => ({ key: countKey(prefix, shardOf(sku, ctx.virtualShards), sku), want }));
+  let pending = [...truth].map(([sku, want]) => {
+    const vshard = shardOf(sku, ctx.virtualShards);
+    return { key: countKey(prefix, vshard, sku), vshard, want };
+  });
+  // On a cluster one MGET per shard (one slot); on a standalone server chunks of any keys.
+  const bySlot = ctx.nodes.topology === 'cluster';
   let ownCommands = 0;
   let lastProgress = Date.now();
   for (;;) {
     const before = pending.length;
     const still: typeof pending = [];
-    for (let i = 0; i < pending.length; i += MGET_CHUNK) {
-      const chunk = pending.slice(i, i + MGET_CHUNK);
+    for (const chunk of keyGroups(pending, bySlot, MGET_CHUNK)) {
       const values = await ctx.redis.mget(chunk.map((p) => p.key));
       ownCommands++;
       chunk.forEach((p, j) => {

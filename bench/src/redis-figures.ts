@@ -1,0 +1,178 @@
+/**
+ * Pure: the Redis figures of `pnpm bench --scale-out` (redis-figures-run.ts),
+ * one row per topology and contender, medians over rounds and ratios pair by
+ * pair within a round as in the main table (results.ts), and their table.
+ */
+import { cell, markdownTable } from './render-table.js';
+import { summarize, type ContenderName, type ContenderSummary, type DrainRecord, type MarkerMemoryRecord } from './results.js';
+import { median } from './stats.js';
+
+export type TopologyName = 'standalone' | 'cluster';
+
+/** The ceiling gives the × ceiling ratio of the same round and topology; the two Tally modes are what is measured. */
+export const FIGURE_CONTENDERS: readonly ContenderName[] = Object.freeze(['ceiling', 'tally-two-step', 'tally-atomic']);
+
+export interface TopologyDrain {
+  readonly topology: TopologyName;
+  readonly record: DrainRecord;
+  readonly marker?: MarkerMemoryRecord;
+}
+
+/** CPU the servers of a topology use with no client at all (cron, and on a cluster the bus's gossip), over `seconds`. */
+export interface IdleCpu {
+  readonly topology: TopologyName;
+  readonly seconds: number;
+  readonly mastersCpuSeconds: number;
+  readonly replicasCpuSeconds: number | null;
+}
+
+export interface FiguresRow extends Pick<
+  ContenderSummary,
+  | 'contender'
+  | 'label'
+  | 'rounds'
+  | 'msgPerSec'
+  | 'ratioToCeiling'
+  | 'redisCpuUsPerMessage'
+  | 'redisBytesPerMessage'
+  | 'redisCommandsPerMessage'
+  | 'markerBytesPerMessage'
+  | 'correct'
+> {
+  readonly topology: TopologyName;
+  /** Daemon (consumer) CPU per message, µs. */
+  readonly cpuUsPerMessage: number;
+  /** The part of redisCpuUsPerMessage the servers would have used idle over the drain's duration. */
+  readonly idleCpuUsPerMessage: number;
+  /** Cluster only (else empty / NaN): each master's share of redisBytesPerMessage, the masters' replication backlogs' share, the replicas' copy. */
+  readonly perMasterBytesPerMessage: readonly number[];
+  readonly backlogBytesPerMessage: number;
+  readonly replicaBytesPerMessage: number;
+  readonly replicaCpuUsPerMessage: number;
+  /** Where the bytes go (RedisDrainDetail): keys left per message, the keyspace hash tables' bytes and their slot-to-keys part. */
+  readonly keysPerMessage: number;
+  readonly hashtableBytesPerMessage: number;
+  readonly slotToKeysBytesPerMessage: number;
+  /** MOVED and ASK replies over the drains of the row (all rounds). */
+  readonly redirects: number;
+}
+
+const sum = (values: Iterable<number>): number => [...values].reduce((a, b) => a + b, 0);
+
+/** Median of one per-drain value over the topology's correct drains of one contender (rounds ≥ 0). */
+function medianOf(drains: readonly DrainRecord[], value: (d: DrainRecord) => number | null): number {
+  const values = drains.filter((d) => d.correct && d.round >= 0 && d.messages > 0).map(value);
+  return median(values.filter((v): v is number => typeof v === 'number'));
+}
+
+export function idleCpuPerSecond(idle: readonly IdleCpu[], topology: TopologyName): number {
+  const mine = idle.filter((i) => i.topology === topology && i.seconds > 0);
+  return median(mine.map((i) => i.mastersCpuSeconds / i.seconds));
+}
+
+export function summarizeFigures(drains: readonly TopologyDrain[], idle: readonly IdleCpu[], rounds: number): FiguresRow[] {
+  const rows: FiguresRow[] = [];
+  for (const topology of ['standalone', 'cluster'] as const) {
+    const mine = drains.filter((d) => d.topology === topology);
+    if (mine.length === 0) continue;
+    const records = mine.map((d) => d.record);
+    const markers = mine.flatMap((d) => (d.marker ? [d.marker] : []));
+    const idleRate = idleCpuPerSecond(idle, topology);
+    for (const s of summarize(FIGURE_CONTENDERS, records, [], markers, rounds)) {
+      const own = records.filter((r) => r.contender === s.contender);
+      const masters = Math.max(0, ...own.map((r) => r.cluster?.perMasterMemoryBytes.length ?? 0));
+      rows.push({
+        topology,
+        contender: s.contender,
+        label: s.label,
+        rounds: s.rounds,
+        msgPerSec: s.msgPerSec,
+        ratioToCeiling: s.ratioToCeiling,
+        cpuUsPerMessage: s.cpuSecondsPerMillion,
+        redisCpuUsPerMessage: s.redisCpuUsPerMessage,
+        idleCpuUsPerMessage: medianOf(own, (d) => (Number.isFinite(idleRate) ? (idleRate * d.seconds * 1e6) / d.messages : null)),
+        redisBytesPerMessage: s.redisBytesPerMessage,
+        perMasterBytesPerMessage: Array.from({ length: masters }, (_, i) =>
+          medianOf(own, (d) => (d.cluster ? d.cluster.perMasterMemoryBytes[i]! / d.messages : null)),
+        ),
+        backlogBytesPerMessage: medianOf(own, (d) => (d.cluster ? d.cluster.replicationBacklogBytes / d.messages : null)),
+        replicaBytesPerMessage: medianOf(own, (d) => (d.cluster ? d.cluster.replicaMemoryBytes / d.messages : null)),
+        replicaCpuUsPerMessage: medianOf(own, (d) => (d.cluster ? (d.cluster.replicaCpuSeconds * 1e6) / d.messages : null)),
+        redisCommandsPerMessage: s.redisCommandsPerMessage,
+        markerBytesPerMessage: s.markerBytesPerMessage,
+        keysPerMessage: medianOf(own, (d) => (d.redisDetail ? d.redisDetail.keys / d.messages : null)),
+        hashtableBytesPerMessage: medianOf(own, (d) => (d.redisDetail ? d.redisDetail.hashtableBytes / d.messages : null)),
+        slotToKeysBytesPerMessage: medianOf(own, (d) => (d.redisDetail ? d.redisDetail.slotToKeysBytes / d.messages : null)),
+        redirects: sum(own.map((d) => (d.redisDetail?.errors.MOVED ?? 0) + (d.redisDetail?.errors.ASK ?? 0))),
+        correct: s.correct,
+      });
+    }
+  }
+  return rows;
+}
+
+export function renderFiguresTable(rows: readonly FiguresRow[]): string {
+  const header = [
+    'topology',
+    'contender',
+    'msg/s',
+    '× ceiling',
+    'daemon CPU µs / msg',
+    'Redis CPU µs / msg (masters)',
+    'of which idle',
+    'Redis B / msg (masters)',
+    'per master',
+    'of which repl. backlog',
+    'replicas B / msg',
+    'replicas CPU µs / msg',
+    'Redis cmds / msg',
+    'marker B / msg',
+    'counted correctly',
+  ];
+  const body = rows.map((r) => [
+    r.topology,
+    r.label,
+    cell(r.msgPerSec),
+    cell(r.ratioToCeiling, 2),
+    cell(r.cpuUsPerMessage, 1),
+    cell(r.redisCpuUsPerMessage, 1),
+    cell(r.idleCpuUsPerMessage, 1),
+    cell(r.redisBytesPerMessage, 0),
+    r.perMasterBytesPerMessage.length === 0 ? 'n/a' : r.perMasterBytesPerMessage.map((b) => cell(b, 0)).join(' / '),
+    cell(r.backlogBytesPerMessage, 0),
+    cell(r.replicaBytesPerMessage, 0),
+    cell(r.replicaCpuUsPerMessage, 1),
+    cell(r.redisCommandsPerMessage, 2),
+    cell(r.markerBytesPerMessage, 0),
+    r.correct ? 'yes' : 'NO',
+  ]);
+  return markdownTable(header, body);
+}
+
+/** Where the bytes of each row go, and whether any command was redirected to another node. */
+export function renderBreakdownTable(rows: readonly FiguresRow[]): string {
+  const header = ['topology', 'contender', 'keys / msg', 'keyspace tables B / msg', 'of which slot-to-keys', 'MOVED + ASK replies'];
+  const body = rows
+    .filter((r) => r.contender !== 'ceiling')
+    .map((r) => [
+      r.topology,
+      r.label,
+      cell(r.keysPerMessage, 3),
+      cell(r.hashtableBytesPerMessage, 1),
+      cell(r.slotToKeysBytesPerMessage, 1),
+      String(r.redirects),
+    ]);
+  return markdownTable(header, body);
+}
+
+/** One line per topology: the servers' CPU with nothing running, in ms per second (masters; replicas apart). */
+export function renderIdleLine(idle: readonly IdleCpu[]): string {
+  const parts = (['standalone', 'cluster'] as const).flatMap((topology) => {
+    const mine = idle.filter((i) => i.topology === topology && i.seconds > 0);
+    if (mine.length === 0) return [];
+    const masters = median(mine.map((i) => (i.mastersCpuSeconds * 1e3) / i.seconds));
+    const replicas = median(mine.flatMap((i) => (i.replicasCpuSeconds === null ? [] : [(i.replicasCpuSeconds * 1e3) / i.seconds])));
+    return [`${topology} ${cell(masters, 1)} ms/s${Number.isFinite(replicas) ? ` (replicas ${cell(replicas, 1)} ms/s)` : ''}`];
+  });
+  return `Idle server CPU, no client connected but the bench's: ${parts.join('; ')}.`;
+}
