@@ -5,11 +5,15 @@
  * queue in `x-tally-reason`.
  *
  * It runs on the coordinator's main thread for every delivery, so the
- * common case is kept cheap without weakening a check: see decodeUtf8, the
- * lone-surrogate check that only runs when the text has an escape, and the
- * per-SKU sums that are only tracked once the total could overflow.
+ * common case is kept cheap without weakening a check:
+ * - the usual body is read without JSON.parse (message-common-form.ts);
+ * - any other body takes the general path, where the text is decoded by
+ *   Buffer (decodeUtf8);
+ * - the lone-surrogate check only runs when the text has an escape;
+ * - per-SKU sums are only tracked once the total could overflow.
  */
 import { isUtf8 } from 'node:buffer';
+import { LONE_SURROGATE, readCommonForm } from './message-common-form.js';
 
 export interface Change {
   readonly sku: string;
@@ -56,9 +60,6 @@ export interface ParseOptions {
   /** Bodies larger than this are rejected before they are decoded. */
   readonly maxBytes: number;
 }
-
-/** With the `u` flag a paired surrogate is one code point, so only lone ones match \p{Cs}. */
-const LONE_SURROGATE = /\p{Cs}/u;
 
 /** The body as a Buffer (amqplib's already is), without copying. */
 function asBuffer(body: Uint8Array): Buffer {
@@ -130,6 +131,19 @@ export function parseMessage(body: Uint8Array, messageIdProperty: unknown, optio
   if (body.byteLength > options.maxBytes) {
     return bad('oversized-body', `the body is ${body.byteLength} bytes, the limit is ${options.maxBytes}`);
   }
+  // The usual body, read without JSON.parse; anything else (or anything wrong) takes the general path.
+  const common = readCommonForm(asBuffer(body), MESSAGE_LIMITS, messageIdProperty);
+  if (common !== null) return { ok: true, message: common };
+  return parseGeneral(body, messageIdProperty);
+}
+
+/**
+ * The general path alone: JSON.parse, then every check in order. It decides
+ * every body that is not in the common form, and its result is what
+ * parseMessage must return for any body; exported for the test that holds
+ * the two to that. The size checks have already been made.
+ */
+export function parseGeneral(body: Uint8Array, messageIdProperty: unknown): ParseResult {
   const text = decodeUtf8(body);
   if (text === null) return bad('invalid-utf8', 'the body is not valid UTF-8');
   let root: unknown;
