@@ -54,6 +54,14 @@ export function ownerOf(vshard: number, workers: number): number {
 export type PartChanges = Array<[sku: string, delta: number]>;
 
 /**
+ * Up to this many changes, a repeated SKU is found by scanning the entries
+ * made so far: for the usual 1 to 16 changes that is cheaper than building
+ * a Map per message on the coordinator's main thread. Past it, a Map keeps a
+ * message of thousands of changes linear.
+ */
+const SCAN_LIMIT = 32;
+
+/**
  * Filters a message's changes (zero deltas, unaccepted types) and splits the
  * rest by virtual shard, summing repeated SKUs. A SKU whose deltas cancel out
  * inside the message stays in its part with delta 0: the part still exists,
@@ -61,27 +69,36 @@ export type PartChanges = Array<[sku: string, delta: number]>;
  */
 export function splitByShard(changes: readonly Change[], virtualShards: number, acceptTypes: ReadonlySet<string> | null): Map<number, PartChanges> {
   const parts = new Map<number, PartChanges>();
-  // Index by SKU so a message with thousands of changes stays linear.
-  const entries = new Map<string, [string, number]>();
+  const index = changes.length > SCAN_LIMIT ? new Map<string, [string, number]>() : null;
+  // Sized up front: an empty array literal grows to 17 slots on its first push.
+  const made: Array<[string, number]> = new Array(index === null ? changes.length : 0);
+  let madeCount = 0;
   for (const change of changes) {
     if (change.delta === 0) continue;
     if (acceptTypes !== null && (change.type === undefined || !acceptTypes.has(change.type))) continue;
-    const existing = entries.get(change.sku);
+    const { sku } = change;
+    let existing: [string, number] | undefined;
+    if (index !== null) existing = index.get(sku);
+    else
+      for (let j = 0; j < madeCount; j++)
+        if (made[j]![0] === sku) {
+          existing = made[j];
+          break;
+        }
     if (existing) {
       // parseMessage bounds the sum of |delta| per SKU, so any subset of a
       // SKU's changes (after filtering) sums safely.
       existing[1] += change.delta;
       continue;
     }
-    const vshard = shardOf(change.sku, virtualShards);
-    let part = parts.get(vshard);
-    if (part === undefined) {
-      part = [];
-      parts.set(vshard, part);
-    }
-    const entry: [string, number] = [change.sku, change.delta];
-    entries.set(change.sku, entry);
-    part.push(entry);
+    const entry: [string, number] = [sku, change.delta];
+    if (index !== null) index.set(sku, entry);
+    else made[madeCount++] = entry;
+    const vshard = shardOf(sku, virtualShards);
+    const part = parts.get(vshard);
+    // A literal of one: most parts hold one SKU, and `[]` would grow to 17 slots on its first push.
+    if (part === undefined) parts.set(vshard, [entry]);
+    else part.push(entry);
   }
   return parts;
 }

@@ -413,6 +413,72 @@ describe('parseMessage', () => {
     });
   });
 
+  describe('the shortcuts of the common case', () => {
+    it('rejects exactly the bodies a fatal UTF-8 TextDecoder rejects (random bytes, BOMs, multi-byte sequences)', () => {
+      // The body is decoded with Buffer (isUtf8, then toString) instead of TextDecoder: the verdicts must agree.
+      const reference = new TextDecoder('utf-8', { fatal: true, ignoreBOM: false });
+      let seed = 0xdec0de;
+      const random = () => {
+        seed = (Math.imul(seed, 1103515245) + 12345) >>> 0;
+        return seed / 2 ** 32;
+      };
+      const pieces = [
+        [0x22],
+        [0x61],
+        [0xef, 0xbb, 0xbf],
+        [0xc3, 0xa9],
+        [0xe2, 0x82, 0xac],
+        [0xf0, 0x9f, 0x98, 0x80],
+        [0xed, 0xa0, 0x80],
+        [0xc0, 0xaf],
+        [0xff],
+        [0x80],
+        [0xf4, 0x90, 0x80, 0x80],
+        [0xe2, 0x82],
+      ];
+      let invalid = 0;
+      for (let n = 0; n < 3000; n++) {
+        const bytes: number[] = [];
+        const count = 1 + Math.floor(random() * 6);
+        for (let i = 0; i < count; i++) bytes.push(...pieces[Math.floor(random() * pieces.length)]!);
+        const body = Uint8Array.from(bytes);
+        let decoded: string | null;
+        try {
+          decoded = reference.decode(body);
+        } catch {
+          decoded = null;
+        }
+        const result = parseMessage(body, 'mid', OPTIONS);
+        const said = !result.ok && result.reason === 'invalid-utf8';
+        expect(said, `bytes ${Buffer.from(body).toString('hex')}`).to.equal(decoded === null);
+        if (decoded === null) invalid++;
+      }
+      expect(invalid).to.be.greaterThan(300);
+    });
+
+    it('still refuses a lone surrogate in the messageId property when the body has no escape', () => {
+      const result = parseMessage(json({ changes: [{ sku: 'a', delta: 1 }] }), 'm-\ud800', OPTIONS);
+      expect(expectBad(result).reason).to.equal('invalid-id');
+      expect(expectBad(result).detail).to.include('surrogate');
+    });
+
+    it('reports the same first unsafe per-SKU sum when the total leaves the safe range before it', () => {
+      // The total passes 2^53 at changes[1] (sums start being kept per SKU there); SKU a's own sum only at changes[3].
+      const body = json({
+        id: 'm-1',
+        changes: [
+          { sku: 'a', delta: MAX - 10 },
+          { sku: 'b', delta: MAX },
+          { sku: 'a', delta: 10 },
+          { sku: 'a', delta: -1 },
+        ],
+      });
+      const bad = expectBad(parseMessage(body, undefined, OPTIONS));
+      expect(bad.reason).to.equal('unsafe-delta');
+      expect(bad.detail).to.include('changes[3]').and.include('"a"');
+    });
+  });
+
   it('bounds per-SKU sums of |delta| so a type-filtered subset can never round (regression)', () => {
     const MAX = Number.MAX_SAFE_INTEGER;
     const body = Buffer.from(

@@ -187,6 +187,60 @@ describe('AckTracker', function () {
     expect(tracker.unacked).to.equal(0);
   });
 
+  it('property: a long stream through a 2,000-tag window, finished out of order with stalls, keeps exact acks and ages', () => {
+    // Tens of thousands of tags through a full prefetch window: what a
+    // tracker that reuses its storage (a ring, a compacted array) must get right.
+    const random = seededRandom(0x10c4);
+    const tracker = new AckTracker();
+    const window = 2_000;
+    const total = 40_000;
+    const outstanding = new Set<number>();
+    const finished = new Set<number>();
+    const receivedAt = new Map<number, number>();
+    let now = 0;
+    let received = 0;
+    let inFlight: number[] = [];
+    const check = () => {
+      expect(tracker.unacked).to.equal(outstanding.size);
+      const oldest = outstanding.size === 0 ? null : Math.min(...outstanding);
+      expect(tracker.oldestUnackedAgeMs(now)).to.equal(oldest === null ? null : now - receivedAt.get(oldest)!);
+    };
+    while (received < total || inFlight.length > 0) {
+      while (received < total && outstanding.size < window) {
+        tracker.received(++received, now);
+        receivedAt.set(received, now);
+        outstanding.add(received);
+        inFlight.push(received);
+      }
+      now += 1;
+      // Finish a random tenth of what is in flight, the oldest one more rarely (a slow head).
+      const keep: number[] = [];
+      for (const tag of inFlight) {
+        if (random() < (tag === inFlight[0] ? 0.02 : 0.1)) {
+          tracker.finish(tag);
+          finished.add(tag);
+        } else keep.push(tag);
+      }
+      inFlight = keep;
+      for (const tag of tracker.takeStalledAcks(20, now)) {
+        expect(outstanding.has(tag) && finished.has(tag), `single ack of ${tag}`).to.equal(true);
+        outstanding.delete(tag);
+      }
+      const upTo = tracker.takeAckable();
+      if (upTo !== null) {
+        expect(outstanding.has(upTo), `multiple ack names ${upTo}`).to.equal(true);
+        for (const tag of [...outstanding]) {
+          if (tag > upTo) continue;
+          expect(finished.has(tag), `multiple ack ${upTo} covers unfinished ${tag}`).to.equal(true);
+          outstanding.delete(tag);
+        }
+      }
+      check();
+    }
+    expect(tracker.unacked).to.equal(0);
+    expect(tracker.inProgress).to.equal(0);
+  });
+
   it('reports the age of the oldest unacked delivery, finished or not, and null when all are acked', () => {
     const tracker = new AckTracker();
     expect(tracker.oldestUnackedAgeMs(1_000)).to.equal(null);
