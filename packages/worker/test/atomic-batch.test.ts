@@ -310,6 +310,15 @@ describe('atomic batch against a real Redis', function () {
       expect(await markersIn(redis, prefix, batchOf(8, parts)), 'no marker for the refused part').to.equal(1025);
     });
 
+    it('isolates the parts when a sum over all parts leaves 64 bits and no duplicate is there (INCRBY refuses the sum itself)', async () => {
+      const parts: Part[] = [];
+      for (let i = 0; i < 1025; i++) parts.push(part(`q${i}`, [['WIDE', max]]));
+      const result = await runAtomicBatch(client, settingsFor(prefix), batchOf(11, parts), quiet);
+      expect(result.refusals.map((r) => r.part)).to.deep.equal([1024]);
+      expect(result.refusals[0]!.error).to.match(/overflow/);
+      expect(await count(11, 'WIDE')).to.equal(String(1024n * BigInt(max)));
+    });
+
     it('with a duplicate and a foreign value in a count key: the refused part counts nothing, the others count once', async () => {
       const a = part('a', [['GOOD', 1]]);
       await runAtomicBatch(client, settingsFor(prefix), batchOf(9, [a]), quiet);
