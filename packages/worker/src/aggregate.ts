@@ -13,18 +13,18 @@ export function aggregateNewParts(changes: readonly PartChanges[], isNew: (index
   const sums = new Map<string, Sum>();
   for (let i = 0; i < changes.length; i++) {
     if (!isNew(i)) continue;
-    for (const [sku, delta] of changes[i]!) {
-      const previous = sums.get(sku);
-      if (previous === undefined) {
-        sums.set(sku, delta);
-      } else if (typeof previous === 'number') {
-        const next = previous + delta;
-        // Past 2^53 a double rounds; switch to bigint so the sum stays exact.
-        sums.set(sku, Number.isSafeInteger(next) ? next : BigInt(previous) + BigInt(delta));
-      } else {
-        sums.set(sku, previous + BigInt(delta));
-      }
-    }
+    for (const [sku, delta] of changes[i]!) sums.set(sku, addToSum(sums.get(sku), delta));
   }
   return sums;
+}
+
+/** `previous` + `delta` (a safe integer), exactly: a number while the sum is a safe integer, a bigint past that. */
+export function addToSum(previous: Sum | undefined, delta: number): Sum {
+  if (previous === undefined) return delta;
+  if (typeof previous === 'number') {
+    const next = previous + delta;
+    // Past 2^53 a double rounds; switch to bigint so the sum stays exact.
+    return Number.isSafeInteger(next) ? next : BigInt(previous) + BigInt(delta);
+  }
+  return previous + BigInt(delta);
 }

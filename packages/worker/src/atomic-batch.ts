@@ -28,6 +28,7 @@ import {
   type WorkerSettings,
 } from '@tally/shared';
 import { loadScript, runScript, type ScriptArg } from './lua-scripts.js';
+import { addToSum, type Sum } from './aggregate.js';
 import { reportingHealth } from './health-report.js';
 import type { BatchHooks, BatchLog } from './batch-log.js';
 import { batchTracer, inSpan } from './batch-tracing.js';
@@ -47,6 +48,11 @@ export function atomicBatchArgs(
   const { prefix, markerTtlS, countTtlS } = settings;
   const { vshard, ids, changes } = task;
   const skuIndex = new Map<string, number>();
+  // By count key index - 1: the sum of its deltas over all parts, and how many changes name it.
+  const sums: Sum[] = [];
+  const named: number[] = [];
+  // 'sums' unless a delta is not a safe integer (it cannot be summed exactly here): then the script checks every change.
+  let safe = true;
   const partArgs: ScriptArg[] = [];
   const digests = taskDigests(task);
   for (let i = 0; i < changes.length; i++) {
@@ -57,7 +63,11 @@ export function atomicBatchArgs(
       if (index === undefined) {
         index = skuIndex.size + 1;
         skuIndex.set(sku, index);
+        named.push(0);
       }
+      if (!Number.isSafeInteger(delta)) safe = false;
+      else sums[index - 1] = addToSum(sums[index - 1], delta);
+      named[index - 1]!++;
       // A string, so the script never sees a JavaScript double it would have to print back.
       partArgs.push(index, String(delta));
     }
@@ -66,6 +76,14 @@ export function atomicBatchArgs(
   const args: ScriptArg[] = [ATOMIC_BATCH_SHA, 2 + skuIndex.size, receiptKey(prefix, vshard, batchId), markerBaseKey(prefix, vshard)];
   for (const sku of skuIndex.keys()) args.push(countKey(prefix, vshard, sku));
   args.push(markerTtlS, countTtlS, ids.length, skuIndex.size, settings.markerBucketS, settings.markerSubBuckets);
+  if (safe) {
+    args.push('sums');
+    // Decimal strings: exact past 2^53 (a bigint), and never a double the script would have to print back.
+    for (const sum of sums) args.push(String(sum));
+    for (const count of named) args.push(count);
+  } else {
+    args.push('parts');
+  }
   for (const value of partArgs) args.push(value);
   return args;
 }

@@ -196,6 +196,147 @@ describe('atomic batch against a real Redis', function () {
     expect(await markersIn(redis, prefix, task)).to.equal(0);
   });
 
+  describe("the all-parts sums ('sums' layout): duplicates taken off exactly", () => {
+    const max = Number.MAX_SAFE_INTEGER;
+    const part = (id: string, changes: Array<[string, number]>) => ({ id: `${runId}-${id}`, changes });
+    type Part = ReturnType<typeof part>;
+    const batchOf = (vshard: number, parts: Part[]): TestTask => ({
+      vshard,
+      batchId: randomUUID(),
+      ids: parts.map((p) => p.id),
+      changes: parts.map((p) => p.changes),
+    });
+    const count = async (vshard: number, sku: string) => redis.get(countKey(prefix, vshard, sku));
+
+    it('sends the sums over all parts as exact decimal strings and the changes naming each key; a delta that is not a safe integer sends the parts only', () => {
+      const task = batchOf(3, [
+        part('a', [
+          ['BIG', max],
+          ['S', -2],
+        ]),
+        part('b', [['BIG', max]]),
+        part('c', [
+          ['S', 5],
+          ['S', 1],
+        ]),
+      ]);
+      const args = atomicBatchArgs(settingsFor(prefix), task, 'batch-1').map((arg) => (Buffer.isBuffer(arg) ? 'digest' : String(arg)));
+      const argv = args.slice(2 + Number(args[1]));
+      // TTLs, n, m, bucket width and sub-buckets, then the layout, the sums (BIG, S) and how many changes name each.
+      expect(argv.slice(2, 11)).to.deep.equal(['3', '2', '300', '256', 'sums', String(2n * BigInt(max)), '4', '2', '3']);
+      expect(argv.slice(11)).to.deep.equal(['digest', '2', '1', String(max), '2', '-2', 'digest', '1', '1', String(max), 'digest', '2', '2', '5', '2', '1']);
+      const bad = atomicBatchArgs(settingsFor(prefix), batchOf(3, [part('a', [['X', 1.5]])]), 'batch-2');
+      const badArgv = bad.slice(2 + Number(bad[1])).map((arg) => (Buffer.isBuffer(arg) ? 'digest' : String(arg)));
+      expect(badArgv.slice(6)).to.deep.equal(['parts', 'digest', '1', '1', '1.5']);
+    });
+
+    it('takes duplicates off a sum past 2^53 exactly (summed from the new parts): one redelivered, one twice in the batch', async () => {
+      const a = part('a', [
+        ['BIG', max],
+        ['S', 1],
+      ]);
+      await runAtomicBatch(client, settingsFor(prefix), batchOf(6, [a]), quiet);
+      const b = part('b', [
+        ['BIG', max],
+        ['S', 2],
+        ['HUGE', max],
+      ]);
+      const c = part('c', [
+        ['BIG', -5],
+        ['HUGE', max],
+      ]);
+      const result = await runAtomicBatch(client, settingsFor(prefix), batchOf(6, [a, b, c, b]), quiet);
+      expect([...result.marked]).to.deep.equal([1, 0, 0, 1]);
+      expect(result.refusals).to.deep.equal([]);
+      expect(await count(6, 'BIG')).to.equal(String(2n * BigInt(max) - 5n));
+      expect(await count(6, 'S')).to.equal('3');
+      expect(await count(6, 'HUGE')).to.equal(String(2n * BigInt(max)));
+    });
+
+    it('sends a sum past 2^53 that no duplicate names as it is, next to a duplicate taken off a safe sum', async () => {
+      const a = part('a', [['S', 4]]);
+      await runAtomicBatch(client, settingsFor(prefix), batchOf(10, [a]), quiet);
+      const b = part('b', [
+        ['HUGE', max],
+        ['S', 1],
+      ]);
+      const c = part('c', [
+        ['HUGE', max],
+        ['HUGE', -2],
+      ]);
+      const result = await runAtomicBatch(client, settingsFor(prefix), batchOf(10, [b, a, c]), quiet);
+      expect([...result.marked]).to.deep.equal([0, 1, 0]);
+      expect(await count(10, 'HUGE')).to.equal(String(2n * BigInt(max) - 2n));
+      expect(await count(10, 'S')).to.equal('5');
+    });
+
+    it('takes duplicates off safe sums, and writes no key that only duplicates name (no 0 created, no TTL refreshed)', async () => {
+      const a = part('a', [
+        ['ONLY', 4],
+        ['S', 10],
+      ]);
+      await runAtomicBatch(client, settingsFor(prefix), batchOf(7, [a]), quiet);
+      await redis.del(countKey(prefix, 7, 'ONLY'));
+      const b = part('b', [
+        ['S', -3],
+        ['T', 7],
+      ]);
+      const c = part('c', [['T', -7]]);
+      const result = await runAtomicBatch(client, settingsFor(prefix), batchOf(7, [b, a, c, a, b]), quiet);
+      expect([...result.marked]).to.deep.equal([0, 1, 0, 1, 1]);
+      expect(await redis.exists(countKey(prefix, 7, 'ONLY')), 'named by duplicates only: not written').to.equal(0);
+      expect(await count(7, 'S')).to.equal('7');
+      expect(await count(7, 'T'), 'new parts that cancel out are still written').to.equal('0');
+    });
+
+    it('takes a duplicate off a sum past 2^63 and isolates the part that overflows: the others counted exactly, one refusal', async () => {
+      const before = part('x', [['WIDE', 1]]);
+      await runAtomicBatch(client, settingsFor(prefix), batchOf(8, [before]), quiet);
+      // 1,024 parts of 2^53-1 fit in 2^63-1 (with the 1 already there); the 1,025th overflows. The sum of all parts leaves 64 bits.
+      const parts = [before];
+      for (let i = 0; i < 1025; i++)
+        parts.push(
+          part(`p${i}`, [
+            ['WIDE', max],
+            ['OK', 1],
+          ]),
+        );
+      const result = await runAtomicBatch(client, settingsFor(prefix), batchOf(8, parts), quiet);
+      expect(result.marked[0]).to.equal(1);
+      expect(result.refusals.map((r) => r.part)).to.deep.equal([1025]);
+      expect(result.refusals[0]!.error).to.match(/overflow/);
+      expect(await count(8, 'WIDE')).to.equal(String(1024n * BigInt(max) + 1n));
+      expect(await count(8, 'OK'), 'the refused part counted nothing').to.equal('1024');
+      expect(await markersIn(redis, prefix, batchOf(8, parts)), 'no marker for the refused part').to.equal(1025);
+    });
+
+    it('isolates the parts when a sum over all parts leaves 64 bits and no duplicate is there (INCRBY refuses the sum itself)', async () => {
+      const parts: Part[] = [];
+      for (let i = 0; i < 1025; i++) parts.push(part(`q${i}`, [['WIDE', max]]));
+      const result = await runAtomicBatch(client, settingsFor(prefix), batchOf(11, parts), quiet);
+      expect(result.refusals.map((r) => r.part)).to.deep.equal([1024]);
+      expect(result.refusals[0]!.error).to.match(/overflow/);
+      expect(await count(11, 'WIDE')).to.equal(String(1024n * BigInt(max)));
+    });
+
+    it('with a duplicate and a foreign value in a count key: the refused part counts nothing, the others count once', async () => {
+      const a = part('a', [['GOOD', 1]]);
+      await runAtomicBatch(client, settingsFor(prefix), batchOf(9, [a]), quiet);
+      await redis.set(countKey(prefix, 9, 'BAD'), 'abc');
+      const b = part('b', [
+        ['GOOD', 1],
+        ['BAD', 3],
+      ]);
+      const c = part('c', [['GOOD', 1]]);
+      const result = await runAtomicBatch(client, settingsFor(prefix), batchOf(9, [a, b, c]), quiet);
+      expect([...result.marked]).to.deep.equal([1, 0, 0]);
+      expect(result.refusals.map((r) => [r.part, r.sku, r.delta])).to.deep.equal([[1, 'BAD', '3']]);
+      expect(await count(9, 'GOOD')).to.equal('2');
+      expect(await count(9, 'BAD')).to.equal('abc');
+      expect(await redis.ttl(countKey(prefix, 9, 'BAD')), 'no EXPIRE on a foreign key').to.equal(-1);
+    });
+  });
+
   it('keys every call to one hash slot: receipt, markers and counts all carry the shard tag', () => {
     const task = taskFor(runId, 13, 30);
     const args = atomicBatchArgs(settingsFor(prefix), task, 'batch-1');

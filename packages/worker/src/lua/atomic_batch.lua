@@ -17,7 +17,16 @@
     ARGV[5]                bucket width, seconds
     ARGV[6]                sub-buckets of a shard's bucket when the bucket
                            before it is unknown (a power of two)
-    ARGV[7 ..]             per part: its 16-byte digest, k, then k pairs
+    ARGV[7]                layout of the rest: 'sums' or 'parts'
+    'sums':  ARGV[8 .. m+7]     per count key, the sum of its deltas over
+                                all n parts, duplicates included (a decimal
+                                string, exact at any size)
+             ARGV[m+8 .. 2m+7]  per count key, how many changes of all n
+                                parts name it
+             ARGV[2m+8 ..]      the parts, as below
+    'parts': ARGV[8 ..]         the parts (the worker's choice when a delta
+                                is not a safe integer: every change is checked)
+    the parts              per part: its 16-byte digest, k, then k pairs
                            (count key index 1..m, delta as a decimal string)
 
   Output:
@@ -44,11 +53,23 @@
   - Everything that can fail for a bad argument is checked in the first
     pass, before any write: Redis does not roll back a script that errors
     halfway, so an error must come before the first write or not at all.
-  - Lua numbers are doubles. Deltas arrive as strings and are summed per SKU
-    only while the sum stays within +-(2^53-1), where doubles are exact; a sum
-    that would leave that range is spilled as its own INCRBY first. Sums are
-    sent to INCRBY formatted with %.0f (never tostring, which writes 1e+15),
-    and Redis parses them as 64-bit integers.
+    (With 'sums' the new parts' changes are read only on the refusal path,
+    and checked there before any part is applied: the batch's group has been
+    taken back by then, so nothing is written either.)
+  - 'sums' spares the script a pass over every change (Lua glue per change
+    was most of its CPU): when no part is a duplicate the sums go to INCRBY
+    as they came; otherwise only the duplicates' changes are read, and their
+    deltas taken off the sums of the keys they name (a key named by
+    duplicates only is skipped: its count says how many changes name it).
+    That subtraction is done in doubles, so only while every number in it is
+    within +-(2^53-1); else the batch is summed from the new parts as with
+    'parts'.
+  - Lua numbers are doubles. Summing from the parts, deltas (strings) are
+    summed per SKU only while the sum stays within +-(2^53-1), where doubles
+    are exact; a sum that would leave that range is spilled as its own
+    INCRBY first. Sums are sent to INCRBY formatted with %.0f (never
+    tostring, which writes 1e+15), and Redis parses them as 64-bit integers
+    (a sum beyond that range is refused, and its parts isolated as below).
   - Refusals: INCRBY runs under pcall, and is refused for a
     foreign value in a count key (WRONGTYPE, not an integer) or a 64-bit
     overflow. A refused part must count nothing and occupy no marker, so that
@@ -81,8 +102,18 @@ local n = tonumber(ARGV[3])
 local m = tonumber(ARGV[4])
 local width = tonumber(ARGV[5])
 local initialSubs = tonumber(ARGV[6])
+local layout = ARGV[7]
 if n == nil or m == nil or width == nil or initialSubs == nil or #KEYS ~= 2 + m then
   return redis.error_reply('TALLY_SCRIPT_ARGS keys and part count disagree')
+end
+-- ARGV[sumAt + index] and ARGV[namedAt + index]: a count key's sum and how many changes name it ('sums').
+local sumAt, namedAt, partsAt
+if layout == 'sums' then
+  sumAt, namedAt, partsAt = 7, 7 + m, 8 + 2 * m
+elseif layout == 'parts' then
+  partsAt = 8
+else
+  return redis.error_reply('TALLY_SCRIPT_ARGS unknown layout ' .. tostring(layout))
 end
 local base = KEYS[2]
 local nowS = tonumber(redis.call('TIME')[1])
@@ -94,12 +125,15 @@ local expiresAt = (current + 1) * width + tonumber(markerTtl)
 
 -- Which digests are done in any live bucket: one HMGET per hash and bucket, in chunks.
 local all = {}
-local walk = 7
+-- Where each part's k sits in ARGV.
+local partAt = {}
+local walk = partsAt
 for i = 1, n do
   local digest = ARGV[walk]
   local k = tonumber(ARGV[walk + 1])
   if digest == nil or #digest ~= 16 or k == nil then return redis.error_reply('TALLY_SCRIPT_ARGS part ' .. i .. ' has no digest or no change count') end
-  all[#all + 1] = digest
+  all[i] = digest
+  partAt[i] = walk + 1
   walk = walk + 2 + 2 * k
 end
 local doneSet = {}
@@ -108,47 +142,31 @@ local currentSubs = readBuckets(current, oldest, all, function(_, digest, value)
 end)
 
 local SAFE = 9007199254740991
+
+-- A part's change c as numbers, or an error reply when it is not a change.
+local function changeOf(i, c)
+  local at = partAt[i] + 2 * c - 1
+  local index = tonumber(ARGV[at])
+  local delta = tonumber(ARGV[at + 1])
+  if index == nil or index < 1 or index > m or index ~= math.floor(index) or delta == nil or delta ~= math.floor(delta) or math.abs(delta) > SAFE then
+    return nil, nil, redis.error_reply('TALLY_SCRIPT_ARGS part ' .. i .. ' has a bad change: ' .. tostring(ARGV[at]) .. ' ' .. tostring(ARGV[at + 1]))
+  end
+  return index, delta
+end
+
 local flags = {}
 local seen = {}
-local sums = {}
-local spills = {}
--- Where each part's k sits in ARGV, for the per-part pass after a refusal.
-local partAt = {}
-local digestOf = {}
-local pos = 7
+local duplicates = {}
 for i = 1, n do
-  local marker = ARGV[pos]
-  local k = tonumber(ARGV[pos + 1])
-  digestOf[i] = marker
-  partAt[i] = pos + 1
-  pos = pos + 2
+  local marker = all[i]
   if seen[marker] or doneSet[marker] then
     flags[i] = '1'
-    pos = pos + 2 * k
+    duplicates[#duplicates + 1] = i
   else
     flags[i] = '0'
     seen[marker] = true
-    for _ = 1, k do
-      local index = tonumber(ARGV[pos])
-      local delta = tonumber(ARGV[pos + 1])
-      if index == nil or index < 1 or index > m or delta == nil or delta ~= math.floor(delta) or math.abs(delta) > SAFE then
-        return redis.error_reply('TALLY_SCRIPT_ARGS part ' .. i .. ' has a bad change: ' .. tostring(ARGV[pos]) .. ' ' .. tostring(ARGV[pos + 1]))
-      end
-      pos = pos + 2
-      local sum = sums[index]
-      if sum == nil then
-        sums[index] = delta
-      elseif math.abs(sum + delta) > SAFE then
-        spills[#spills + 1] = {index, sum}
-        sums[index] = delta
-      else
-        sums[index] = sum + delta
-      end
-    end
   end
 end
-
--- @include count_apply
 
 -- Never tostring (it writes 1e+15), and never '-0' (Redis refuses it).
 local function decimal(sum)
@@ -156,40 +174,118 @@ local function decimal(sum)
   return string.format('%.0f', sum)
 end
 
--- The usual case: the whole batch as one group, one INCRBY per SKU (and per spill).
-local keys, deltas = {}, {}
-for _, spill in ipairs(spills) do
-  keys[#keys + 1] = KEYS[2 + spill[1]]
-  deltas[#deltas + 1] = decimal(spill[2])
+-- @include count_apply
+
+-- The batch as one group: keys[keyAt + i], deltas[deltaAt + i] for i = 1..count, `instead` as addAll takes it.
+local keys, keyAt, deltas, deltaAt, count, instead
+
+-- 'sums' with duplicates: their deltas taken off the sums, exactly, or false when doubles cannot do it exactly.
+local function withoutDuplicates()
+  local off, named = {}, {}
+  for _, i in ipairs(duplicates) do
+    for c = 1, tonumber(ARGV[partAt[i]]) do
+      local index, delta, bad = changeOf(i, c)
+      if bad then return nil, bad end
+      local sum = (off[index] or 0) + delta
+      if math.abs(sum) > SAFE then return false end
+      off[index] = sum
+      named[index] = (named[index] or 0) + 1
+    end
+  end
+  local replaced = {}
+  for index, sum in pairs(off) do
+    local left = tonumber(ARGV[namedAt + index])
+    if left == nil then return nil, redis.error_reply('TALLY_SCRIPT_ARGS count key ' .. index .. ' has no change count') end
+    if left <= named[index] then
+      -- Named by duplicates only: not written, as if the batch had not named it.
+      replaced[index] = false
+    else
+      local total = tonumber(ARGV[sumAt + index])
+      if total == nil or total ~= math.floor(total) or math.abs(total) > SAFE or math.abs(total - sum) > SAFE then return false end
+      replaced[index] = decimal(total - sum)
+    end
+  end
+  return replaced
 end
-for index, sum in pairs(sums) do
-  keys[#keys + 1] = KEYS[2 + index]
-  deltas[#deltas + 1] = decimal(sum)
-end
-local refusals = {}
-if addAll(keys, deltas) then
-  -- Nothing of the batch is counted now: each new part again, as its own group.
+
+-- The new parts summed per SKU from their changes, every change checked ('parts', and 'sums' past what doubles hold exactly).
+local function fromParts()
+  local sums, spillKeys, spillDeltas = {}, {}, {}
   for i = 1, n do
     if flags[i] == '0' then
-      local at = partAt[i]
-      local k = tonumber(ARGV[at])
-      local partKeys, partDeltas = {}, {}
-      for c = 1, k do
-        partKeys[c] = KEYS[2 + tonumber(ARGV[at + 2 * c - 1])]
-        partDeltas[c] = ARGV[at + 2 * c]
+      for c = 1, tonumber(ARGV[partAt[i]]) do
+        local index, delta, bad = changeOf(i, c)
+        if bad then return bad end
+        local sum = sums[index]
+        if sum == nil then
+          sums[index] = delta
+        elseif math.abs(sum + delta) > SAFE then
+          spillKeys[#spillKeys + 1] = KEYS[2 + index]
+          spillDeltas[#spillDeltas + 1] = decimal(sum)
+          sums[index] = delta
+        else
+          sums[index] = sum + delta
+        end
       end
-      local failed, err = addAll(partKeys, partDeltas)
+    end
+  end
+  keys, keyAt, deltas, deltaAt = spillKeys, 0, spillDeltas, 0
+  for index, sum in pairs(sums) do
+    keys[#keys + 1] = KEYS[2 + index]
+    deltas[#deltas + 1] = decimal(sum)
+  end
+  count = #keys
+  return nil
+end
+
+local summed = false
+if layout == 'sums' then
+  keys, keyAt, deltas, deltaAt, count = KEYS, 2, ARGV, sumAt, m
+  if #duplicates > 0 then
+    local replaced, bad = withoutDuplicates()
+    if bad then return bad end
+    summed = replaced ~= false
+    instead = replaced or nil
+  else
+    summed = true
+  end
+end
+if not summed then
+  local bad = fromParts()
+  if bad then return bad end
+end
+
+local refusals = {}
+if addAll(keys, keyAt, deltas, deltaAt, count, instead) then
+  -- Nothing of the batch is counted now: each new part again, as its own
+  -- group, every change checked before the first is applied.
+  local groups = {}
+  for i = 1, n do
+    if flags[i] == '0' then
+      local partKeys, partDeltas = {}, {}
+      for c = 1, tonumber(ARGV[partAt[i]]) do
+        local index, _, bad = changeOf(i, c)
+        if bad then return bad end
+        partKeys[c] = KEYS[2 + index]
+        partDeltas[c] = ARGV[partAt[i] + 2 * c]
+      end
+      groups[i] = {partKeys, partDeltas}
+    end
+  end
+  for i = 1, n do
+    local group = groups[i]
+    if group then
+      local failed, err, key, delta = addAll(group[1], 0, group[2], 0, #group[1])
       if failed then
         flags[i] = '2'
-        refusals[#refusals + 1] = {i, partKeys[failed], partDeltas[failed], err}
+        refusals[#refusals + 1] = {i, key, delta, err}
       end
     end
   end
 end
-for key in pairs(touched) do redis.call('EXPIRE', key, countTtl) end
 local fresh = {}
 for i = 1, n do
-  if flags[i] == '0' then fresh[#fresh + 1] = digestOf[i] end
+  if flags[i] == '0' then fresh[#fresh + 1] = all[i] end
 end
 if #fresh > 0 then writeMarkers(current, currentSubs or openBucket(current, initialSubs, expiresAt), fresh, '1', expiresAt) end
 local result = table.concat(flags)

@@ -56,18 +56,9 @@ local m = #KEYS - 1
 
 -- @include count_apply
 
-local function expireTouched()
-  for key in pairs(touched) do redis.call('EXPIRE', key, countTtl) end
-end
-
 if layout == 'sums' then
-  local keys, deltas = {}, {}
-  for i = 1, m do
-    keys[i] = KEYS[1 + i]
-    deltas[i] = ARGV[3 + i]
-  end
-  local refused = addAll(keys, deltas)
-  expireTouched()
+  -- KEYS[2..m+1] and ARGV[4..m+3] as they are: no copies on the usual path.
+  local refused = addAll(KEYS, 1, ARGV, 3, m)
   if refused then return {'isolate', '', {}} end
   redis.call('SET', KEYS[1], '1', 'EX', receiptTtl)
   return {'written', '', {}}
@@ -89,13 +80,12 @@ while pos <= #ARGV do
     deltas[c] = ARGV[pos + 1]
     pos = pos + 2
   end
-  local at, err = addAll(keys, deltas)
+  local at, err = addAll(keys, 0, deltas, 0, k)
   if at then
     flags[part] = '1'
     refusals[#refusals + 1] = {part, keys[at], deltas[at], err}
   end
 end
-expireTouched()
 if #refusals == 0 then
   redis.call('SET', KEYS[1], '1', 'EX', receiptTtl)
   return {'written', '', {}}

@@ -1,5 +1,6 @@
 -- All-or-nothing count increments, pasted in by the loader at `-- @include
--- count_apply` in write_counts.lua and atomic_batch.lua.
+-- count_apply` in write_counts.lua and atomic_batch.lua. Each script sets
+-- `countTtl` (the count TTL, seconds) before using them.
 
 local function negate(delta)
   if delta == '0' then return '0' end
@@ -7,24 +8,39 @@ local function negate(delta)
   return '-' .. delta
 end
 
--- Keys an INCRBY succeeded on (so they hold an integer): the only ones that get the count TTL.
-local touched = {}
-
--- Applies INCRBY keys[i] deltas[i] for every i, all or nothing. Returns nil,
--- or the position and error of the refused increment after taking back the
--- ones before it (the inverse of an increment that succeeded cannot fail). A
--- key taken back to 0 is deleted: the INCRBY may have created it, and a
--- count of 0 reads the same as no key.
-local function addAll(keys, deltas)
-  for i = 1, #keys do
-    local reply = redis.pcall('INCRBY', keys[i], deltas[i])
-    if type(reply) == 'table' and reply.err then
-      for j = i - 1, 1, -1 do
-        if redis.call('INCRBY', keys[j], negate(deltas[j])) == 0 then redis.call('DEL', keys[j]) end
-      end
-      return i, reply.err
+-- Applies INCRBY keys[keyAt + i] deltas[deltaAt + i] for i = 1..count, all
+-- or nothing; where `instead` (optional, by i) holds a value, that delta is
+-- used in its place, and false skips i. Offsets let a caller pass KEYS and
+-- ARGV themselves, without copying them into new tables.
+-- Returns nil, or the position, error, key and delta of the refused
+-- increment after taking back the ones before it (the inverse of an
+-- increment that succeeded cannot fail). A key taken back to 0 is deleted:
+-- the INCRBY may have created it, and a count of 0 reads the same as no key.
+-- Each key an INCRBY succeeded on (so it holds an integer) gets the count TTL
+-- right away: only those, so a foreign key is never touched.
+local function addAll(keys, keyAt, deltas, deltaAt, count, instead)
+  for i = 1, count do
+    local delta = deltas[deltaAt + i]
+    if instead then
+      local other = instead[i]
+      if other ~= nil then delta = other end
     end
-    touched[keys[i]] = true
+    if delta ~= false then
+      local key = keys[keyAt + i]
+      local reply = redis.pcall('INCRBY', key, delta)
+      if type(reply) == 'table' and reply.err then
+        for j = i - 1, 1, -1 do
+          local back = deltas[deltaAt + j]
+          if instead then
+            local other = instead[j]
+            if other ~= nil then back = other end
+          end
+          if back ~= false and redis.call('INCRBY', keys[keyAt + j], negate(back)) == 0 then redis.call('DEL', keys[keyAt + j]) end
+        end
+        return i, reply.err, key, delta
+      end
+      redis.call('EXPIRE', key, countTtl)
+    end
   end
   return nil
 end
