@@ -9,7 +9,7 @@
  */
 import type { PrometheusExporter } from '@opentelemetry/exporter-prometheus';
 import type { MeterProvider } from '@opentelemetry/sdk-metrics';
-import { LocalHistogramProducer } from './local-histograms.js';
+import type { LocalHistogramProducer } from './local-histograms.js';
 import { prometheusViews } from './metrics.js';
 import { ATTR_SERVICE_NAME } from './semconv.js';
 
@@ -26,11 +26,14 @@ export interface MetricsExport {
 
 /** Loaded only when asked for: a daemon without metrics does not pay their start-up. */
 export async function createMetricsExport(): Promise<MetricsExport> {
-  const [{ PrometheusExporter }, { MeterProvider }, { defaultResource, detectResources, envDetector, resourceFromAttributes }] = await Promise.all([
-    import('@opentelemetry/exporter-prometheus'),
-    import('@opentelemetry/sdk-metrics'),
-    import('@opentelemetry/resources'),
-  ]);
+  const [{ PrometheusExporter }, { MeterProvider }, { defaultResource, detectResources, envDetector, resourceFromAttributes }, { LocalHistogramProducer }] =
+    await Promise.all([
+      import('@opentelemetry/exporter-prometheus'),
+      import('@opentelemetry/sdk-metrics'),
+      import('@opentelemetry/resources'),
+      // It imports sdk-metrics too: loaded here, not by daemon.ts's static import of this file.
+      import('./local-histograms.js'),
+    ]);
   const resource = defaultResource()
     .merge(resourceFromAttributes({ [ATTR_SERVICE_NAME]: DEFAULT_SERVICE_NAME }))
     .merge(detectResources({ detectors: [envDetector] }));
