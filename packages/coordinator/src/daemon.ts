@@ -52,7 +52,7 @@ import { endBatchSpan, failBatchSpan, recordDeadLetter, startBatchSpan } from '.
 import { HttpEndpoints } from './telemetry/http-endpoints.js';
 import { registerSafetyGauges } from './telemetry/safety-gauges.js';
 import { DaemonMetrics, timestampToMs } from './telemetry/metrics.js';
-import { createMetricsExport } from './telemetry/metrics-export.js';
+import { createMetricsExport, METER_NAME } from './telemetry/metrics-export.js';
 
 /** How long a part held by another daemon's claim waits before it is tried again. */
 const CLAIM_RETRY_MS = 200;
@@ -403,10 +403,10 @@ export class Daemon {
   private async startMetrics(stats: StatsRecorder, redis: RedisClient, redisProbe: RedisProbeReport, health: RedisHealth): Promise<Telemetry | null> {
     const { config } = this;
     if (config.metricsPort === null) return null;
-    const { exporter, provider: meterProvider } = await createMetricsExport();
+    const { exporter, provider: meterProvider, histograms } = await createMetricsExport();
     metrics.setGlobalMeterProvider(meterProvider);
     const daemonMetrics = new DaemonMetrics(
-      meterProvider.getMeter('tally'),
+      meterProvider.getMeter(METER_NAME),
       { queue: config.queue, mode: config.mode, virtualShards: config.virtualShards },
       {
         counters: () => stats.sinceStart,
@@ -418,9 +418,10 @@ export class Daemon {
         oldestUnackedAgeSeconds: () => (this.acks?.tracker.oldestUnackedAgeMs() ?? 0) / 1000,
         redisRefusals: health,
       },
+      histograms,
     );
     registerSafetyGauges(
-      meterProvider.getMeter('tally'),
+      meterProvider.getMeter(METER_NAME),
       { 'messaging.system': 'rabbitmq', 'messaging.destination.name': config.queue },
       {
         redisProbe: () => redisProbe,

@@ -12,6 +12,7 @@
 import type { Attributes, Meter } from '@opentelemetry/api';
 import type { ViewOptions } from '@opentelemetry/sdk-metrics';
 import { COUNTER_NAMES, COUNTERS, type BatchResult, type CounterName, type CounterValues, type TallyMode } from '@tally/shared';
+import type { LocalHistogram, LocalHistogramProducer } from './local-histograms.js';
 import { processAttributes, queueAttributes } from './queue-attributes.js';
 import { ATTR_MESSAGING_OPERATION_NAME, METRIC_MESSAGING_CLIENT_CONSUMED_MESSAGES, METRIC_MESSAGING_PROCESS_DURATION } from './semconv.js';
 
@@ -44,10 +45,23 @@ export const SECONDS_INSTRUMENTS = Object.freeze([
   'tally.oldest_unacked_age',
 ]);
 
+/** The exported name of a seconds instrument: its Prometheus name ends in `_seconds`. */
+export function secondsName(name: string): string {
+  return `${name}_seconds`;
+}
+
 /** Views that give each seconds instrument its unit suffix on the Prometheus side. */
 export function prometheusViews(): ViewOptions[] {
-  return SECONDS_INSTRUMENTS.map((name) => ({ instrumentName: name, name: `${name}_seconds` }));
+  return SECONDS_INSTRUMENTS.map((name) => ({ instrumentName: name, name: secondsName(name) }));
 }
+
+/** The per-delivery histograms (recorded in recordAck): kept local and exported by a producer, not through SDK instruments. */
+export const PROCESS_DURATION = Object.freeze({ name: METRIC_MESSAGING_PROCESS_DURATION, description: 'From delivery to ack', boundaries: SECONDS_BUCKETS });
+export const MESSAGE_AGE = Object.freeze({
+  name: 'tally.message.age',
+  description: 'End-to-end age at ack: ack time minus the message timestamp property, when present',
+  boundaries: Object.freeze([...SECONDS_BUCKETS, 30, 60, 300]),
+});
 
 /**
  * The exposure counters are kept in Redis as integer milliseconds, which add
@@ -84,10 +98,14 @@ export class DaemonMetrics {
   private readonly batchSize;
   private readonly flushDuration;
   private readonly crashWindow;
-  private readonly processDuration;
-  private readonly messageAge;
+  private readonly processDuration: LocalHistogram;
+  private readonly messageAge: LocalHistogram;
 
-  constructor(meter: Meter, options: { queue: string; mode: TallyMode; virtualShards: number }, sources: MetricSources) {
+  /**
+   * @param histograms where the per-delivery histograms live: the producer the
+   *   Prometheus exporter reads (metrics-export.ts), scoped like `meter`.
+   */
+  constructor(meter: Meter, options: { queue: string; mode: TallyMode; virtualShards: number }, sources: MetricSources, histograms: LocalHistogramProducer) {
     this.base = queueAttributes(options.queue);
     this.processBase = processAttributes(options.queue);
     const base = this.base;
@@ -166,13 +184,11 @@ export class DaemonMetrics {
       meter.createHistogram(name, { description, unit: 's', advice: { explicitBucketBoundaries: buckets } });
     this.flushDuration = secondsHistogram('tally.flush.duration', 'From a shard batch leaving its lane to its result: pre-check, write, occupy');
     this.crashWindow = secondsHistogram('tally.crash_window.duration', 'From the start of the count write to the end of marker occupation');
-    this.processDuration = secondsHistogram(METRIC_MESSAGING_PROCESS_DURATION, 'From delivery to ack');
-    this.messageAge = secondsHistogram('tally.message.age', 'End-to-end age at ack: ack time minus the message timestamp property, when present', [
-      ...SECONDS_BUCKETS,
-      30,
-      60,
-      300,
-    ]);
+    // Recorded once or twice per delivery: an SDK record() hashes its attributes every time (local-histograms.ts says why not).
+    const local = (spec: { name: string; description: string; boundaries: readonly number[] }, attributes: Attributes) =>
+      histograms.create({ name: secondsName(spec.name), description: spec.description, unit: 's', boundaries: spec.boundaries, attributes });
+    this.processDuration = local(PROCESS_DURATION, this.processBase);
+    this.messageAge = local(MESSAGE_AGE, this.base);
   }
 
   recordBatch(parts: number, elapsedMs: number, result: BatchResult): void {
@@ -187,8 +203,8 @@ export class DaemonMetrics {
    * @param publishedAt epoch ms of the message timestamp, if any
    */
   recordAck(receivedAt: number, publishedAt: number | undefined, wallNow: number, monotonicNow: number): void {
-    this.processDuration.record((monotonicNow - receivedAt) / 1000, this.processBase);
-    if (publishedAt !== undefined) this.messageAge.record(Math.max(0, wallNow - publishedAt) / 1000, this.base);
+    this.processDuration.record((monotonicNow - receivedAt) / 1000);
+    if (publishedAt !== undefined) this.messageAge.record(Math.max(0, wallNow - publishedAt) / 1000);
   }
 }
 
