@@ -6,3 +6,4 @@ export { parseClusterNodes, type ClusterNodeLine } from './cluster-nodes.js';
 export { startProxy, type ProxyControl } from './tcp-proxy.js';
 export { deleteKeys, resetNamespace, type Namespace } from './namespace.js';
 export { markerEntry, markersDone, readMarkers, writeDoneMarker, type MarkerRef, type MarkerSnapshot } from './markers.js';
+export { testWorkerSettings } from './worker-settings.js';

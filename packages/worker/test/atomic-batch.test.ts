@@ -2,7 +2,7 @@ import { randomBytes, randomUUID } from 'node:crypto';
 import { expect } from 'chai';
 import { Redis } from 'ioredis';
 import { bucketOf, countKey, markerBucketKey, markerDigest, subBucketOf, type BatchTask, type WorkerSettings } from '@tally/shared';
-import { markerEntry, readMarkers, startProxy } from '@tally/testkit';
+import { markerEntry, readMarkers, startProxy, testWorkerSettings } from '@tally/testkit';
 import { atomicBatchArgs, runAtomicBatch } from '../src/atomic-batch.js';
 import { createRedisClient } from '@tally/runtime';
 import type { BatchLog } from '../src/batch-log.js';
@@ -14,20 +14,7 @@ const REDIS_URL = process.env.TALLY_REDIS_URL ?? 'redis://127.0.0.1:6379';
 const quiet: BatchLog = { warn() {}, error() {} };
 
 function settingsFor(prefix: string, mode: WorkerSettings['mode'] = 'atomic', claimToken = 'a1'): WorkerSettings {
-  return {
-    redisUrl: REDIS_URL,
-    prefix,
-    mode,
-    markerTtlS: 600,
-    countTtlS: 2_592_000,
-    logLevel: 'silent',
-    markerBucketS: 300,
-    markerSubBuckets: 256,
-    claimToken,
-    claimTtlMs: 30_000,
-    waitReplicas: 0,
-    waitTimeoutMs: 1000,
-  };
+  return testWorkerSettings({ redisUrl: REDIS_URL, prefix, mode, claimToken });
 }
 
 function taskFor(runId: string, vshard = 5, parts = 60): TestTask {

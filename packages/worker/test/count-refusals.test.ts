@@ -10,7 +10,7 @@ import { randomBytes, randomUUID } from 'node:crypto';
 import { expect } from 'chai';
 import { Redis } from 'ioredis';
 import { countKey, type BatchResult, type BatchTask, type WorkerSettings } from '@tally/shared';
-import { markerEntry, readMarkers } from '@tally/testkit';
+import { markerEntry, readMarkers, testWorkerSettings } from '@tally/testkit';
 import { createRedisClient } from '@tally/runtime';
 import type { BatchLog } from '../src/batch-log.js';
 import { runAtomicBatch } from '../src/atomic-batch.js';
@@ -65,20 +65,7 @@ describe('count refusals against a real Redis (both modes)', function () {
     client.disconnect();
   });
 
-  const settings = (mode: Mode): WorkerSettings => ({
-    redisUrl: REDIS_URL,
-    prefix,
-    mode,
-    markerTtlS: 600,
-    countTtlS: 2_592_000,
-    logLevel: 'silent',
-    waitReplicas: 0,
-    waitTimeoutMs: 1000,
-    markerBucketS: 300,
-    markerSubBuckets: 256,
-    claimToken: 'a1',
-    claimTtlMs: 30_000,
-  });
+  const settings = (mode: Mode): WorkerSettings => testWorkerSettings({ redisUrl: REDIS_URL, prefix, mode });
 
   /** 12 parts on shard 4: every part adds 1 to GOOD and 2 to its own SKU; parts 3 and 8 also touch BAD (poisoned). */
   function batch(poisonDelta: number): BatchTask {

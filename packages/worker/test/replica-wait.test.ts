@@ -4,7 +4,7 @@ import { expect } from 'chai';
 import { Redis } from 'ioredis';
 import { countKey, layoutKey, markerDigest, type BatchResult, type BatchTask, type WorkerSettings } from '@tally/shared';
 import { createRedisClient, type RedisClient } from '@tally/runtime';
-import { markersDone, startPrivateRedis, startProxy, writeDoneMarker, type PrivateRedis } from '@tally/testkit';
+import { markersDone, startPrivateRedis, startProxy, testWorkerSettings, writeDoneMarker, type PrivateRedis } from '@tally/testkit';
 import { runAtomicBatch } from '../src/atomic-batch.js';
 import type { BatchHooks, BatchLog } from '../src/batch-log.js';
 import { BatchWritesLostError } from '../src/replica-wait.js';
@@ -14,20 +14,7 @@ const quiet: BatchLog = { warn() {}, error() {} };
 const WIDTH_S = 300;
 
 function settingsFor(mode: WorkerSettings['mode'], prefix: string, url: string): WorkerSettings {
-  return {
-    redisUrl: url,
-    prefix,
-    mode,
-    markerTtlS: 600,
-    countTtlS: 2_592_000,
-    logLevel: 'silent',
-    markerBucketS: WIDTH_S,
-    markerSubBuckets: 256,
-    claimToken: 'a1',
-    claimTtlMs: 30_000,
-    waitReplicas: 1,
-    waitTimeoutMs: 200,
-  };
+  return testWorkerSettings({ redisUrl: url, prefix, mode, markerBucketS: WIDTH_S, waitReplicas: 1, waitTimeoutMs: 200 });
 }
 
 /** Until `replica` has everything `master` had written when this was called. */

@@ -19,7 +19,7 @@ import type { BatchLog } from '../src/batch-log.js';
 import { BatchWritesLostError } from '../src/replica-wait.js';
 import { runAtomicBatch } from '../src/atomic-batch.js';
 import { runTwoStepBatch, WRITE_COUNTS } from '../src/two-step-batch.js';
-import { markerEntry, readMarkers, startPrivateRedis, startProxy } from '@tally/testkit';
+import { markerEntry, readMarkers, startPrivateRedis, startProxy, testWorkerSettings } from '@tally/testkit';
 
 /** Tasks built by the tests carry the ids (the coordinator sends digests only). */
 type TestTask = BatchTask & { readonly ids: readonly string[] };
@@ -29,21 +29,8 @@ const quiet: BatchLog = process.env.TEST_VERBOSE
   : { warn() {}, error() {} };
 
 function settingsFor(prefix: string, over: Partial<WorkerSettings> = {}): WorkerSettings {
-  return {
-    redisUrl: REDIS_URL,
-    prefix,
-    mode: 'two-step',
-    markerTtlS: 600,
-    countTtlS: 2_592_000,
-    logLevel: 'silent',
-    markerBucketS: 300,
-    markerSubBuckets: 256,
-    claimToken: 'a1',
-    claimTtlMs: 30_000,
-    waitReplicas: 0,
-    waitTimeoutMs: 1000,
-    ...over,
-  };
+  // A fixed bucket width, whatever TTL a test sets.
+  return testWorkerSettings({ redisUrl: REDIS_URL, prefix, markerBucketS: 300, ...over });
 }
 
 function taskFor(runId: string, vshard = 3, parts = 50): TestTask {

@@ -9,7 +9,7 @@ import { randomBytes } from 'node:crypto';
 import { expect } from 'chai';
 import { Redis } from 'ioredis';
 import { ClassifiedFailure, countKey, encodeBatchTask, markerDigest, type PartChanges, type TallyMode } from '@tally/shared';
-import { markerEntry, readMarkers } from '@tally/testkit';
+import { markerEntry, readMarkers, testWorkerSettings } from '@tally/testkit';
 import { runIsolating } from '../../src/batch-isolation.js';
 import { WorkerPools } from '../../src/worker-pools.js';
 import { REDIS_URL } from './harness.js';
@@ -20,24 +20,7 @@ describe('batch failure classes across the thread boundary (real threads, real R
   for (const mode of ['two-step', 'atomic'] as const satisfies readonly TallyMode[]) {
     it(`${mode}: a data failure arrives classified 'data'; isolation refuses only the failing part and counts the rest`, async () => {
       const prefix = `t.isolate.${randomBytes(4).toString('hex')}:`;
-      const pools = new WorkerPools(
-        {
-          redisUrl: REDIS_URL,
-          prefix,
-          mode,
-          markerTtlS: 600,
-          countTtlS: 600,
-          logLevel: 'silent',
-          waitReplicas: 0,
-          waitTimeoutMs: 1000,
-          markerBucketS: 300,
-          markerSubBuckets: 256,
-          claimToken: 'a1',
-          claimTtlMs: 30_000,
-        },
-        1,
-        16,
-      );
+      const pools = new WorkerPools(testWorkerSettings({ redisUrl: REDIS_URL, prefix, mode, countTtlS: 600 }), 1, 16);
       const redis = new Redis(REDIS_URL);
       try {
         // A delta of 1.5 never passes the parser; here it stands for any
