@@ -7,7 +7,8 @@ import { execFile } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { promisify } from 'node:util';
 import { estimateDeviation, parseRecovery, shardOf, type DeviationEstimate, type TallyConfig } from '@tally/shared';
-import { compareWithTruth } from '@tally/workload';
+import { compareWithTruth, type Publish } from '@tally/workload';
+import type { PartsById } from '../test/integration/crash-window.js';
 import { drainQueue, CLI } from '../test/integration/harness.js';
 
 export interface CountCheck {
@@ -130,4 +131,22 @@ export async function deviationFromCli(env: Record<string, string>, kills: numbe
     env: { ...process.env, ...env },
   });
   return JSON.parse(stdout) as DeviationEstimate;
+}
+
+/**
+ * The truth of the first `count` publishes of a workload (a scenario that
+ * publishes as it goes and stops before the end): each good message's
+ * changes once, from its first publish (a duplicate always follows its
+ * original), and how many good messages that is.
+ */
+export function truthOfPrefix(publishes: readonly Publish[], parts: PartsById, count: number): { truth: Map<string, number>; good: number } {
+  const truth = new Map<string, number>();
+  let good = 0;
+  for (const publish of publishes.slice(0, count)) {
+    if (publish.kind !== 'good' || publish.id === undefined) continue;
+    good++;
+    for (const part of parts.get(publish.id)?.values() ?? []) for (const [sku, delta] of part) truth.set(sku, (truth.get(sku) ?? 0) + delta);
+  }
+  for (const [sku, value] of truth) if (value === 0) truth.delete(sku);
+  return { truth, good };
 }
