@@ -4,6 +4,7 @@ import { PrometheusExporter } from '@opentelemetry/exporter-prometheus';
 import { MeterProvider } from '@opentelemetry/sdk-metrics';
 import { resourceFromAttributes } from '@opentelemetry/resources';
 import { zeroCounters } from '@tally/shared';
+import { seededRandom } from '@tally/workload';
 import { HttpEndpoints } from '../../src/telemetry/http-endpoints.js';
 import { LocalHistogram, LocalHistogramProducer } from '../../src/telemetry/local-histograms.js';
 import { DaemonMetrics, MESSAGE_AGE, PROCESS_DURATION, prometheusViews } from '../../src/telemetry/metrics.js';
@@ -32,25 +33,6 @@ function family(text: string, name: string): string[] {
     );
 }
 
-/** A seeded generator (mulberry32): the same values on every run. */
-function seeded(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
-
-interface Ack {
-  receivedAt: number;
-  publishedAt: number | undefined;
-  wallNow: number;
-  monotonicNow: number;
-}
-
 /** Acks whose durations and ages hit every bucket, every boundary exactly, both ends, the dropped values and the absent timestamp. */
 function acks(): Ack[] {
   const wallNow = 1_764_540_000_000;
@@ -63,7 +45,7 @@ function acks(): Ack[] {
   add(20_000, 400_000); // beyond the last bound: +Inf
   add(3, -5_000); // a timestamp in the future reads as age 0
   add(-1, undefined); // a negative duration is dropped, as the SDK drops it; no timestamp: no age
-  const random = seeded(42);
+  const random = seededRandom(42);
   for (let i = 0; i < 2_000; i++) add(-Math.log(1 - random()) * 40, random() < 0.2 ? undefined : -Math.log(1 - random()) * 4_000);
   return out;
 }
