@@ -33,6 +33,13 @@ function family(text: string, name: string): string[] {
     );
 }
 
+interface Ack {
+  receivedAt: number;
+  publishedAt: number | undefined;
+  wallNow: number;
+  monotonicNow: number;
+}
+
 /** Acks whose durations and ages hit every bucket, every boundary exactly, both ends, the dropped values and the absent timestamp. */
 function acks(): Ack[] {
   const wallNow = 1_764_540_000_000;
