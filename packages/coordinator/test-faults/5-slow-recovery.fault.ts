@@ -31,7 +31,10 @@ describe('faults: recovery slower than the marker TTL', function () {
       // waves), so fewer would not average out reliably.
       const kills = 10;
       const workload = generateWorkload({
-        messages: 300_000,
+        // Enough for ten victims on a fast day: a victim consumes 20,000 to 50,000
+        // messages over its life (300,000 ran out before the tenth kill once
+        // the hot path got faster).
+        messages: 500_000,
         skus: 2_000,
         seed: 91,
         duplicateRate: 0.02,
@@ -56,6 +59,8 @@ describe('faults: recovery slower than the marker TTL', function () {
       let livesMs = 0;
       for (let k = 0; k < kills; k++) {
         const readyAtStart = (await queueState(space.queue)).messageCount;
+        // A plain failure, not a timeout below, when the backlog ran out.
+        expect(readyAtStart, `backlog left for victim ${k + 1} of ${kills}`).to.be.greaterThan(2 * config.prefetch);
         const daemon = await fleet.start(space.env);
         // Under load once it holds half its prefetch window (what the meter calls loaded).
         await waitForReadyBelow(space.queue, readyAtStart - config.prefetch / 2, 60_000);
