@@ -59,7 +59,7 @@ if current ~= claimed and #ARGV < FIRST then return -1 end
 local claimSubs = tonumber(redis.call('HGET', metaKey(claimed), 's')) or initialSubs
 for i = 7, 6 + refused do
   local digest = ARGV[i]
-  redis.call('HDEL', base .. ':' .. claimed .. ':' .. ((string.byte(digest, 1) * 256 + string.byte(digest, 2)) % claimSubs), digest)
+  redis.call('HDEL', base .. ':' .. claimed .. ':' .. subOf(digest, claimSubs), digest)
 end
 redis.call('HSET', metaKey(claimed), 'b' .. batch, '1')
 if current == claimed then return 0 end

@@ -16,6 +16,12 @@ local function metaKey(bucket)
   return base .. ':' .. bucket .. ':m'
 end
 
+-- The sub-bucket a digest falls in: its first two bytes, big-endian, modulo
+-- the bucket's sub-bucket count (shared/src/markers.ts subBucketOf).
+local function subOf(digest, subs)
+  return (string.byte(digest, 1) * 256 + string.byte(digest, 2)) % subs
+end
+
 -- Groups digests by the hash they fall in: {key -> {digests}}, keys in
 -- first-seen order. Key strings are made once per sub-bucket (number
 -- formatting is what costs).
@@ -23,7 +29,7 @@ local function groupBy(subs, bucket, digests)
   local order, groups, keyOfSub, subOfKey = {}, {}, {}, {}
   local prefix = base .. ':' .. bucket .. ':'
   for _, digest in ipairs(digests) do
-    local sub = (string.byte(digest, 1) * 256 + string.byte(digest, 2)) % subs
+    local sub = subOf(digest, subs)
     local key = keyOfSub[sub]
     if key == nil then
       key = prefix .. sub
