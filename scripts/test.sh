@@ -31,5 +31,11 @@ run_step pnpm bench --scale-out --quick
 # (grep finds nothing when nothing failed: under pipefail that must not end the script)
 passed=$({ grep -oE '[0-9]+ passing' "$LOG" || true; } | awk '{s+=$1} END {print s+0}')
 failed=$({ grep -oE '[0-9]+ failing' "$LOG" || true; } | awk '{s+=$1} END {print s+0}')
+# CI shows the tail of this output: repeat each mocha failure report there,
+# so the failing test and its error are read without the whole log.
+if [ "$failed" -gt 0 ]; then
+  echo "== failures (repeated from above)"
+  awk '/[0-9]+ failing/ {n = 60} n > 0 {print; n--}' "$LOG"
+fi
 echo "tests: ${passed} passed, ${failed} failed"
 exit "$status"
