@@ -159,7 +159,7 @@ export class Daemon {
   /** The shutdown step running now, for main.ts's backstop to name. */
   private stopStep: string | null = null;
   /** Message ids with parts in flight: a second delivery of one waits for the first. */
-  private readonly inFlight = new Map<string, Delivery>();
+  private readonly messagesInProgress = new Map<string, Delivery>();
   /** Dead-letter publishes not yet confirmed (or given up with their channel). */
   private readonly pendingDeadLetters = new Set<Promise<void>>();
   private stopping: Promise<void> | null = null;
@@ -196,7 +196,8 @@ export class Daemon {
     state: DaemonState;
     consuming: boolean;
     redisReady: boolean;
-    inFlight: number;
+    /** Messages with parts not yet written (tally_deliveries_in_flight counts deliveries not yet acked: a written one waits for its ack). */
+    messagesInProgress: number;
     oldestUnackedS: number | null;
     redis: RedisProbeReport | null;
     amqp: AmqpBrokerState | null;
@@ -206,7 +207,7 @@ export class Daemon {
       state: this.state,
       consuming: this.built?.link.consuming ?? false,
       redisReady: this.built?.redis.status === 'ready',
-      inFlight: this.inFlight.size,
+      messagesInProgress: this.messagesInProgress.size,
       oldestUnackedS: ageMs === null ? null : Math.round(ageMs) / 1000,
       redis: this.built?.redisProbe ?? null,
       amqp: this.built?.link.brokerState ?? null,
@@ -498,14 +499,14 @@ export class Daemon {
       message,
       refusal: null,
     };
-    const first = this.inFlight.get(delivery.id);
+    const first = this.messagesInProgress.get(delivery.id);
     if (first !== undefined) {
       // Invariant 4: the same id already has parts in flight. Counting this
       // copy now could race the first past the marker pre-check; instead it
       // waits and is settled as a duplicate when the first is done.
       first.waiters.push(delivery);
     } else {
-      this.inFlight.set(delivery.id, delivery);
+      this.messagesInProgress.set(delivery.id, delivery);
       for (const [vshard, changes] of parts) this.runtime.lanes.add(vshard, { delivery, changes });
     }
     // Prefetch credit exhausted: nothing more arrives until something is
@@ -629,7 +630,7 @@ export class Daemon {
   private settle(delivery: Delivery): void {
     const { stats, exposure, telemetry } = this.runtime;
     const metrics = telemetry?.metrics;
-    this.inFlight.delete(delivery.id);
+    this.messagesInProgress.delete(delivery.id);
     const now = metrics ? performance.now() : 0;
     const wallNow = metrics ? Date.now() : 0;
     metrics?.recordAck(delivery.receivedAt, delivery.publishedAt, wallNow, now);
@@ -710,7 +711,7 @@ export class Daemon {
   /** Nothing waits in a lane, no batch runs, no dead letter is unconfirmed, no delivery is unsettled. */
   private drained(runtime: Runtime): boolean {
     const load = runtime.lanes.load;
-    return load.pendingParts === 0 && load.busyLanes === 0 && this.pendingDeadLetters.size === 0 && this.inFlight.size === 0;
+    return load.pendingParts === 0 && load.busyLanes === 0 && this.pendingDeadLetters.size === 0 && this.messagesInProgress.size === 0;
   }
 
   /**
@@ -776,7 +777,10 @@ export class Daemon {
             run: async () => {
               lanes.flushAll();
               if (!(await this.drainWithin(runtime, Math.max(0, graceEndsAt - performance.now())))) {
-                log.warn({ inFlight: this.inFlight.size, ...lanes.load }, 'grace period over; unfinished deliveries stay unacked and will be redelivered');
+                log.warn(
+                  { messagesInProgress: this.messagesInProgress.size, ...lanes.load },
+                  'grace period over; unfinished deliveries stay unacked and will be redelivered',
+                );
               }
             },
           },

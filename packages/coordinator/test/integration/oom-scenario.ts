@@ -129,7 +129,9 @@ export async function runOomScenario(options: { before: number; during: number; 
     expect(later.unacked, 'deliveries wait unacked').to.be.greaterThan(0);
     const during = units(await countsAt(url, space.prefix), truth);
     expect(during.aboveSkus, 'no count above the truth while refused').to.deep.equal([]);
-    expect((await readyz(port)).code, 'still not ready').to.equal(503);
+    const stillRefused = await readyz(port);
+    expect(stillRefused.code, 'still not ready').to.equal(503);
+    expect(stillRefused.body.messagesInProgress, '/readyz messagesInProgress: messages whose parts wait to be written').to.be.a('number').greaterThan(0);
 
     // Room again: everything is counted, /readyz is 200 again, the log says it cleared.
     await asAdmin(server, (admin) => admin.del(`${space.prefix}filler`));
