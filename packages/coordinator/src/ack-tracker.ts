@@ -16,6 +16,12 @@
  *   for a single ack (multiple=false) and remembered as acked, so it is not
  *   held hostage until RabbitMQ's consumer_timeout closes the channel and
  *   redelivers it after its markers expired (invariant 10).
+ * - a head held by another daemon's claim (two-step, heldByClaim()): the
+ *   same single acks at once, without waiting for `stallMs`. Such a head
+ *   waits up to the claim TTL by design (after a crash, for every message
+ *   the dead daemon had claimed); with the acks behind it held too, the
+ *   prefetch window filled and a restarted daemon counted nothing for that
+ *   long.
  *
  * When the head finally finishes, the multiple-ack that follows ends on the
  * highest tag of the run that is still outstanding, never on a singly acked
@@ -34,6 +40,8 @@ export class AckTracker {
   private readonly singlyAcked = new Set<number>();
   /** When each unacked tag was received (ms, caller's clock): the oldest unacked age is the lowest tag's. */
   private readonly receivedAt = new Map<number, number>();
+  /** Unfinished tags waiting for another daemon's claim to end. */
+  private readonly held = new Set<number>();
 
   /** Records a delivery; tags must arrive in order without gaps. */
   received(tag: number, atMs: number = performance.now()): void {
@@ -50,6 +58,19 @@ export class AckTracker {
       throw new RangeError(`delivery tag ${tag} finished twice or never received`);
     }
     this.finished.add(tag);
+    this.held.delete(tag);
+  }
+
+  /**
+   * Marks an unfinished delivery as waiting for another daemon's claim: while
+   * it is the head, the finished tags behind it are single-acked at once
+   * (takeStalledAcks). Cleared when it finishes.
+   */
+  heldByClaim(tag: number): void {
+    if (tag < this.nextToAck || tag > this.highestReceived || this.finished.has(tag) || this.singlyAcked.has(tag)) {
+      throw new RangeError(`delivery tag ${tag} held after it finished, or never received`);
+    }
+    this.held.add(tag);
   }
 
   /**
@@ -70,14 +91,17 @@ export class AckTracker {
 
   /**
    * When the lowest unacked delivery is unfinished and was received at least
-   * `stallMs` ago: every finished tag behind it, in order, each to be acked
-   * on its own (multiple=false), and from now on counted as acked. Otherwise
-   * an empty list (the normal multiple-ack path covers them soon enough).
+   * `stallMs` ago, or is held by another daemon's claim: every finished tag
+   * behind it, in order, each to be acked on its own (multiple=false), and
+   * from now on counted as acked. Otherwise an empty list (the normal
+   * multiple-ack path covers them soon enough).
    */
   takeStalledAcks(stallMs: number, nowMs: number = performance.now()): number[] {
     if (this.finished.size === 0 || this.finished.has(this.nextToAck)) return [];
-    const age = this.oldestUnackedAgeMs(nowMs);
-    if (age === null || age < stallMs) return [];
+    if (!this.held.has(this.nextToAck)) {
+      const age = this.oldestUnackedAgeMs(nowMs);
+      if (age === null || age < stallMs) return [];
+    }
     const tags = [...this.finished].sort((a, b) => a - b);
     for (const tag of tags) {
       this.finished.delete(tag);

@@ -618,12 +618,28 @@ export class Daemon {
         // claim has run out (that daemon died: counted here).
         held++;
         this.runtime.lanes.hold(vshard, parts[i]!, CLAIM_RETRY_MS);
+        this.heldByClaim(delivery);
         continue;
       }
       if (result.marked[i] === PART_DONE) delivery.markedParts++;
       if (--delivery.remaining === 0) this.settle(delivery);
     }
-    if (held > 0) stats.add('claim_holds', held);
+    if (held > 0) {
+      stats.add('claim_holds', held);
+      this.scheduleAcks();
+    }
+  }
+
+  /**
+   * A delivery waiting for another daemon's claim (up to the claim TTL, e.g.
+   * after that daemon was killed) must not hold back the acks behind it: the
+   * prefetch window would fill and this daemon count nothing meanwhile. Its
+   * copies waiting on it wait as long.
+   */
+  private heldByClaim(delivery: Delivery): void {
+    const acks = this.acks;
+    if (acks === null) return;
+    for (const { link, tag } of [delivery, ...delivery.waiters]) if (acks.link === link && link.alive) acks.tracker.heldByClaim(tag);
   }
 
   /** Every part of a delivery is written and marked: classify it and release its waiters. */
@@ -659,8 +675,12 @@ export class Daemon {
     const acks = this.acks;
     if (acks === null || acks.link !== link || !link.alive) return;
     acks.tracker.finish(tag);
+    this.scheduleAcks();
+  }
+
+  /** Coalesce: every completion of this turn is covered by one multiple-ack. */
+  private scheduleAcks(): void {
     if (this.ackScheduled) return;
-    // Coalesce: every completion of this turn is covered by one multiple-ack.
     this.ackScheduled = true;
     setImmediate(() => {
       this.ackScheduled = false;
@@ -670,9 +690,10 @@ export class Daemon {
 
   /**
    * The normal path: one multiple-ack for the finished run at the head. Then,
-   * when the head has been unfinished for TALLY_STALL_MS, the finished
-   * deliveries behind it one by one (ack-tracker.ts): they must not wait for
-   * it until consumer_timeout closes the channel and they are counted again.
+   * when the head has been unfinished for TALLY_STALL_MS (or at once when it
+   * waits for another daemon's claim), the finished deliveries behind it one
+   * by one (ack-tracker.ts): they must not wait for it until consumer_timeout
+   * closes the channel and they are counted again.
    */
   private sendAcks(): void {
     const acks = this.acks;

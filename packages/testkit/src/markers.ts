@@ -116,28 +116,62 @@ export async function markersDone(redis: Redis, prefix: string, markerTtlS: numb
 }
 
 /**
- * Writes a done marker for a message's part the way atomic_batch.lua does
- * (the bucket of the server's now, the bucket's sub-bucket count, created
- * with `subBuckets` if the bucket is new), for tests that stage what another
- * daemon left behind. Standalone Redis.
+ * Writes a marker value for a message's part into the bucket of the
+ * server's now the way the scripts do (the bucket's sub-bucket count,
+ * created with `subBuckets` if the bucket is new; the bucket's expiry on its
+ * hashes): `valueFor` gives the value, given the bucket's meta key and the
+ * server's clock in ms. Standalone Redis.
  */
-export async function writeDoneMarker(
+async function writeMarkerValue(
   redis: Redis,
   prefix: string,
   vshard: number,
   id: string,
   widthS: number,
   markerTtlS: number,
-  subBuckets = 256,
+  subBuckets: number,
+  valueFor: (meta: string, nowMs: number) => Promise<string>,
 ): Promise<void> {
-  const [seconds] = await redis.time();
+  const [seconds, micros] = await redis.time();
   const bucket = bucketOf(Number(seconds), widthS);
   const meta = markerMetaKey(prefix, vshard, bucket);
   await redis.hsetnx(meta, 's', subBuckets);
   await redis.expireat(meta, bucketExpiresAt(bucket, widthS, markerTtlS));
   const subs = Number(await redis.hget(meta, 's'));
   const key = markerBucketKey(prefix, vshard, bucket, subBucketOf(markerDigest(id), subs));
-  await redis.hset(key, markerDigest(id), '1');
+  await redis.hset(key, markerDigest(id), await valueFor(meta, Number(seconds) * 1000 + Math.floor(Number(micros) / 1000)));
   await redis.expireat(key, bucketExpiresAt(bucket, widthS, markerTtlS));
   await redis.hincrby(meta, 'n', 1);
+}
+
+/**
+ * Writes a done marker for a message's part the way atomic_batch.lua does,
+ * for tests that stage what another daemon left behind. Standalone Redis.
+ */
+export function writeDoneMarker(redis: Redis, prefix: string, vshard: number, id: string, widthS: number, markerTtlS: number, subBuckets = 256): Promise<void> {
+  return writeMarkerValue(redis, prefix, vshard, id, widthS, markerTtlS, subBuckets, () => Promise.resolve('1'));
+}
+
+/**
+ * Writes a live two-step claim of daemon `token` on a message's part, made
+ * now, the way claim_markers.lua does (a new batch number in the bucket's
+ * meta, its record `c<token>:<ms>`, the number as the marker's value): what
+ * a daemon killed between its pre-check and its occupation leaves behind.
+ * Standalone Redis.
+ */
+export function writeClaim(
+  redis: Redis,
+  prefix: string,
+  vshard: number,
+  id: string,
+  widthS: number,
+  markerTtlS: number,
+  token: string,
+  subBuckets = 256,
+): Promise<void> {
+  return writeMarkerValue(redis, prefix, vshard, id, widthS, markerTtlS, subBuckets, async (meta, nowMs) => {
+    const batch = (await redis.hincrby(meta, 'b', 1)) + 1;
+    await redis.hset(meta, `b${batch}`, `c${token}:${nowMs}`);
+    return String(batch);
+  });
 }

@@ -6,14 +6,19 @@
  * no part on shard 5 must be acked (single acks) once the head has been stuck
  * for TALLY_STALL_MS, the oldest-unacked gauge must grow and /readyz must say
  * "stalled". Then the ACL is fixed and everything finishes exactly.
+ *
+ * The same holds at once, without TALLY_STALL_MS, for a head held by another
+ * daemon's live claim (two-step): the claim of a daemon killed between its
+ * pre-check and its occupation holds its messages up to
+ * TALLY_MARKER_CLAIM_TTL_S, and the messages behind them must flow meanwhile.
  */
 import { setTimeout as sleep } from 'node:timers/promises';
 import { expect } from 'chai';
 import amqp from 'amqplib';
 import { publishAll, type Publish } from '@tally/workload';
-import { shardOf } from '@tally/shared';
-import { cleanup, compare, startDaemon, stopDaemon, testSpace, AMQP_URL, type DaemonProcess } from './harness.js';
-import { asAdmin, startPrivateRedis } from '@tally/testkit';
+import { layoutKey, shardOf } from '@tally/shared';
+import { cleanup, compare, countsOf, startDaemon, statsOf, stopDaemon, testSpace, withRedis, AMQP_URL, type DaemonProcess } from './harness.js';
+import { asAdmin, startPrivateRedis, writeClaim } from '@tally/testkit';
 import { brokerQueue, countsAt, metricsText, readyz, sample, waitFor } from './runtime-probes.js';
 
 const STUCK_SHARD = 5;
@@ -69,6 +74,83 @@ describe('a stalled head (integration: private redis-server with a narrow ACL, r
       const channel = await connection.createChannel();
       await channel.deleteQueue(queue).catch(() => {});
       await connection.close();
+    }
+  });
+
+  it("a head held by a dead daemon's live claim: the deliveries behind it are acked at once, it is counted once the claim runs out", async () => {
+    const claimTtlS = 8;
+    const prefetch = 50;
+    const space = testSpace('claimhead', {
+      TALLY_MARKER_CLAIM_TTL_S: String(claimTtlS),
+      TALLY_PREFETCH: String(prefetch),
+      TALLY_BATCH_WAIT_MS: '20',
+      TALLY_VIRTUAL_SHARDS: '16',
+    });
+    let daemon: DaemonProcess | null = null;
+    try {
+      const truth = new Map<string, number>();
+      const publishes: Publish[] = [];
+      for (let n = 0; n < 400; n++) {
+        const id = `${space.queue}-${n}`;
+        const changes = [
+          { sku: `SKU-${(n * 7) % 300}`, delta: 1 + (n % 5) },
+          { sku: `SKU-${(n * 13 + 1) % 300}`, delta: 2 },
+        ];
+        for (const change of changes) truth.set(change.sku, (truth.get(change.sku) ?? 0) + change.delta);
+        publishes.push({ kind: 'good', id, body: Buffer.from(JSON.stringify({ id, changes })) });
+      }
+      daemon = await startDaemon(space.env);
+      // The first message's parts claimed just now by a daemon that died: no counts, no marker, a live claim.
+      const [head] = publishes;
+      const headChanges = (JSON.parse(head!.body.toString()) as { changes: Array<{ sku: string }> }).changes;
+      const headShards = [...new Set(headChanges.map((change) => shardOf(change.sku, 16)))];
+      await withRedis(async (redis) => {
+        const widthS = Number(await redis.hget(layoutKey(space.prefix), 'marker_bucket_s'));
+        for (const vshard of headShards) await writeClaim(redis, space.prefix, vshard, head!.id!, widthS, 600, 'deadbeefdeadbeef');
+      });
+      const claimedAt = Date.now();
+      await publishAll(publishes, { url: AMQP_URL, queue: space.queue });
+
+      // Before the claim runs out, everything but the held head is counted and acked: the window did not fill behind it.
+      const flowing = await waitFor(
+        'every delivery but the held head acked',
+        async () => {
+          const state = await brokerQueue(space.queue);
+          return state.ready === 0 && state.unacked === 1 ? state : null;
+        },
+        claimTtlS * 1000,
+        100,
+      );
+      const flowedMs = Date.now() - claimedAt;
+      expect(flowedMs, `acked behind the held head in ${flowedMs} ms, before the claim TTL`).to.be.below(claimTtlS * 1000);
+      expect(flowing.unacked).to.equal(1);
+      const meanwhile = compare(await countsOf(space.prefix), truth);
+      expect([...meanwhile.excess.keys()], 'nothing above the truth').to.deep.equal([]);
+
+      // The claim runs out: the head is taken over, counted once, and the queue drains.
+      await waitFor(
+        'the held head counted once its claim ran out',
+        async () => {
+          const state = await brokerQueue(space.queue);
+          return state.ready === 0 && state.unacked === 0;
+        },
+        claimTtlS * 1000 + 30_000,
+        250,
+      );
+      expect(Date.now() - claimedAt, 'the head waited for the claim').to.be.at.least(claimTtlS * 1000 - 1_000);
+      expect(
+        daemon.logs.filter((l) => /"msg":"stalled|PRECONDITION|amqp channel error/.test(l)),
+        'no stall reported, no channel error',
+      ).to.deep.equal([]);
+      expect((await stopDaemon(daemon)).code).to.equal(0);
+      const end = compare(await countsOf(space.prefix), truth);
+      expect(end.exact, `below ${end.below.length}, above ${end.excess.size}`).to.equal(true);
+      const stats = await statsOf(space.prefix);
+      expect(stats.claim_holds, 'the head was held').to.be.greaterThan(0);
+      expect(stats.claim_takeovers, 'and taken over, part by part').to.equal(headShards.length);
+    } finally {
+      if (daemon && daemon.child.exitCode === null && daemon.child.signalCode === null) daemon.child.kill('SIGKILL');
+      await cleanup(space).catch(() => {});
     }
   });
 

@@ -318,6 +318,48 @@ describe('AckTracker', function () {
       expect(tracker.unacked).to.equal(0);
     });
 
+    it("single-acks behind a head held by another daemon's claim at once, without waiting for stallMs", () => {
+      const tracker = new AckTracker();
+      for (let tag = 1; tag <= 5; tag++) tracker.received(tag, 0);
+      for (const tag of [2, 4]) tracker.finish(tag);
+      expect(tracker.takeStalledAcks(30_000, 10), 'an unfinished head, not held: wait').to.deep.equal([]);
+      tracker.heldByClaim(1);
+      expect(tracker.takeStalledAcks(30_000, 10)).to.deep.equal([2, 4]);
+      tracker.finish(3);
+      expect(tracker.takeStalledAcks(30_000, 20), 'newly finished behind the held head').to.deep.equal([3]);
+      expect(tracker.oldestUnackedAgeMs(20), 'the held head is still the oldest').to.equal(20);
+      // The held head finishes: the multiple-ack names it, the held mark is gone with it.
+      tracker.finish(1);
+      expect(tracker.takeAckable()).to.equal(1);
+      tracker.heldByClaim(5);
+      tracker.received(6, 30);
+      tracker.finish(6);
+      expect(tracker.takeStalledAcks(30_000, 40), 'the new head 5 is held').to.deep.equal([6]);
+      tracker.finish(5);
+      expect(tracker.takeAckable()).to.equal(5);
+      expect([tracker.unacked, tracker.inProgress]).to.deep.equal([0, 0]);
+    });
+
+    it('does not single-ack behind an unheld head when a delivery further back is held', () => {
+      const tracker = new AckTracker();
+      for (let tag = 1; tag <= 4; tag++) tracker.received(tag, 0);
+      tracker.heldByClaim(2);
+      tracker.finish(3);
+      tracker.finish(4);
+      expect(tracker.takeStalledAcks(30_000, 10)).to.deep.equal([]);
+      tracker.finish(1);
+      expect(tracker.takeAckable(), 'up to the held one').to.equal(1);
+      expect(tracker.takeStalledAcks(30_000, 10), 'now the head is held').to.deep.equal([3, 4]);
+    });
+
+    it('refuses to hold a delivery that finished or was never received', () => {
+      const tracker = new AckTracker();
+      receiveUpTo(tracker, 2);
+      tracker.finish(1);
+      expect(() => tracker.heldByClaim(1)).to.throw(RangeError);
+      expect(() => tracker.heldByClaim(3)).to.throw(RangeError);
+    });
+
     it('property: random interleavings of receive, finish, stalled acks and multiple-acks never ack a tag twice or an unfinished one, and ack all in the end', () => {
       const random = seededRandom(0x57a11);
       for (let run = 0; run < 300; run++) {
@@ -359,6 +401,8 @@ describe('AckTracker', function () {
           while (received < tag) {
             tracker.received(++received, now);
             outstanding.add(received);
+            // Some deliveries wait for another daemon's claim for a while.
+            if (random() < 0.05) tracker.heldByClaim(received);
             maybeAck();
           }
           now += Math.floor(random() * 20);
