@@ -5,5 +5,5 @@ export { startRedisCluster, CLUSTER_SLOTS, type RedisCluster, type RedisClusterO
 export { parseClusterNodes, type ClusterNodeLine } from './cluster-nodes.js';
 export { startProxy, type ProxyControl } from './tcp-proxy.js';
 export { deleteKeys, resetNamespace, type Namespace } from './namespace.js';
-export { markerEntry, markersDone, readMarkers, writeClaim, writeDoneMarker, type MarkerRef, type MarkerSnapshot } from './markers.js';
+export { markerEntry, markersDone, readMarkers, writeClaim, writeDoneMarker, type MarkerPlace, type MarkerRef, type MarkerSnapshot } from './markers.js';
 export { testWorkerSettings } from './worker-settings.js';

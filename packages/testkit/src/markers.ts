@@ -115,27 +115,30 @@ export async function markersDone(redis: Redis, prefix: string, markerTtlS: numb
   return done;
 }
 
+/** Where a staged marker goes: a message's part on a shard, in the bucket of the server's now. */
+export interface MarkerPlace {
+  readonly prefix: string;
+  readonly vshard: number;
+  readonly id: string;
+  /** The prefix's bucket width (its layout's `marker_bucket_s`). */
+  readonly widthS: number;
+  readonly markerTtlS: number;
+  /** Sub-buckets of the bucket if this write opens it (default 256). */
+  readonly subBuckets?: number;
+}
+
 /**
- * Writes a marker value for a message's part into the bucket of the
- * server's now the way the scripts do (the bucket's sub-bucket count,
- * created with `subBuckets` if the bucket is new; the bucket's expiry on its
- * hashes): `valueFor` gives the value, given the bucket's meta key and the
- * server's clock in ms. Standalone Redis.
+ * Writes a marker value for a message's part the way the scripts do (the
+ * bucket's sub-bucket count, the bucket's expiry on its hashes): `valueFor`
+ * gives the value, given the bucket's meta key and the server's clock in ms.
+ * Standalone Redis.
  */
-async function writeMarkerValue(
-  redis: Redis,
-  prefix: string,
-  vshard: number,
-  id: string,
-  widthS: number,
-  markerTtlS: number,
-  subBuckets: number,
-  valueFor: (meta: string, nowMs: number) => Promise<string>,
-): Promise<void> {
+async function writeMarkerValue(redis: Redis, place: MarkerPlace, valueFor: (meta: string, nowMs: number) => Promise<string>): Promise<void> {
+  const { prefix, vshard, id, widthS, markerTtlS } = place;
   const [seconds, micros] = await redis.time();
   const bucket = bucketOf(Number(seconds), widthS);
   const meta = markerMetaKey(prefix, vshard, bucket);
-  await redis.hsetnx(meta, 's', subBuckets);
+  await redis.hsetnx(meta, 's', place.subBuckets ?? 256);
   await redis.expireat(meta, bucketExpiresAt(bucket, widthS, markerTtlS));
   const subs = Number(await redis.hget(meta, 's'));
   const key = markerBucketKey(prefix, vshard, bucket, subBucketOf(markerDigest(id), subs));
@@ -148,8 +151,8 @@ async function writeMarkerValue(
  * Writes a done marker for a message's part the way atomic_batch.lua does,
  * for tests that stage what another daemon left behind. Standalone Redis.
  */
-export function writeDoneMarker(redis: Redis, prefix: string, vshard: number, id: string, widthS: number, markerTtlS: number, subBuckets = 256): Promise<void> {
-  return writeMarkerValue(redis, prefix, vshard, id, widthS, markerTtlS, subBuckets, () => Promise.resolve('1'));
+export function writeDoneMarker(redis: Redis, place: MarkerPlace): Promise<void> {
+  return writeMarkerValue(redis, place, () => Promise.resolve('1'));
 }
 
 /**
@@ -159,17 +162,8 @@ export function writeDoneMarker(redis: Redis, prefix: string, vshard: number, id
  * a daemon killed between its pre-check and its occupation leaves behind.
  * Standalone Redis.
  */
-export function writeClaim(
-  redis: Redis,
-  prefix: string,
-  vshard: number,
-  id: string,
-  widthS: number,
-  markerTtlS: number,
-  token: string,
-  subBuckets = 256,
-): Promise<void> {
-  return writeMarkerValue(redis, prefix, vshard, id, widthS, markerTtlS, subBuckets, async (meta, nowMs) => {
+export function writeClaim(redis: Redis, place: MarkerPlace, token: string): Promise<void> {
+  return writeMarkerValue(redis, place, async (meta, nowMs) => {
     const batch = (await redis.hincrby(meta, 'b', 1)) + 1;
     await redis.hset(meta, `b${batch}`, `c${token}:${nowMs}`);
     return String(batch);

@@ -61,9 +61,9 @@ describe('WAIT after a failover: every marker a batch relies on must be on the n
         const [oldAdmin, newAdmin] = [new Redis(oldMaster.url), new Redis(promoted.url)];
         admins.push(oldAdmin, newAdmin);
         const [m0, m1] = task.ids as [string, string];
-        await writeDoneMarker(oldAdmin, prefix, vshard, m0, WIDTH_S, 600);
-        await writeDoneMarker(oldAdmin, prefix, vshard, m1, WIDTH_S, 600);
-        await writeDoneMarker(newAdmin, prefix, vshard, m0, WIDTH_S, 600);
+        await writeDoneMarker(oldAdmin, { prefix, vshard, id: m0, widthS: WIDTH_S, markerTtlS: 600 });
+        await writeDoneMarker(oldAdmin, { prefix, vshard, id: m1, widthS: WIDTH_S, markerTtlS: 600 });
+        await writeDoneMarker(newAdmin, { prefix, vshard, id: m0, widthS: WIDTH_S, markerTtlS: 600 });
         // The layout a daemon would have recorded (markersDone reads the bucket width from it).
         await newAdmin.hset(layoutKey(prefix), 'marker_bucket_s', WIDTH_S);
         await untilReplicated(newAdmin);

@@ -106,7 +106,7 @@ describe('a stalled head (integration: private redis-server with a narrow ACL, r
       const headShards = [...new Set(headChanges.map((change) => shardOf(change.sku, 16)))];
       await withRedis(async (redis) => {
         const widthS = Number(await redis.hget(layoutKey(space.prefix), 'marker_bucket_s'));
-        for (const vshard of headShards) await writeClaim(redis, space.prefix, vshard, head!.id!, widthS, 600, 'deadbeefdeadbeef');
+        for (const vshard of headShards) await writeClaim(redis, { prefix: space.prefix, vshard, id: head!.id!, widthS, markerTtlS: 600 }, 'deadbeefdeadbeef');
       });
       const claimedAt = Date.now();
       await publishAll(publishes, { url: AMQP_URL, queue: space.queue });
