@@ -1,8 +1,9 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import { expect } from 'chai';
-import { generateWorkload, publishAll, seededRandom, type Publish } from '@tally/workload';
+import { generateWorkload, seededRandom } from '@tally/workload';
 import { cleanup, countsOf, queueState, statsOf, testSpace, withRedis, AMQP_URL } from '../test/integration/harness.js';
 import { largestBatchUnits, partsById, unmarkedUnitsPerShard, UnmarkedLedger } from '../test/integration/crash-window.js';
+import { Backlog } from './backlog.js';
 import { checkCounts, checkDeadLetters, deviationFromCli, truthOfPrefix, unitsPerMessage } from './checks.js';
 import { DaemonFleet } from './fleet.js';
 import { bootstrapRatio, type RatioGroup } from './resampling.js';
@@ -79,37 +80,6 @@ async function unackedOf(port: number): Promise<number> {
   const match = /^tally_deliveries_in_flight(?:\{[^}]*\})?\s+(\S+)$/m.exec(text);
   if (match === null) throw new Error('no tally_deliveries_in_flight on /metrics');
   return Number(match[1]);
-}
-
-/**
- * The workload published in order, in slices, as the victims consume it:
- * publishing a whole run's backlog up front took over a minute, and a
- * backlog that large had to be sized for the fastest machine. A slice is
- * confirmed before the next ready count is read, so `published - ready`
- * (what the ledger takes as delivered) stays exact.
- */
-class Backlog {
-  published = 0;
-  publishMs = 0;
-
-  constructor(
-    private readonly publishes: readonly Publish[],
-    private readonly queue: string,
-  ) {}
-
-  /** Publishes the next messages until `ready` would reach `target`. */
-  async topUp(ready: number, target: number): Promise<void> {
-    const count = Math.min(Math.max(0, target - ready), this.publishes.length - this.published);
-    if (count === 0) return;
-    const started = performance.now();
-    await publishAll(this.publishes.slice(this.published, this.published + count), { url: AMQP_URL, queue: this.queue });
-    this.published += count;
-    this.publishMs += performance.now() - started;
-  }
-
-  get exhausted(): boolean {
-    return this.published === this.publishes.length;
-  }
 }
 
 describe('faults: repeated SIGKILL', function () {
