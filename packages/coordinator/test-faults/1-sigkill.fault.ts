@@ -1,7 +1,7 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import { expect } from 'chai';
 import { generateWorkload, seededRandom } from '@tally/workload';
-import { cleanup, countsOf, queueState, statsOf, testSpace, withRedis, AMQP_URL } from '../test/integration/harness.js';
+import { cleanup, countsOf, queueState, statsOf, testSpace, withRedis } from '../test/integration/harness.js';
 import { largestBatchUnits, partsById, unmarkedUnitsPerShard, UnmarkedLedger } from '../test/integration/crash-window.js';
 import { Backlog } from './backlog.js';
 import { checkCounts, checkDeadLetters, deviationFromCli, truthOfPrefix, unitsPerMessage } from './checks.js';
