@@ -202,14 +202,15 @@ describe('several daemons on one queue and one Redis (integration)', function ()
           maxDelta: MAX_DELTA,
         });
         for (let i = 0; i < DAEMONS; i++) daemons.push(await startDaemon(space.env));
-        // Publishing goes on in the background, in slices, while daemons die.
+        // Publishing goes on in the background, in slices, while daemons die
+        // (about 12 s: the four kills and restarts take 5 to 8).
         const slices = 30;
         const per = Math.ceil(workload.publishes.length / slices);
         let published = 0;
         const publishing = (async () => {
           for (let s = 0; s < slices; s++) {
             published += await publishAll(workload.publishes.slice(s * per, (s + 1) * per), { url: AMQP_URL, queue: space.queue });
-            await sleep(700);
+            await sleep(350);
           }
         })();
         const kills = 4;
