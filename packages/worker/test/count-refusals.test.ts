@@ -143,7 +143,11 @@ describe('count refusals against a real Redis (both modes)', function () {
     }
 
     it(`${mode}: a batch with no refusal takes the usual path, one INCRBY per SKU (MONITOR)`, async () => {
-      const monitor = await new Redis(REDIS_URL).monitor();
+      // The test's connections ready first, and no extra one: a command of ours (a ready-check
+      // INFO) that reaches MONITOR's connection in the same read as its OK is taken by ioredis
+      // for a reply ("Command queue state error", seen in CI).
+      await Promise.all([redis.ping(), client.ping()]);
+      const monitor = await redis.monitor();
       const incrs: string[] = [];
       monitor.on('monitor', (_time: string, args: string[]) => {
         if (args[0]?.toLowerCase() === 'incrby' && args[1]?.startsWith(prefix)) incrs.push(args[1]);
