@@ -5,6 +5,7 @@ export * from './message.js';
 export * from './shards.js';
 export * from './keys.js';
 export * from './markers.js';
+export * from './script-replies.js';
 export * from './counters.js';
 export * from './backoff.js';
 export * from './failure-class.js';
