@@ -24,7 +24,7 @@
  * within about one WAIT timeout of the first batch it holds.
  */
 import type { Cluster, Redis } from 'ioredis';
-import { isCluster, keySlot, type RedisClient } from '@tally/runtime';
+import { isCluster, keySlot, whenClusterReady, type RedisClient } from '@tally/runtime';
 import { describeError, describeShortMaster, findShortMasters, replicationFromInfo, shortfallChanges, type ShortMaster } from '@tally/shared';
 import type { Logger } from './logger.js';
 
@@ -103,6 +103,8 @@ export class ReplicaWatch {
 
   private async checkOnce(): Promise<void> {
     try {
+      // A cluster client starts without its slot map: the first check (at start) waits for it rather than see no master.
+      if (isCluster(this.redis) && this.redis.status !== 'ready') await whenClusterReady(this.redis);
       const { owners, connections } = this.topology();
       const replicas = new Map<string, number | null>();
       await Promise.all(
