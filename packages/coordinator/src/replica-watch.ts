@@ -166,10 +166,7 @@ export class ReplicaWatch {
     this.shortNow = after.map((master) => ({ ...master, sinceMs: since.get(master.address) ?? now }));
     this.known = new Map([...replicas].filter((entry): entry is [string, number] => entry[1] !== null));
     for (const master of started) {
-      this.log.warn(
-        { master: master.address, replicas: master.replicas, wanted: master.wanted, shards: master.shards.length },
-        describeShortMaster(master),
-      );
+      this.log.warn({ master: master.address, replicas: master.replicas, wanted: master.wanted, shards: master.shards.length }, describeShortMaster(master));
     }
     const holding = new Set(owners);
     for (const master of cleared) {

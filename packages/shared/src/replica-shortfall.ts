@@ -95,7 +95,7 @@ export function shortfallChanges(before: readonly ShortMaster[], after: readonly
 export function describeShards(shards: readonly number[]): string {
   const sorted = [...new Set(shards)].sort((a, b) => a - b);
   const ranges: string[] = [];
-  for (let i = 0; i < sorted.length; ) {
+  for (let i = 0; i < sorted.length;) {
     let j = i;
     while (j + 1 < sorted.length && sorted[j + 1] === sorted[j]! + 1) j++;
     ranges.push(i === j ? String(sorted[i]) : `${sorted[i]}-${sorted[j]}`);

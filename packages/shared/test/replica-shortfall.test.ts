@@ -29,23 +29,83 @@ describe('replica shortfall (an unmeetable WAIT)', () => {
   const owners = ['a:1', 'b:2', 'c:3', 'b:2', 'a:1', 'b:2', undefined, 'c:3'];
 
   it('names each master with fewer online replicas than wanted, and the shards it holds', () => {
-    const short = findShortMasters(1, owners, new Map([['a:1', 1], ['b:2', 0], ['c:3', 2]]));
+    const short = findShortMasters(
+      1,
+      owners,
+      new Map([
+        ['a:1', 1],
+        ['b:2', 0],
+        ['c:3', 2],
+      ]),
+    );
     expect(short).to.deep.equal([{ address: 'b:2', replicas: 0, wanted: 1, shards: [1, 3, 5] }]);
-    expect(findShortMasters(2, owners, new Map([['a:1', 1], ['b:2', 0], ['c:3', 2]])).map((m) => [m.address, m.replicas, m.shards])).to.deep.equal([
+    expect(
+      findShortMasters(
+        2,
+        owners,
+        new Map([
+          ['a:1', 1],
+          ['b:2', 0],
+          ['c:3', 2],
+        ]),
+      ).map((m) => [m.address, m.replicas, m.shards]),
+    ).to.deep.equal([
       ['a:1', 1, [0, 4]],
       ['b:2', 0, [1, 3, 5]],
     ]);
   });
 
   it('finds nothing when every master has enough, or when no WAIT is asked for', () => {
-    expect(findShortMasters(1, owners, new Map([['a:1', 1], ['b:2', 1], ['c:3', 1]]))).to.deep.equal([]);
-    expect(findShortMasters(0, owners, new Map([['a:1', 0], ['b:2', 0], ['c:3', 0]]))).to.deep.equal([]);
+    expect(
+      findShortMasters(
+        1,
+        owners,
+        new Map([
+          ['a:1', 1],
+          ['b:2', 1],
+          ['c:3', 1],
+        ]),
+      ),
+    ).to.deep.equal([]);
+    expect(
+      findShortMasters(
+        0,
+        owners,
+        new Map([
+          ['a:1', 0],
+          ['b:2', 0],
+          ['c:3', 0],
+        ]),
+      ),
+    ).to.deep.equal([]);
   });
 
   it('a master that could not be asked keeps what the last check said of it: a timeout neither raises nor clears', () => {
     const before: ShortMaster[] = [{ address: 'b:2', replicas: 0, wanted: 1, shards: [1, 3, 5] }];
-    expect(findShortMasters(1, owners, new Map([['a:1', 1], ['b:2', null], ['c:3', 1]]), before).map((m) => m.address)).to.deep.equal(['b:2']);
-    expect(findShortMasters(1, owners, new Map([['a:1', null], ['b:2', 1], ['c:3', 1]]), before)).to.deep.equal([]);
+    expect(
+      findShortMasters(
+        1,
+        owners,
+        new Map([
+          ['a:1', 1],
+          ['b:2', null],
+          ['c:3', 1],
+        ]),
+        before,
+      ).map((m) => m.address),
+    ).to.deep.equal(['b:2']);
+    expect(
+      findShortMasters(
+        1,
+        owners,
+        new Map([
+          ['a:1', null],
+          ['b:2', 1],
+          ['c:3', 1],
+        ]),
+        before,
+      ),
+    ).to.deep.equal([]);
     // Never asked at all (no entry), nothing known before: not short.
     expect(findShortMasters(1, owners, new Map())).to.deep.equal([]);
   });
@@ -53,7 +113,16 @@ describe('replica shortfall (an unmeetable WAIT)', () => {
   it('a master that no longer holds any shard (failed over, slots moved) is no longer short', () => {
     const before: ShortMaster[] = [{ address: 'b:2', replicas: 0, wanted: 1, shards: [1, 3, 5] }];
     const moved = owners.map((owner) => (owner === 'b:2' ? 'd:4' : owner));
-    const after = findShortMasters(1, moved, new Map([['a:1', 1], ['d:4', 0], ['c:3', 1]]), before);
+    const after = findShortMasters(
+      1,
+      moved,
+      new Map([
+        ['a:1', 1],
+        ['d:4', 0],
+        ['c:3', 1],
+      ]),
+      before,
+    );
     expect(after.map((m) => m.address)).to.deep.equal(['d:4']);
     const changes = shortfallChanges(before, after);
     expect(changes.started.map((m) => m.address)).to.deep.equal(['d:4']);
@@ -79,6 +148,8 @@ describe('replica shortfall (an unmeetable WAIT)', () => {
       'redis WAIT for 1 replica cannot be met: master 10.0.0.7:6379 has 0 online replicas (virtual shards 0-2, 5: their batches wait unacked); ' +
         'bring a replica of it back, or lower TALLY_REDIS_WAIT_REPLICAS and restart',
     );
-    expect(describeShortMaster({ address: 'h:1', replicas: 1, wanted: 2, shards: [3] })).to.include('WAIT for 2 replicas').and.include('has 1 online replica (');
+    expect(describeShortMaster({ address: 'h:1', replicas: 1, wanted: 2, shards: [3] }))
+      .to.include('WAIT for 2 replicas')
+      .and.include('has 1 online replica (');
   });
 });

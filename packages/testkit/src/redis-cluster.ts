@@ -170,7 +170,15 @@ async function startOnce(options: RedisClusterOptions): Promise<RedisCluster> {
     );
     await run(
       'redis-cli',
-      [...(tls ? ['--tls', '--cacert', tls.caFile] : []), '--cluster', 'create', ...slots.map((s) => `127.0.0.1:${s.port}`), '--cluster-replicas', String(replicasPerMaster), '--cluster-yes'],
+      [
+        ...(tls ? ['--tls', '--cacert', tls.caFile] : []),
+        '--cluster',
+        'create',
+        ...slots.map((s) => `127.0.0.1:${s.port}`),
+        '--cluster-replicas',
+        String(replicasPerMaster),
+        '--cluster-yes',
+      ],
       { timeout: timeoutMs },
     );
   } catch (error) {

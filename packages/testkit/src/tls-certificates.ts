@@ -40,7 +40,24 @@ export async function makeTestCertificates(): Promise<TestCertificates> {
     join(dir, 'server.ext'),
     'subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth,clientAuth\n',
   );
-  await openssl(dir, 'x509', '-req', '-in', 'server.csr', '-CA', 'ca.pem', '-CAkey', 'ca.key', '-CAcreateserial', '-out', 'server.pem', '-days', '2', '-extfile', 'server.ext');
+  await openssl(
+    dir,
+    'x509',
+    '-req',
+    '-in',
+    'server.csr',
+    '-CA',
+    'ca.pem',
+    '-CAkey',
+    'ca.key',
+    '-CAcreateserial',
+    '-out',
+    'server.pem',
+    '-days',
+    '2',
+    '-extfile',
+    'server.ext',
+  );
   await openssl(dir, 'req', '-x509', ...ec, '-keyout', 'wrong-ca.key', '-out', 'wrong-ca.pem', '-days', '2', '-subj', '/CN=Some other CA');
   const caFile = join(dir, 'ca.pem');
   const certFile = join(dir, 'server.pem');

@@ -50,8 +50,7 @@ export function registerSafetyGauges(meter: Meter, base: Attributes, sources: Sa
   if (replicasShort !== undefined) {
     meter
       .createObservableGauge('tally.redis.replicas_short', {
-        description:
-          'Per Redis master: replicas online short of TALLY_REDIS_WAIT_REPLICAS (its shards wait unacked while above 0); 0 when the WAIT can be met',
+        description: 'Per Redis master: replicas online short of TALLY_REDIS_WAIT_REPLICAS (its shards wait unacked while above 0); 0 when the WAIT can be met',
         unit: '{replica}',
       })
       .addCallback((result) => {

@@ -91,7 +91,13 @@ describe('TLS Redis Cluster (integration: 3 masters + 3 replicas, TLS only, bus 
       for (const master of masters) {
         const labels = { server_address: '127.0.0.1', server_port: String(master.port) };
         const text = await metricsText(port);
-        expect(sample(text, 'tally_redis_replicas_short', labels), `gauge 0 for ${master.port}: ${text.split('\n').filter((l) => l.includes('replicas_short')).join(' / ')}`).to.equal(0);
+        expect(
+          sample(text, 'tally_redis_replicas_short', labels),
+          `gauge 0 for ${master.port}: ${text
+            .split('\n')
+            .filter((l) => l.includes('replicas_short'))
+            .join(' / ')}`,
+        ).to.equal(0);
       }
       const firstCounts = await tallyCli(space.env, 'counts', '--json');
       expect(firstCounts.code, firstCounts.stderr).to.equal(0);

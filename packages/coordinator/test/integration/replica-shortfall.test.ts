@@ -61,7 +61,10 @@ describe('an unmeetable WAIT is named (integration, private master and replica)'
         100,
       );
       const namedAfterMs = Date.now() - killedAt;
-      expect(notReady.body.reason).to.include(`master ${master} has 0 online replicas`).and.include('virtual shards 0-15').and.include('TALLY_REDIS_WAIT_REPLICAS');
+      expect(notReady.body.reason)
+        .to.include(`master ${master} has 0 online replicas`)
+        .and.include('virtual shards 0-15')
+        .and.include('TALLY_REDIS_WAIT_REPLICAS');
       expect(notReady.body.reason, 'named before any stall is reported').not.to.include('stalled');
       expect(await gauge(port), 'gauge 1 for the master').to.equal(1);
 
