@@ -47,6 +47,7 @@ import { runIsolating } from './batch-isolation.js';
 import { DEFAULT_SAMPLING, ExposureMeter } from './exposure-meter.js';
 import { within, TIMED_OUT } from './deadline.js';
 import { judgeReadiness, type ReadinessVerdict } from './readiness.js';
+import { startReplicaWatch, type ReplicaWatch } from './replica-watch.js';
 import { RedisHealth } from './redis-health.js';
 import { endBatchSpan, failBatchSpan, recordDeadLetter, startBatchSpan } from './telemetry/batch-span.js';
 import { HttpEndpoints } from './telemetry/http-endpoints.js';
@@ -80,6 +81,8 @@ interface Runtime {
   readonly redis: RedisClient;
   /** Whether Redis refuses writes right now, as every writer sees it (redis-health.ts). */
   readonly health: RedisHealth;
+  /** With TALLY_REDIS_WAIT_REPLICAS: the masters that cannot meet the WAIT (replica-watch.ts); null without. */
+  readonly replicaWatch: ReplicaWatch | null;
   /** Renews this daemon's heartbeat key and the mode lease its layout check took. */
   readonly heartbeat: Heartbeat;
   readonly stats: StatsRecorder;
@@ -222,6 +225,7 @@ export class Daemon {
       consuming: status.consuming,
       redisConnected: status.redisReady,
       refusal: this.built?.health.current() ?? null,
+      replicasShort: this.built?.replicaWatch?.short ?? [],
       oldestUnackedMs: this.acks?.tracker.oldestUnackedAgeMs() ?? null,
       stallMs: this.config.stallMs,
       nowMs: Date.now(),
@@ -294,6 +298,8 @@ export class Daemon {
     const health = new RedisHealth(log);
     health.listen();
     opened.push({ name: 'closing the health channel', run: () => health.close() });
+    const replicaWatch = startReplicaWatch(redis, config, log);
+    if (replicaWatch !== null) opened.push({ name: 'stopping the replica watch', run: () => replicaWatch.stop() });
     try {
       const lease = { holder: this.daemonId, ttlMs: HEARTBEAT_TTL_BEATS * config.heartbeatMs };
       const layout = await this.untilRedis('layout check', () => ensureLayout(redis, config, lease));
@@ -335,7 +341,7 @@ export class Daemon {
           return stats.flush();
         },
       });
-      const telemetry = await this.startMetrics(stats, redis, redisProbe, health);
+      const telemetry = await this.startMetrics(stats, redis, redisProbe, health, replicaWatch);
       if (telemetry !== null) opened.unshift({ name: 'closing the metrics endpoint', run: () => closeTelemetry(telemetry) });
 
       const pools = new WorkerPools(
@@ -359,7 +365,10 @@ export class Daemon {
         config.virtualShards,
         // Counted as they happen: a WAIT that keeps timing out holds its batch, and the stall must show meanwhile.
         (event) => {
-          if (event.type === 'wait-timeout') stats.add('wait_timeouts');
+          if (event.type === 'wait-timeout') {
+            stats.add('wait_timeouts');
+            replicaWatch?.nudge();
+          }
         },
       );
       const lanes = new ShardLanes(config, (vshard, parts) => this.runBatch(vshard, parts));
@@ -393,7 +402,7 @@ export class Daemon {
           },
         },
       );
-      return { redisProbe, redis, health, heartbeat, stats, exposure, telemetry, pools, lanes, link };
+      return { redisProbe, redis, health, replicaWatch, heartbeat, stats, exposure, telemetry, pools, lanes, link };
     } catch (error) {
       await runSteps(opened, log, () => {});
       throw error;
@@ -401,7 +410,13 @@ export class Daemon {
   }
 
   /** Metrics and the HTTP endpoint, when TALLY_METRICS_PORT is set. */
-  private async startMetrics(stats: StatsRecorder, redis: RedisClient, redisProbe: RedisProbeReport, health: RedisHealth): Promise<Telemetry | null> {
+  private async startMetrics(
+    stats: StatsRecorder,
+    redis: RedisClient,
+    redisProbe: RedisProbeReport,
+    health: RedisHealth,
+    replicaWatch: ReplicaWatch | null = null,
+  ): Promise<Telemetry | null> {
     const { config } = this;
     if (config.metricsPort === null) return null;
     const { exporter, provider: meterProvider, histograms } = await createMetricsExport();
@@ -428,6 +443,7 @@ export class Daemon {
         redisProbe: () => redisProbe,
         amqpBlocked: () => this.built?.link.brokerState.blocked ?? false,
         unroutableDeadLetters: () => this.built?.link.brokerState.unroutableDeadLetters ?? 0,
+        ...(replicaWatch === null ? {} : { replicasShort: () => replicaWatch.shortfallByMaster() }),
       },
     );
     const endpoints = new HttpEndpoints(exporter, () => {
