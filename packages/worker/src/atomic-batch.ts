@@ -79,7 +79,16 @@ export function atomicBatchArgs(
   for (const sku of skuIndex.keys()) keys.push(countKey(prefix, vshard, sku));
   for (const key of keys) args.push(key);
   const ttl = countTtlOf(countTtlS);
-  args.push(markerTtlS, ttl.ttlS, ids.length, skuIndex.size, settings.markerBucketS, settings.markerSubBuckets, safe ? 'sums' : 'parts', ttl.due(keys, Date.now()));
+  args.push(
+    markerTtlS,
+    ttl.ttlS,
+    ids.length,
+    skuIndex.size,
+    settings.markerBucketS,
+    settings.markerSubBuckets,
+    safe ? 'sums' : 'parts',
+    ttl.due(keys, Date.now()),
+  );
   if (safe) {
     // Decimal strings: exact past 2^53 (a bigint), and never a double the script would have to print back.
     for (const sum of sums) args.push(String(sum));
