@@ -30,8 +30,8 @@ export interface CloseStep {
  *   nothing more;
  * - the stats flush once no thread can report anything more;
  * - the channel: only now do the unacked deliveries go back to the broker;
- * - the heartbeat, then Redis (both write through the Redis client), the
- *   health channel that reports Redis' refusals;
+ * - the heartbeat and the replica watch, then Redis (they use its client),
+ *   then the health channel that reports Redis' refusals;
  * - the metrics endpoint last: it answers until the end.
  */
 export const CLOSE_ORDER = [
@@ -40,6 +40,7 @@ export const CLOSE_ORDER = [
   'final stats flush',
   'closing amqp',
   'stopping the heartbeat',
+  'stopping the replica watch',
   'closing redis',
   'closing the health channel',
   'closing the metrics endpoint',

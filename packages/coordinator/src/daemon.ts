@@ -115,6 +115,7 @@ export class Daemon {
       consuming: status.consuming,
       redisConnected: status.redisReady,
       refusal: open?.runtime.health.current() ?? null,
+      replicasShort: open?.runtime.replicaWatch?.short ?? [],
       oldestUnackedMs: open?.pipeline.oldestUnackedAgeMs() ?? null,
       stallMs: this.config.stallMs,
       nowMs: Date.now(),

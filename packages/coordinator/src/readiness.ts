@@ -4,14 +4,18 @@
  * explains the stall it causes) and when the earliest began. Pure: the
  * daemon gathers the facts, this words them.
  */
+import { describeShortMaster } from '@tally/shared';
 import type { RedisRefusalState } from './redis-health.js';
 import { describeKind } from './redis-health.js';
+import type { ShortMasterSince } from './replica-watch.js';
 
 export interface ReadinessFacts {
   readonly state: string;
   readonly consuming: boolean;
   readonly redisConnected: boolean;
   readonly refusal: RedisRefusalState | null;
+  /** Masters with fewer online replicas than TALLY_REDIS_WAIT_REPLICAS (replica-watch.ts); empty without a WAIT. */
+  readonly replicasShort?: readonly ShortMasterSince[];
   /** Age of the oldest unacked delivery, ms; null when nothing is unacked. */
   readonly oldestUnackedMs: number | null;
   readonly stallMs: number;
@@ -34,6 +38,8 @@ export function judgeReadiness(facts: ReadinessFacts): ReadinessVerdict {
   if (facts.refusal !== null) {
     reasons.push({ text: `${describeKind(facts.refusal.errorType)}: ${facts.refusal.message}`, sinceMs: facts.refusal.sinceMs });
   }
+  // An unmeetable WAIT names its master and shards: the cause of the stall that follows.
+  for (const master of facts.replicasShort ?? []) reasons.push({ text: describeShortMaster(master), sinceMs: master.sinceMs });
   if (!facts.redisConnected) reasons.push({ text: 'redis connection down', sinceMs: null });
   if (!facts.consuming) reasons.push({ text: 'not consuming from RabbitMQ', sinceMs: null });
   if (facts.oldestUnackedMs !== null && facts.oldestUnackedMs >= facts.stallMs) {

@@ -31,6 +31,7 @@ import type { Logger } from './logger.js';
 import { DeliveryPipeline } from './pipeline/delivery-pipeline.js';
 import { RedisHealth } from './redis-health.js';
 import { probeRedis, type RedisProbeReport } from './redis-probe.js';
+import { startReplicaWatch, type ReplicaWatch } from './replica-watch.js';
 import { StatsRecorder } from './stats-recorder.js';
 import { HttpEndpoints } from './telemetry/http-endpoints.js';
 import { DaemonMetrics } from './telemetry/metrics.js';
@@ -55,6 +56,8 @@ export interface Runtime {
   readonly redis: RedisClient;
   /** Whether Redis refuses writes right now, as every writer sees it (redis-health.ts). */
   readonly health: RedisHealth;
+  /** With TALLY_REDIS_WAIT_REPLICAS: the masters that cannot meet the WAIT (replica-watch.ts); null without. */
+  readonly replicaWatch: ReplicaWatch | null;
   /** Renews this daemon's heartbeat key and the mode lease its layout check took. */
   readonly heartbeat: Heartbeat;
   readonly stats: StatsRecorder;
@@ -124,6 +127,8 @@ export async function openRuntime(context: RuntimeContext): Promise<{ runtime: R
   const health = new RedisHealth(log);
   health.listen();
   closeSteps.add({ name: 'closing the health channel', run: () => health.close() });
+  const replicaWatch = startReplicaWatch(redis, config, log);
+  if (replicaWatch !== null) closeSteps.add({ name: 'stopping the replica watch', run: () => replicaWatch.stop() });
 
   const lease = { holder: context.daemonId, ttlMs: HEARTBEAT_TTL_BEATS * config.heartbeatMs };
   const layout = await untilRedis(context, 'layout check', () => ensureLayout(redis, config, lease));
@@ -178,7 +183,7 @@ export async function openRuntime(context: RuntimeContext): Promise<{ runtime: R
     },
   });
 
-  const telemetry = await startTelemetry(context, stats, redis, redisProbe, health, {
+  const telemetry = await startTelemetry(context, stats, redis, redisProbe, health, replicaWatch, {
     unacked: () => pipeline?.unacked ?? 0,
     laneDepths: () => pipeline?.laneDepths() ?? [],
     oldestUnackedAgeMs: () => pipeline?.oldestUnackedAgeMs() ?? null,
@@ -208,7 +213,10 @@ export async function openRuntime(context: RuntimeContext): Promise<{ runtime: R
     config.virtualShards,
     // Counted as they happen: a WAIT that keeps timing out holds its batch, and the stall must show meanwhile.
     (event) => {
-      if (event.type === 'wait-timeout') stats.add('wait_timeouts');
+      if (event.type === 'wait-timeout') {
+        stats.add('wait_timeouts');
+        replicaWatch?.nudge();
+      }
     },
   );
   closeSteps.add({ name: 'flushing worker spans', timeoutMs: 500, run: () => pools.flushTelemetry() });
@@ -259,7 +267,7 @@ export async function openRuntime(context: RuntimeContext): Promise<{ runtime: R
   closeSteps.add({ name: 'closing amqp', timeoutMs: STEP_TIMEOUT_MS + 100, run: () => amqp.close(STEP_TIMEOUT_MS) });
   pipeline = delivery;
   link = amqp;
-  return { runtime: { redisProbe, redis, health, heartbeat, stats, exposure, telemetry, pools, link: amqp }, pipeline: delivery };
+  return { runtime: { redisProbe, redis, health, replicaWatch, heartbeat, stats, exposure, telemetry, pools, link: amqp }, pipeline: delivery };
 }
 
 /** The pipeline's and the link's figures, for the gauges: read at each scrape, null or empty before they exist. */
@@ -277,6 +285,7 @@ async function startTelemetry(
   redis: RedisClient,
   redisProbe: RedisProbeReport,
   health: RedisHealth,
+  replicaWatch: ReplicaWatch | null,
   live: LiveFigures,
 ): Promise<Telemetry | null> {
   const { config, log } = context;
@@ -304,6 +313,7 @@ async function startTelemetry(
       redisProbe: () => redisProbe,
       amqpBlocked: () => live.link()?.brokerState.blocked ?? false,
       unroutableDeadLetters: () => live.link()?.brokerState.unroutableDeadLetters ?? 0,
+      ...(replicaWatch === null ? {} : { replicasShort: () => replicaWatch.shortfallByMaster() }),
     },
   );
   const endpoints = new HttpEndpoints(exporter, () => context.readyz());

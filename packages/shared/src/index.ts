@@ -16,3 +16,4 @@ export * from './redis-requirements.js';
 export * from './dead-letter.js';
 export * from './window-gauge.js';
 export * from './redis-health.js';
+export * from './replica-shortfall.js';

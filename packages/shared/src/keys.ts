@@ -4,7 +4,7 @@
  * share one slot: pipelines stay single-slot and a server-side script (the
  * atomic mode) can touch them all.
  *
- *   <prefix>c:{<vshard>}:<sku>        count (integer, TTL TALLY_COUNT_TTL_S, refreshed on write)
+ *   <prefix>c:{<vshard>}:<sku>        count (integer, TTL TALLY_COUNT_TTL_S + refresh interval, refreshed once per interval: worker count-ttl.ts)
  *   <prefix>mk:{<vshard>}:<bucket>:<sub>
  *                                     markers: a small hash (listpack) whose fields are the 16-byte
  *                                     digests of message ids, value '1' (this message's part for this

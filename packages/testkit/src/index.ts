@@ -7,3 +7,4 @@ export { startProxy, type ProxyControl } from './tcp-proxy.js';
 export { deleteKeys, resetNamespace, type Namespace } from './namespace.js';
 export { markerEntry, markersDone, readMarkers, writeClaim, writeDoneMarker, type MarkerPlace, type MarkerRef, type MarkerSnapshot } from './markers.js';
 export { testWorkerSettings } from './worker-settings.js';
+export { makeTestCertificates, type TestCertificates } from './tls-certificates.js';

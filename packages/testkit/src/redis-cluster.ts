@@ -8,6 +8,11 @@
  * master is replaced by its replica within a few seconds, and replicas may
  * always be promoted (validity factor 0) however long the test ran: the
  * failover scenarios test Tally, not Redis's election rules.
+ *
+ * With `tls`, every node listens for TLS only (`--port 0 --tls-port`), and
+ * the cluster bus and replication speak TLS too (`--tls-cluster yes`,
+ * `--tls-replication yes`): the cluster then announces its TLS ports, and any
+ * client that works proves TLS was spoken to every node it reached.
  */
 import { execFile } from 'node:child_process';
 import { mkdir, mkdtemp, rm } from 'node:fs/promises';
@@ -19,7 +24,7 @@ import { Redis } from 'ioredis';
 import { parseClusterNodes, type ClusterNodeLine } from './cluster-nodes.js';
 import { freePorts } from './free-port.js';
 import { parseInfo } from '@tally/shared';
-import { killAllSync, spawnRedis, type RedisProcess } from './redis-process.js';
+import { adminClientOptions, killAllSync, spawnRedis, type RedisProcess, type RedisTlsFiles } from './redis-process.js';
 
 const run = promisify(execFile);
 
@@ -38,6 +43,8 @@ export interface RedisClusterOptions {
   readonly args?: readonly string[];
   /** How long start-up (and each wait for a healthy cluster) may take; 30 s by default. */
   readonly timeoutMs?: number;
+  /** TLS only, on the client ports, the cluster bus and replication (see above). */
+  readonly tls?: RedisTlsFiles;
 }
 
 export interface ClusterNode {
@@ -63,7 +70,7 @@ export interface Failover {
 export interface RedisCluster {
   /** The temporary directory holding every node's files (removed by stop()). */
   readonly dir: string;
-  /** `redis://127.0.0.1:PORT` of every node started, masters first as created. */
+  /** `redis://127.0.0.1:PORT` (`rediss://` with TLS) of every node started, masters first as created. */
   readonly seedUrls: readonly string[];
   /** The same as `{ host, port }`, for `new Cluster(seeds)`. */
   readonly seeds: ReadonlyArray<{ host: string; port: number }>;
@@ -110,6 +117,7 @@ async function startOnce(options: RedisClusterOptions): Promise<RedisCluster> {
   const masterCount = options.masters ?? 3;
   const replicasPerMaster = options.replicasPerMaster ?? 1;
   const timeoutMs = options.timeoutMs ?? 30_000;
+  const tls = options.tls;
   const total = masterCount * (1 + replicasPerMaster);
   const root = await mkdtemp(join(tmpdir(), 'tally-cluster-'));
   // Data and bus ports both picked explicitly: the default bus port (port + 10000) can exceed 65535.
@@ -134,9 +142,13 @@ async function startOnce(options: RedisClusterOptions): Promise<RedisCluster> {
     slot.dir,
     '--loglevel',
     'warning',
+    ...(tls ? ['--tls-cluster', 'yes', '--tls-replication', 'yes'] : []),
     ...(options.args ?? []),
   ];
-  const launch = (slot: Omit<NodeSlot, 'process'>): Promise<RedisProcess> => spawnRedis({ port: slot.port, args: argsOf(slot), readyTimeoutMs: timeoutMs });
+  const launch = (slot: Omit<NodeSlot, 'process'>): Promise<RedisProcess> =>
+    spawnRedis({ port: slot.port, args: argsOf(slot), readyTimeoutMs: timeoutMs, ...(tls ? { tls } : {}) });
+  const scheme = tls ? 'rediss' : 'redis';
+  const ask = (port: number, command: [string, ...string[]]): Promise<string> => askNode(port, command, tls);
   const onExit = (): void => killAllSync(slots.map((s) => s.process));
   process.once('exit', onExit);
   let stopped = false;
@@ -158,7 +170,15 @@ async function startOnce(options: RedisClusterOptions): Promise<RedisCluster> {
     );
     await run(
       'redis-cli',
-      ['--cluster', 'create', ...slots.map((s) => `127.0.0.1:${s.port}`), '--cluster-replicas', String(replicasPerMaster), '--cluster-yes'],
+      [
+        ...(tls ? ['--tls', '--cacert', tls.caFile] : []),
+        '--cluster',
+        'create',
+        ...slots.map((s) => `127.0.0.1:${s.port}`),
+        '--cluster-replicas',
+        String(replicasPerMaster),
+        '--cluster-yes',
+      ],
       { timeout: timeoutMs },
     );
   } catch (error) {
@@ -176,13 +196,13 @@ async function startOnce(options: RedisClusterOptions): Promise<RedisCluster> {
   };
 
   const nodes = async (): Promise<ClusterNode[]> => {
-    const view = await topologyFromAnyLiveNode(slots);
+    const view = await topologyFromAnyLiveNode(slots, tls);
     const portOfId = new Map(view.map((line) => [line.id, line.port]));
     return slots.map((slot) => {
       const line = view.find((l) => l.port === slot.port);
       return {
         port: slot.port,
-        url: `redis://127.0.0.1:${slot.port}`,
+        url: `${scheme}://127.0.0.1:${slot.port}`,
         pid: slot.process.pid,
         alive: slot.process.alive(),
         role: line?.role ?? 'replica',
@@ -227,7 +247,7 @@ async function startOnce(options: RedisClusterOptions): Promise<RedisCluster> {
 
   const handle: RedisCluster = {
     dir: root,
-    seedUrls: slots.map((s) => `redis://127.0.0.1:${s.port}`),
+    seedUrls: slots.map((s) => `${scheme}://127.0.0.1:${s.port}`),
     seeds: slots.map((s) => ({ host: '127.0.0.1', port: s.port })),
     nodes,
     masters: async () => (await nodes()).filter((n) => n.alive && n.role === 'master'),
@@ -263,8 +283,8 @@ async function startOnce(options: RedisClusterOptions): Promise<RedisCluster> {
 }
 
 /** One command on one node over a short-lived connection (CLUSTER INFO, CLUSTER NODES, INFO). */
-async function ask(port: number, command: [string, ...string[]]): Promise<string> {
-  const redis = new Redis({ host: '127.0.0.1', port, lazyConnect: true, maxRetriesPerRequest: 0, retryStrategy: () => null, connectTimeout: 1_000 });
+async function askNode(port: number, command: [string, ...string[]], tls: RedisTlsFiles | undefined): Promise<string> {
+  const redis = new Redis({ ...adminClientOptions(port, tls ? { tls } : {}), connectTimeout: 1_000 });
   redis.on('error', () => {});
   try {
     await redis.connect();
@@ -274,12 +294,12 @@ async function ask(port: number, command: [string, ...string[]]): Promise<string
   }
 }
 
-async function topologyFromAnyLiveNode(slots: readonly NodeSlot[]): Promise<ClusterNodeLine[]> {
+async function topologyFromAnyLiveNode(slots: readonly NodeSlot[], tls: RedisTlsFiles | undefined): Promise<ClusterNodeLine[]> {
   let lastError: unknown = new Error('no live cluster node');
   for (const slot of slots) {
     if (!slot.process.alive()) continue;
     try {
-      return parseClusterNodes(await ask(slot.port, ['CLUSTER', 'NODES']));
+      return parseClusterNodes(await askNode(slot.port, ['CLUSTER', 'NODES'], tls));
     } catch (error) {
       lastError = error;
     }

@@ -32,6 +32,7 @@ import {
 } from '@tally/shared';
 import { loadScript, runScript, type ScriptArg } from './lua-scripts.js';
 import { addToSum, type Sum } from './aggregate.js';
+import { countTtlOf } from './count-ttl.js';
 import { reportingHealth } from './health-report.js';
 import type { BatchHooks, BatchLog } from './batch-log.js';
 import { batchTracer, inSpan } from './batch-tracing.js';
@@ -77,15 +78,24 @@ export function atomicBatchArgs(
   }
   // Built with push, not spread: a batch of 100,000 parts exceeds the arguments a call can take.
   const args: ScriptArg[] = [ATOMIC_BATCH_SHA, 2 + skuIndex.size, receiptKey(prefix, vshard, batchId), markerBaseKey(prefix, vshard)];
-  for (const sku of skuIndex.keys()) args.push(countKey(prefix, vshard, sku));
-  args.push(markerTtlS, countTtlS, ids.length, skuIndex.size, settings.markerBucketS, settings.markerSubBuckets);
+  const keys: string[] = [];
+  for (const sku of skuIndex.keys()) keys.push(countKey(prefix, vshard, sku));
+  for (const key of keys) args.push(key);
+  const ttl = countTtlOf(countTtlS);
+  args.push(
+    markerTtlS,
+    ttl.ttlS,
+    ids.length,
+    skuIndex.size,
+    settings.markerBucketS,
+    settings.markerSubBuckets,
+    safe ? 'sums' : 'parts',
+    ttl.due(keys, Date.now()),
+  );
   if (safe) {
-    args.push('sums');
     // Decimal strings: exact past 2^53 (a bigint), and never a double the script would have to print back.
     for (const sum of sums) args.push(String(sum));
     for (const count of named) args.push(count);
-  } else {
-    args.push('parts');
   }
   for (const value of partArgs) args.push(value);
   return args;

@@ -43,6 +43,7 @@ import {
 } from '@tally/shared';
 import { onSlotConnection, type RedisClient } from '@tally/runtime';
 import { aggregateNewParts } from './aggregate.js';
+import { countTtlOf } from './count-ttl.js';
 import type { BatchHooks, BatchLog } from './batch-log.js';
 import { batchTracer, inSpan } from './batch-tracing.js';
 import { decodeRefusals, logRefusals } from './count-refusals.js';
@@ -136,13 +137,15 @@ export async function runTwoStepBatch(
   let wroteCounts = false;
   if (sums.size > 0) {
     const keys = [receipt];
-    const sumArgv: string[] = [String(countTtlS), String(markerTtlS), 'sums'];
+    const ttl = countTtlOf(countTtlS);
+    const sumArgv: string[] = [String(ttl.ttlS), String(markerTtlS), 'sums', ''];
     const keyIndex = new Map<string, number>();
     for (const [sku, sum] of sums) {
       keys.push(countKey(prefix, vshard, sku));
       keyIndex.set(sku, keys.length - 1);
       sumArgv.push(sum.toString());
     }
+    sumArgv[3] = ttl.due(keys.slice(1), Date.now());
     // Built once: every attempt sends the same receipt, so a retry after a
     // reply that never came finds the receipt and writes nothing twice.
     const write = (args: ScriptArg[]): Promise<WriteCountsReply> =>
@@ -164,7 +167,7 @@ export async function runTwoStepBatch(
       // Redis refused one of the sums, and nothing was written: the same
       // write again with each new part as its own all-or-nothing group, so
       // only the parts Redis refuses are left out.
-      const partArgv: Array<string | number> = [countTtlS, markerTtlS, 'parts', ids.length];
+      const partArgv: Array<string | number> = [ttl.ttlS, markerTtlS, 'parts', ids.length];
       for (let i = 0; i < ids.length; i++) {
         if (marked[i] !== PART_NEW) continue;
         const part = changes[i]!;

@@ -9,6 +9,8 @@
  *   tally.redis.unprotected          1 when neither AOF nor a replica protects acked counts
  *   tally.amqp.blocked               1 while RabbitMQ blocks the connection (memory or disk alarm)
  *   tally.dead_letter.unroutable     dead-letter copies the broker returned as unroutable
+ *   tally.redis.replicas_short       per master (server.address, server.port): replicas missing for
+ *                                    TALLY_REDIS_WAIT_REPLICAS (0 when it can be met); only with a WAIT
  */
 import type { Attributes, Meter } from '@opentelemetry/api';
 import type { RedisProbeReport } from '../redis-probe.js';
@@ -17,6 +19,8 @@ export interface SafetySources {
   readonly redisProbe: () => RedisProbeReport | null;
   readonly amqpBlocked: () => boolean;
   readonly unroutableDeadLetters: () => number;
+  /** Replicas missing for the WAIT, by master `host:port` (replica-watch.ts); absent without TALLY_REDIS_WAIT_REPLICAS. */
+  readonly replicasShort?: () => ReadonlyMap<string, number>;
 }
 
 export function registerSafetyGauges(meter: Meter, base: Attributes, sources: SafetySources): void {
@@ -42,4 +46,18 @@ export function registerSafetyGauges(meter: Meter, base: Attributes, sources: Sa
       description: 'Dead-letter copies returned unroutable (the .dead queue is missing); their originals stay unacked and are retried',
     })
     .addCallback((result) => result.observe(sources.unroutableDeadLetters(), base));
+  const replicasShort = sources.replicasShort;
+  if (replicasShort !== undefined) {
+    meter
+      .createObservableGauge('tally.redis.replicas_short', {
+        description: 'Per Redis master: replicas online short of TALLY_REDIS_WAIT_REPLICAS (its shards wait unacked while above 0); 0 when the WAIT can be met',
+        unit: '{replica}',
+      })
+      .addCallback((result) => {
+        for (const [address, missing] of replicasShort()) {
+          const colon = address.lastIndexOf(':');
+          result.observe(missing, { ...base, 'server.address': address.slice(0, colon), 'server.port': Number(address.slice(colon + 1)) });
+        }
+      });
+  }
 }

@@ -34,6 +34,7 @@ describe('deploy/prometheus: alert and recording rules (promtool)', function () 
       'TallyRabbitMQDown',
       'TallyRedisDown',
       'TallyOvercountHigh',
+      'TallyRedisReplicasShort',
     ]);
     expect(records).to.include('tally:recount_ceiling:ratio1h');
     for (const alert of alerts) expect(tests, `a test of ${alert}`).to.match(new RegExp(`alertname: ${alert}\\n\\s+exp_alerts:\\n\\s+- exp_labels`));

@@ -64,4 +64,19 @@ describe('judgeReadiness', () => {
     expect(both.reason).to.equal('redis refusing writes: NOPERM no permissions; stalled: oldest unacked delivery 45 s old');
     expect(both.since).to.equal('2026-01-01T00:00:10.000Z');
   });
+
+  it('names a master that cannot meet the WAIT, with its shards and the fix, before the stall it causes', () => {
+    const verdict = judgeReadiness({
+      ...healthy,
+      replicasShort: [{ address: '127.0.0.1:7002', replicas: 0, wanted: 1, shards: [1, 2, 3, 8], sinceMs: healthy.nowMs - 95_000 }],
+      oldestUnackedMs: 88_000,
+    });
+    expect(verdict.ready).to.equal(false);
+    expect(verdict.reason).to.match(
+      /^redis WAIT for 1 replica cannot be met: master 127\.0\.0\.1:7002 has 0 online replicas \(virtual shards 1-3, 8: .*TALLY_REDIS_WAIT_REPLICAS.*; stalled: oldest unacked delivery 88 s old$/,
+    );
+    expect(verdict.since).to.equal('2025-12-31T23:59:25.000Z');
+    // Not short, or no WAIT at all: nothing said.
+    expect(judgeReadiness({ ...healthy, replicasShort: [] }).ready).to.equal(true);
+  });
 });

@@ -11,20 +11,24 @@
                            slot on a cluster)
     KEYS[3 .. m+2]         the batch's count keys
     ARGV[1]                marker TTL, seconds (also the receipt's)
-    ARGV[2]                count TTL, seconds
+    ARGV[2]                the TTL a count key gets, seconds
     ARGV[3]                n, the number of parts
     ARGV[4]                m, the number of count keys
     ARGV[5]                bucket width, seconds
     ARGV[6]                sub-buckets of a shard's bucket when the bucket
                            before it is unknown (a power of two)
     ARGV[7]                layout of the rest: 'sums' or 'parts'
-    'sums':  ARGV[8 .. m+7]     per count key, the sum of its deltas over
+    ARGV[8]                refresh: one character per count key, '1' when its
+                           TTL is to be set even if it exists (a new key
+                           always gets it; see count_apply.lua); 'parts' and
+                           the refusal path set every written key's TTL
+    'sums':  ARGV[9 .. m+8]     per count key, the sum of its deltas over
                                 all n parts, duplicates included (a decimal
                                 string, exact at any size)
-             ARGV[m+8 .. 2m+7]  per count key, how many changes of all n
+             ARGV[m+9 .. 2m+8]  per count key, how many changes of all n
                                 parts name it
-             ARGV[2m+8 ..]      the parts, as below
-    'parts': ARGV[8 ..]         the parts (the worker's choice when a delta
+             ARGV[2m+9 ..]      the parts, as below
+    'parts': ARGV[9 ..]         the parts (the worker's choice when a delta
                                 is not a safe integer: every change is checked)
     the parts              per part: its 16-byte digest, k, then k pairs
                            (count key index 1..m, delta as a decimal string)
@@ -108,10 +112,11 @@ if n == nil or m == nil or width == nil or initialSubs == nil or #KEYS ~= 2 + m 
 end
 -- ARGV[sumAt + index] and ARGV[namedAt + index]: a count key's sum and how many changes name it ('sums').
 local sumAt, namedAt, partsAt
+local refresh = ARGV[8]
 if layout == 'sums' then
-  sumAt, namedAt, partsAt = 7, 7 + m, 8 + 2 * m
+  sumAt, namedAt, partsAt = 8, 8 + m, 9 + 2 * m
 elseif layout == 'parts' then
-  partsAt = 8
+  partsAt = 9
 else
   return redis.error_reply('TALLY_SCRIPT_ARGS unknown layout ' .. tostring(layout))
 end
@@ -239,8 +244,11 @@ local function fromParts()
 end
 
 local summed = false
+-- Positions i of the group match the count keys only on the 'sums' path; fromParts() regroups them (refresh all).
+local groupRefresh = nil
 if layout == 'sums' then
   keys, keyAt, deltas, deltaAt, count = KEYS, 2, ARGV, sumAt, m
+  groupRefresh = refresh
   if #duplicates > 0 then
     local replaced, bad = withoutDuplicates()
     if bad then return bad end
@@ -251,12 +259,13 @@ if layout == 'sums' then
   end
 end
 if not summed then
+  groupRefresh = nil
   local bad = fromParts()
   if bad then return bad end
 end
 
 local refusals = {}
-if addAll(keys, keyAt, deltas, deltaAt, count, instead) then
+if addAll(keys, keyAt, deltas, deltaAt, count, instead, groupRefresh) then
   -- Nothing of the batch is counted now: each new part again, as its own
   -- group, every change checked before the first is applied.
   local groups = {}

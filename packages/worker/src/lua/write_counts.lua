@@ -5,12 +5,16 @@
   Input:
     KEYS[1]       the batch's write receipt (keyed by the coordinator's batch id)
     KEYS[2..m+1]  its count keys
-    ARGV[1]       count TTL, seconds
+    ARGV[1]       the TTL a count key gets, seconds
     ARGV[2]       receipt TTL, seconds (the marker TTL)
     ARGV[3]       layout of the rest: 'sums' or 'parts'
-    'sums':  ARGV[4..m+3]  one delta per count key: the batch's new parts
+    'sums':  ARGV[4]       refresh: one character per count key, '1' when its
+                           TTL is to be set even if it exists (see
+                           count_apply.lua: a new key always gets it)
+             ARGV[5..m+4]  one delta per count key: the batch's new parts
                            summed per SKU (the usual call: one INCRBY per SKU)
-    'parts': ARGV[4]       N, the number of parts in the batch
+    'parts': ARGV[4]       N, the number of parts in the batch (every written
+                           key gets its TTL)
              ARGV[5..]     per new part: its batch index (1..N), k, then k
                            pairs (count key index 1..m, delta)
     Deltas are decimal strings: Redis parses them as 64-bit integers, Lua
@@ -57,8 +61,8 @@ local m = #KEYS - 1
 -- @include count_apply
 
 if layout == 'sums' then
-  -- KEYS[2..m+1] and ARGV[4..m+3] as they are: no copies on the usual path.
-  local refused = addAll(KEYS, 1, ARGV, 3, m)
+  -- KEYS[2..m+1] and ARGV[5..m+4] as they are: no copies on the usual path.
+  local refused = addAll(KEYS, 1, ARGV, 4, m, nil, ARGV[4])
   if refused then return {'isolate', '', {}} end
   redis.call('SET', KEYS[1], '1', 'EX', receiptTtl)
   return {'written', '', {}}

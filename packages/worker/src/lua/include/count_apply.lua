@@ -1,6 +1,6 @@
 -- All-or-nothing count increments, pasted in by the loader at `-- @include
 -- count_apply` in write_counts.lua and atomic_batch.lua. Each script sets
--- `countTtl` (the count TTL, seconds) before using them.
+-- `countTtl` (the TTL a count key is given, seconds) before using them.
 
 local function negate(delta)
   if delta == '0' then return '0' end
@@ -16,9 +16,13 @@ end
 -- increment after taking back the ones before it (the inverse of an
 -- increment that succeeded cannot fail). A key taken back to 0 is deleted:
 -- the INCRBY may have created it, and a count of 0 reads the same as no key.
--- Each key an INCRBY succeeded on (so it holds an integer) gets the count TTL
--- right away: only those, so a foreign key is never touched.
-local function addAll(keys, keyAt, deltas, deltaAt, count, instead)
+-- A key an INCRBY succeeded on (so it holds an integer) gets the count TTL
+-- when `refresh` (a string, one character per i) has '1' at i, when the
+-- INCRBY may have created it (its value is the delta), or always when
+-- `refresh` is nil; never a key the INCRBY refused, so a foreign key is
+-- never touched. Skipping the others is what keeps the TTL refresh off the
+-- per-batch cost: the worker asks for it about once an hour per key.
+local function addAll(keys, keyAt, deltas, deltaAt, count, instead, refresh)
   for i = 1, count do
     local delta = deltas[deltaAt + i]
     if instead then
@@ -39,7 +43,7 @@ local function addAll(keys, keyAt, deltas, deltaAt, count, instead)
         end
         return i, reply.err, key, delta
       end
-      redis.call('EXPIRE', key, countTtl)
+      if refresh == nil or string.byte(refresh, i) == 49 or reply == tonumber(delta) then redis.call('EXPIRE', key, countTtl) end
     end
   end
   return nil
