@@ -26,6 +26,10 @@ import {
   retryUntilDone,
   RETRY_STOPPED,
   splitByShard,
+  wholeMessagePart,
+  markerShardOf,
+  MarkerFormatRefusedError,
+  type MarkerScope,
   COUNT_REFUSED,
   type BatchResult,
   type CountRefusal,
@@ -170,6 +174,8 @@ export class Daemon {
   private readonly parseOptions: { readonly maxBytes: number };
   /** This daemon's id in its heartbeat key and mode lease. */
   readonly daemonId = newDaemonId();
+  /** What one marker stands for on this prefix, as its layout records it (set by the layout check, before the first delivery). */
+  private markerScope: MarkerScope = 'part';
   /** Names this daemon's two-step claims (new at every start: a restarted daemon waits out its predecessor's claims like anyone's). */
   private readonly claimToken = randomBytes(8).toString('hex');
 
@@ -302,8 +308,18 @@ export class Daemon {
     if (replicaWatch !== null) opened.push({ name: 'stopping the replica watch', run: () => replicaWatch.stop() });
     try {
       const lease = { holder: this.daemonId, ttlMs: HEARTBEAT_TTL_BEATS * config.heartbeatMs };
+      // Before the layout is recorded: a new prefix must not be laid out with a scope this Redis cannot serve.
+      if (config.markerScope === 'message' && redisProbe.topology === 'cluster') throw messageScopeOnCluster(config.prefix);
       const layout = await this.untilRedis('layout check', () => ensureLayout(redis, config, lease));
       log.info({ virtualShards: layout.virtualShards, created: layout.created, daemonId: this.daemonId, markers: layout.markers }, 'shard layout verified');
+      if (layout.markers.scope === 'message' && redisProbe.topology === 'cluster') throw messageScopeOnCluster(config.prefix);
+      if (layout.markers.scope !== config.markerScope) {
+        log.warn(
+          { configured: config.markerScope, recorded: layout.markers.scope },
+          'TALLY_MARKER_SCOPE differs from the scope the prefix was laid out with; using the recorded one (every daemon of a prefix must)',
+        );
+      }
+      this.markerScope = layout.markers.scope;
       // From the layout check on, not from the link: the beat renews the mode lease the check took (layout-guard.ts).
       const heartbeat = new Heartbeat(
         redis,
@@ -355,6 +371,8 @@ export class Daemon {
           logLevel: config.logLevel,
           markerBucketS: layout.markers.bucketS,
           markerSubBuckets: layout.markers.subBuckets,
+          markerScope: layout.markers.scope,
+          virtualShards: config.virtualShards,
           claimToken: this.claimToken,
           claimTtlMs: config.markerClaimTtlS * 1000,
           ...(windowGauge === null ? {} : { windowGauge: windowGauge.buffer }),
@@ -493,7 +511,11 @@ export class Daemon {
       this.deadLetter(link, message, formatReason(parsed.reason, parsed.detail), parsed.reason);
       return;
     }
-    const parts = splitByShard(parsed.message.changes, this.config.virtualShards, this.config.acceptTypes);
+    const digest = markerDigest(parsed.message.id);
+    const parts =
+      this.markerScope === 'message'
+        ? wholeMessagePart(parsed.message.changes, markerShardOf(digest, this.config.virtualShards), this.config.acceptTypes)
+        : splitByShard(parsed.message.changes, this.config.virtualShards, this.config.acceptTypes);
     if (parts.size === 0) {
       stats.add('empty');
       this.finish(link, tag);
@@ -503,7 +525,7 @@ export class Daemon {
       tag,
       link,
       id: parsed.message.id,
-      digest: markerDigest(parsed.message.id),
+      digest,
       redelivered: message.fields.redelivered,
       remaining: parts.size,
       parts: parts.size,
@@ -866,6 +888,14 @@ export class Daemon {
     this.state = 'stopped';
     log.info({ counters: runtime?.stats.sinceStart }, 'stopped');
   }
+}
+
+/** Message-scoped markers on a Redis Cluster: a message's counts span hash slots, so no script can write them with its one marker. */
+function messageScopeOnCluster(prefix: string): MarkerFormatRefusedError {
+  return new MarkerFormatRefusedError(
+    `TALLY_MARKER_SCOPE=message needs a standalone Redis, and this one is a cluster (prefix "${prefix}"): a message's counts span hash slots, ` +
+      `so they cannot be written with its one marker. Use TALLY_MARKER_SCOPE=part (the default) with a new TALLY_PREFIX on a cluster.`,
+  );
 }
 
 /** The x-tally-reason detail of a refused part: the Redis error, then where it happened. */
