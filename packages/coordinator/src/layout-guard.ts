@@ -6,8 +6,12 @@ import {
   layoutKey,
   legacyMarkerScanPattern,
   MARKER_FORMAT,
+  markerFormatOf,
   MarkerFormatRefusedError,
   markerScanPattern,
+  markerScopeOf,
+  MESSAGE_MARKER_FORMAT,
+  type MarkerScope,
   ModeSwitchRefusedError,
   SHARD_HASH,
   ShardLayoutMismatchError,
@@ -28,6 +32,8 @@ export interface Layout {
 
 export interface MarkerLayout {
   readonly format: string;
+  /** What one marker stands for, from the format (markers.ts MarkerScope). */
+  readonly scope: MarkerScope;
   readonly bucketS: number;
   readonly subBuckets: number;
 }
@@ -170,12 +176,14 @@ interface ScriptReply {
 }
 
 /** The settings the layout check reads; the marker ones default as in config.ts. */
-type LayoutConfig = Pick<TallyConfig, 'prefix' | 'virtualShards' | 'mode'> & Partial<Pick<TallyConfig, 'markerTtlS' | 'markerSubBuckets'>>;
+type LayoutConfig = Pick<TallyConfig, 'prefix' | 'virtualShards' | 'mode'> & Partial<Pick<TallyConfig, 'markerTtlS' | 'markerSubBuckets' | 'markerScope'>>;
 
 /** What a daemon with these settings records for a new prefix. */
 function proposedMarkers(config: LayoutConfig): MarkerLayout {
+  const scope = config.markerScope ?? DEFAULTS.markerScope;
   return {
-    format: MARKER_FORMAT,
+    format: markerFormatOf(scope),
+    scope,
     bucketS: defaultBucketWidthS(config.markerTtlS ?? DEFAULTS.markerTtlS),
     subBuckets: config.markerSubBuckets ?? DEFAULTS.markerSubBuckets,
   };
@@ -194,7 +202,7 @@ async function runLayoutScript(redis: RedisClient, config: LayoutConfig, lease: 
     lease?.holder ?? '',
     String(lease?.ttlMs ?? 0),
     maySwitch ? '1' : '0',
-    MARKER_FORMAT,
+    proposedMarkers(config).format,
     String(proposedMarkers(config).bucketS),
     String(proposedMarkers(config).subBuckets),
   )) as [Verdict, string, string, string, number, number, string, string, string];
@@ -235,9 +243,10 @@ export async function findLiveMarker(redis: RedisClient, prefix: string, legacyO
   return null;
 }
 
-function markerLayoutOf(format: string, bucketS: string, subBuckets: string): MarkerLayout | null {
+/** The recorded layout; null when none is recorded, and a scope of null for a format this build does not write. */
+function markerLayoutOf(format: string, bucketS: string, subBuckets: string): (Omit<MarkerLayout, 'scope'> & { scope: MarkerScope | null }) | null {
   if (format === '') return null;
-  return { format, bucketS: Number(bucketS), subBuckets: Number(subBuckets) };
+  return { format, scope: markerScopeOf(format), bucketS: Number(bucketS), subBuckets: Number(subBuckets) };
 }
 
 /**
@@ -270,12 +279,12 @@ async function ensureMarkerFormat(redis: RedisClient, config: LayoutConfig, repl
     )) as [string | null, string | null, string | null];
     recorded = markerLayoutOf(format ?? '', bucketS ?? '', subBuckets ?? '');
   }
-  if (recorded === null || recorded.format !== MARKER_FORMAT || !(recorded.bucketS >= 1) || !(recorded.subBuckets >= 1)) {
+  if (recorded === null || recorded.scope === null || !(recorded.bucketS >= 1) || !(recorded.subBuckets >= 1)) {
     throw new MarkerFormatRefusedError(
-      `prefix "${config.prefix}" records the marker format ${JSON.stringify(recorded?.format ?? '')} (Redis key ${key}), this build writes ${MARKER_FORMAT}; run the build that laid it out, or use a new TALLY_PREFIX.`,
+      `prefix "${config.prefix}" records the marker format ${JSON.stringify(recorded?.format ?? '')} (Redis key ${key}), this build writes ${MARKER_FORMAT} or ${MESSAGE_MARKER_FORMAT}; run the build that laid it out, or use a new TALLY_PREFIX.`,
     );
   }
-  return recorded;
+  return { ...recorded, scope: recorded.scope };
 }
 
 function liveDaemonRefusal(config: Pick<TallyConfig, 'prefix' | 'mode'>, recorded: TallyMode, count: number): ModeSwitchRefusedError {

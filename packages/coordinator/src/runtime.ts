@@ -14,6 +14,7 @@ import {
   describeRefusal,
   isServerRefusal,
   isTallyError,
+  MarkerFormatRefusedError,
   redactUrl,
   RedisRequirementError,
   retryUntilDone,
@@ -131,9 +132,18 @@ export async function openRuntime(context: RuntimeContext): Promise<{ runtime: R
   if (replicaWatch !== null) closeSteps.add({ name: 'stopping the replica watch', run: () => replicaWatch.stop() });
 
   const lease = { holder: context.daemonId, ttlMs: HEARTBEAT_TTL_BEATS * config.heartbeatMs };
+  // Before the layout is recorded: a new prefix must not be laid out with a scope this Redis cannot serve.
+  if (config.markerScope === 'message' && redisProbe.topology === 'cluster') throw messageScopeOnCluster(config.prefix);
   const layout = await untilRedis(context, 'layout check', () => ensureLayout(redis, config, lease));
   checkpoint();
   log.info({ virtualShards: layout.virtualShards, created: layout.created, daemonId: context.daemonId, markers: layout.markers }, 'shard layout verified');
+  if (layout.markers.scope === 'message' && redisProbe.topology === 'cluster') throw messageScopeOnCluster(config.prefix);
+  if (layout.markers.scope !== config.markerScope) {
+    log.warn(
+      { configured: config.markerScope, recorded: layout.markers.scope },
+      'TALLY_MARKER_SCOPE differs from the scope the prefix was laid out with; using the recorded one (every daemon of a prefix must)',
+    );
+  }
 
   // The pipeline and the link are built last (they need the meter, the
   // metrics and the threads), but the heartbeat, the meter and the gauges
@@ -203,6 +213,8 @@ export async function openRuntime(context: RuntimeContext): Promise<{ runtime: R
       logLevel: config.logLevel,
       markerBucketS: layout.markers.bucketS,
       markerSubBuckets: layout.markers.subBuckets,
+      markerScope: layout.markers.scope,
+      virtualShards: config.virtualShards,
       claimToken: context.claimToken,
       claimTtlMs: config.markerClaimTtlS * 1000,
       ...(windowGauge === null ? {} : { windowGauge: windowGauge.buffer }),
@@ -255,19 +267,31 @@ export async function openRuntime(context: RuntimeContext): Promise<{ runtime: R
       },
     },
   );
-  const delivery = new DeliveryPipeline(config, {
-    runner: pools,
-    acker: amqp,
-    deadLetters: amqp,
-    counters: stats,
-    exposure,
-    metrics: telemetry?.metrics ?? null,
-    log,
-  });
+  // The prefix's recorded marker scope, not TALLY_MARKER_SCOPE: every daemon of a prefix must split messages alike.
+  const delivery = new DeliveryPipeline(
+    { ...config, recordedMarkerScope: layout.markers.scope },
+    {
+      runner: pools,
+      acker: amqp,
+      deadLetters: amqp,
+      counters: stats,
+      exposure,
+      metrics: telemetry?.metrics ?? null,
+      log,
+    },
+  );
   closeSteps.add({ name: 'closing amqp', timeoutMs: STEP_TIMEOUT_MS + 100, run: () => amqp.close(STEP_TIMEOUT_MS) });
   pipeline = delivery;
   link = amqp;
   return { runtime: { redisProbe, redis, health, replicaWatch, heartbeat, stats, exposure, telemetry, pools, link: amqp }, pipeline: delivery };
+}
+
+/** Message-scoped markers on a Redis Cluster: a message's counts span hash slots, so no script can write them with its one marker. */
+function messageScopeOnCluster(prefix: string): MarkerFormatRefusedError {
+  return new MarkerFormatRefusedError(
+    `TALLY_MARKER_SCOPE=message needs a standalone Redis, and this one is a cluster (prefix "${prefix}"): a message's counts span hash slots, ` +
+      `so they cannot be written with its one marker. Use TALLY_MARKER_SCOPE=part (the default) with a new TALLY_PREFIX on a cluster.`,
+  );
 }
 
 /** The pipeline's and the link's figures, for the gauges: read at each scrape, null or empty before they exist. */

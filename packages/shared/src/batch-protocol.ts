@@ -7,7 +7,7 @@
  */
 import type { TallyMode } from './config.js';
 import type { FailureClass } from './failure-class.js';
-import { MARKER_DIGEST_BYTES } from './markers.js';
+import { MARKER_DIGEST_BYTES, type MarkerScope } from './markers.js';
 import type { PartChanges } from './shards.js';
 import type { RedisTopology } from './redis-requirements.js';
 
@@ -30,6 +30,14 @@ export interface WorkerSettings {
   /** The prefix's marker bucket width and initial sub-bucket count, as recorded in its layout (markers.ts). */
   readonly markerBucketS: number;
   readonly markerSubBuckets: number;
+  /**
+   * The prefix's recorded marker scope (markers.ts). `message`: a task's
+   * vshard is its messages' marker shard, and each change's count key is on
+   * its own SKU's shard (of `virtualShards`); absent means `part`, where both
+   * are the task's vshard.
+   */
+  readonly markerScope?: MarkerScope;
+  readonly virtualShards?: number;
   /** Two-step: this daemon's claim token (hex), the same in all its threads, new at every start. */
   readonly claimToken: string;
   /** Two-step: a claim older than this is taken over (its daemon died or stalled). */

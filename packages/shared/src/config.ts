@@ -1,6 +1,7 @@
 import { isIP } from 'node:net';
 import { availableParallelism } from 'node:os';
 import { ConfigError } from './errors.js';
+import type { MarkerScope } from './markers.js';
 
 export type TallyMode = 'two-step' | 'atomic';
 
@@ -10,6 +11,7 @@ export const SUPPORTED_MODES: readonly TallyMode[] = Object.freeze(['two-step', 
 /** The type of the queues Tally declares; an existing queue is used as it is. See docs/scale-out.md. */
 export type QueueType = 'classic' | 'quorum';
 export const QUEUE_TYPES: readonly QueueType[] = Object.freeze(['classic', 'quorum']);
+export const MARKER_SCOPES: readonly MarkerScope[] = Object.freeze(['part', 'message']);
 
 export type LogLevel = 'fatal' | 'error' | 'warn' | 'info' | 'debug' | 'trace' | 'silent';
 const LOG_LEVELS: readonly LogLevel[] = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'];
@@ -50,6 +52,12 @@ export interface TallyConfig {
   readonly markerSubBuckets: number;
   /** TALLY_MARKER_CLAIM_TTL_S: a two-step claim older than this is taken over (its daemon died or stalled); longer than any batch. */
   readonly markerClaimTtlS: number;
+  /**
+   * TALLY_MARKER_SCOPE: what one marker stands for (markers.ts MarkerScope),
+   * for a prefix laid out from now on; a prefix keeps the scope it was laid
+   * out with. `message` needs a standalone Redis.
+   */
+  readonly markerScope: MarkerScope;
   readonly countTtlS: number;
   /** null accepts every change type. */
   readonly acceptTypes: ReadonlySet<string> | null;
@@ -101,6 +109,7 @@ export const DEFAULTS = Object.freeze({
   markerTtlS: 600,
   markerSubBuckets: 256,
   markerClaimTtlS: 10,
+  markerScope: 'part' as MarkerScope,
   countTtlS: 2_592_000,
   virtualShards: 16,
   maxMessageBytes: 65_536,
@@ -295,6 +304,14 @@ function mode(env: Env, name: string): TallyMode {
   return raw as TallyMode;
 }
 
+function markerScope(env: Env, name: string): MarkerScope {
+  const raw = read(env, name) ?? DEFAULTS.markerScope;
+  if (!(MARKER_SCOPES as readonly string[]).includes(raw)) {
+    throw new ConfigError(name, `expected one of ${MARKER_SCOPES.join(', ')}, got ${JSON.stringify(raw)}`);
+  }
+  return raw as MarkerScope;
+}
+
 function queueType(env: Env, name: string): QueueType {
   const raw = read(env, name) ?? DEFAULTS.queueType;
   if (!(QUEUE_TYPES as readonly string[]).includes(raw)) {
@@ -375,6 +392,7 @@ export function loadConfig(env: Env = process.env): TallyConfig {
     markerTtlS: integer(env, 'TALLY_MARKER_TTL_S', DEFAULTS.markerTtlS, LIMITS.markerTtlS),
     markerSubBuckets: powerOfTwo(env, 'TALLY_MARKER_SUB_BUCKETS', DEFAULTS.markerSubBuckets, LIMITS.markerSubBuckets),
     markerClaimTtlS: integer(env, 'TALLY_MARKER_CLAIM_TTL_S', DEFAULTS.markerClaimTtlS, LIMITS.markerClaimTtlS),
+    markerScope: markerScope(env, 'TALLY_MARKER_SCOPE'),
     countTtlS: integer(env, 'TALLY_COUNT_TTL_S', DEFAULTS.countTtlS, LIMITS.countTtlS),
     acceptTypes: acceptTypes(env, 'TALLY_ACCEPT_TYPES'),
     metricsPort: metricsPortRaw === undefined ? null : integer(env, 'TALLY_METRICS_PORT', 0, LIMITS.metricsPort),

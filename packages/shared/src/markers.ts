@@ -41,6 +41,45 @@ import { ScriptReply } from './script-replies.js';
 
 /** Recorded as `marker_format` in the layout hash; a prefix with live markers of another format is refused. */
 export const MARKER_FORMAT = 'digest16-buckets-v1';
+/**
+ * The same buckets with one marker per message instead of one per part
+ * (TALLY_MARKER_SCOPE=message, standalone Redis only): a message's marker
+ * lives on the virtual shard of its digest (markerShardOf), and the batch
+ * that holds it writes all its changes, whatever their SKUs' shards.
+ */
+export const MESSAGE_MARKER_FORMAT = 'digest16-message-buckets-v1';
+
+/**
+ * What one marker stands for. `part`: a message's changes on one virtual
+ * shard (a message of changes on four shards has four markers). `message`:
+ * the whole message, so a pre-check and an occupation cost one field per
+ * message, not one per part.
+ */
+export type MarkerScope = 'part' | 'message';
+
+/** The scope a recorded marker format stands for; null for a format this build does not write. */
+export function markerScopeOf(format: string): MarkerScope | null {
+  if (format === MARKER_FORMAT) return 'part';
+  if (format === MESSAGE_MARKER_FORMAT) return 'message';
+  return null;
+}
+
+export function markerFormatOf(scope: MarkerScope): string {
+  return scope === 'message' ? MESSAGE_MARKER_FORMAT : MARKER_FORMAT;
+}
+
+/**
+ * Message scope: the virtual shard whose lane, thread and marker hashes
+ * take a message, from the digest's last four bytes. Not from its first two:
+ * those pick the sub-bucket inside the shard, and a shard taken from the
+ * same bytes would use only every virtual-shards-th sub-bucket.
+ */
+export function markerShardOf(digest: Uint8Array, virtualShards: number): number {
+  const at = MARKER_DIGEST_BYTES - 4;
+  const word = ((digest[at]! << 24) | (digest[at + 1]! << 16) | (digest[at + 2]! << 8) | digest[at + 3]!) >>> 0;
+  return word % virtualShards;
+}
+
 /** What a prefix laid out before `marker_format` was recorded used: one `SET … EX` key per marker. */
 export const LEGACY_MARKER_FORMAT = 'key-per-marker';
 

@@ -102,3 +102,13 @@ export function splitByShard(changes: readonly Change[], virtualShards: number, 
   }
   return parts;
 }
+
+/**
+ * Message-scoped markers: a message's changes, filtered and summed per SKU
+ * as splitByShard does, as one part on its marker shard (markers.ts
+ * markerShardOf). Empty when no change is left.
+ */
+export function wholeMessagePart(changes: readonly Change[], markerShard: number, acceptTypes: ReadonlySet<string> | null): Map<number, PartChanges> {
+  const all = splitByShard(changes, 1, acceptTypes).get(0);
+  return all === undefined ? new Map() : new Map([[markerShard, all]]);
+}

@@ -33,6 +33,7 @@ const BAD_VALUES: ReadonlyArray<readonly [variable: string, values: readonly str
   ['TALLY_MARKER_TTL_S', ['0', '31536001', '600s', '99999999999999999999']],
   ['TALLY_MARKER_SUB_BUCKETS', ['0', '3', '100', '65537', '131072', '256.0', 'many']],
   ['TALLY_MARKER_CLAIM_TTL_S', ['0', '3601', '30s', '1.5']],
+  ['TALLY_MARKER_SCOPE', ['messages', 'Part', 'shard']],
   ['TALLY_COUNT_TTL_S', ['0', '315360001', 'forever']],
   ['TALLY_ACCEPT_TYPES', [`sale,${'t'.repeat(65)}`]],
   ['TALLY_METRICS_PORT', ['65536', '-1', 'http', '9464.5']],
@@ -73,6 +74,7 @@ describe('loadConfig', () => {
       markerTtlS: 600,
       markerSubBuckets: 256,
       markerClaimTtlS: 10,
+      markerScope: 'part',
       countTtlS: 2_592_000,
       acceptTypes: null,
       metricsPort: null,
@@ -143,7 +145,7 @@ describe('loadConfig', () => {
       const read = new Set([...source.matchAll(/'(TALLY_[A-Z_]+)'/g)].map((m) => m[1]!));
       const covered = new Set(BAD_VALUES.map(([name]) => name));
       expect([...covered].sort()).to.deep.equal([...read].sort());
-      expect(covered.size).to.equal(29);
+      expect(covered.size).to.equal(30);
     });
 
     it('names the accepted range for integers', () => {

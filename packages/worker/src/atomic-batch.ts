@@ -17,7 +17,6 @@
  */
 import { onSlotConnection, type RedisClient } from '@tally/runtime';
 import {
-  countKey,
   describeError,
   markerBaseKey,
   PART_DONE,
@@ -32,6 +31,7 @@ import {
 } from '@tally/shared';
 import { loadScript, runScript, type ScriptArg } from './lua-scripts.js';
 import { addToSum, type Sum } from './aggregate.js';
+import { countKeysOf } from './count-keys.js';
 import { countTtlOf } from './count-ttl.js';
 import { reportingHealth } from './health-report.js';
 import type { BatchHooks, BatchLog } from './batch-log.js';
@@ -45,7 +45,7 @@ export const ATOMIC_BATCH_SHA = ATOMIC_BATCH.sha;
 
 /** The EVALSHA arguments of a batch after the command name: SHA, number of keys, keys, then ARGV as documented in the script. */
 export function atomicBatchArgs(
-  settings: Pick<WorkerSettings, 'prefix' | 'markerTtlS' | 'countTtlS' | 'markerBucketS' | 'markerSubBuckets'>,
+  settings: Pick<WorkerSettings, 'prefix' | 'markerTtlS' | 'countTtlS' | 'markerBucketS' | 'markerSubBuckets' | 'markerScope' | 'virtualShards'>,
   task: BatchTask,
   batchId: string,
 ): ScriptArg[] {
@@ -79,7 +79,8 @@ export function atomicBatchArgs(
   // Built with push, not spread: a batch of 100,000 parts exceeds the arguments a call can take.
   const args: ScriptArg[] = [ATOMIC_BATCH_SHA, 2 + skuIndex.size, receiptKey(prefix, vshard, batchId), markerBaseKey(prefix, vshard)];
   const keys: string[] = [];
-  for (const sku of skuIndex.keys()) keys.push(countKey(prefix, vshard, sku));
+  const keyOf = countKeysOf(settings, vshard);
+  for (const sku of skuIndex.keys()) keys.push(keyOf(sku));
   for (const key of keys) args.push(key);
   const ttl = countTtlOf(countTtlS);
   args.push(

@@ -25,7 +25,6 @@
  */
 import { SpanStatusCode, trace } from '@opentelemetry/api';
 import {
-  countKey,
   describeError,
   retryUntilDone,
   markerBaseKey,
@@ -43,6 +42,7 @@ import {
 } from '@tally/shared';
 import { onSlotConnection, type RedisClient } from '@tally/runtime';
 import { aggregateNewParts } from './aggregate.js';
+import { countKeysOf } from './count-keys.js';
 import { countTtlOf } from './count-ttl.js';
 import type { BatchHooks, BatchLog } from './batch-log.js';
 import { batchTracer, inSpan } from './batch-tracing.js';
@@ -138,10 +138,11 @@ export async function runTwoStepBatch(
   if (sums.size > 0) {
     const keys = [receipt];
     const ttl = countTtlOf(countTtlS);
+    const keyOf = countKeysOf(settings, vshard);
     const sumArgv: string[] = [String(ttl.ttlS), String(markerTtlS), 'sums', ''];
     const keyIndex = new Map<string, number>();
     for (const [sku, sum] of sums) {
-      keys.push(countKey(prefix, vshard, sku));
+      keys.push(keyOf(sku));
       keyIndex.set(sku, keys.length - 1);
       sumArgv.push(sum.toString());
     }

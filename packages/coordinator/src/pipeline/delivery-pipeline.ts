@@ -19,7 +19,7 @@ import { ShardLanes } from '../shard-lanes.js';
 import { AckWindow } from './ack-window.js';
 import { DeadLetters } from './dead-letters.js';
 import { InFlightMessages } from './in-flight.js';
-import { Intake } from './intake.js';
+import { Intake, type IntakeOptions } from './intake.js';
 import {
   SYSTEM_CLOCK,
   type Acker,
@@ -39,12 +39,13 @@ export const CLAIM_RETRY_MS = 200;
 export type PipelineOptions = Pick<
   TallyConfig,
   'queue' | 'mode' | 'virtualShards' | 'acceptTypes' | 'maxMessageBytes' | 'prefetch' | 'stallMs' | 'batchSize' | 'batchMaxChanges' | 'batchWaitMs'
-> & {
-  /** CLAIM_RETRY_MS by default. */
-  readonly claimRetryMs?: number;
-  /** The backoff of batch and dead-letter retries; the shared default when absent (tests shorten it). */
-  readonly backoff?: BackoffOptions;
-};
+> &
+  Pick<IntakeOptions, 'recordedMarkerScope'> & {
+    /** CLAIM_RETRY_MS by default. */
+    readonly claimRetryMs?: number;
+    /** The backoff of batch and dead-letter retries; the shared default when absent (tests shorten it). */
+    readonly backoff?: BackoffOptions;
+  };
 
 export interface PipelineDeps {
   readonly runner: BatchRunner;

@@ -5,7 +5,7 @@
  * to the shard lanes.
  */
 import type { ConsumeMessage } from 'amqplib';
-import { formatReason, markerDigest, parseMessage, splitByShard, type TallyConfig } from '@tally/shared';
+import { formatReason, markerDigest, markerShardOf, parseMessage, splitByShard, wholeMessagePart, type MarkerScope, type TallyConfig } from '@tally/shared';
 import type { ChannelLink, Delivery } from '../delivery.js';
 import type { PendingPart } from '../shard-lanes.js';
 import { timestampToMs } from '../telemetry/metrics.js';
@@ -14,7 +14,15 @@ import type { DeadLetters } from './dead-letters.js';
 import type { InFlightMessages } from './in-flight.js';
 import type { Clock, Counters } from './ports.js';
 
-export type IntakeOptions = Pick<TallyConfig, 'virtualShards' | 'acceptTypes' | 'maxMessageBytes' | 'prefetch'>;
+export type IntakeOptions = Pick<TallyConfig, 'virtualShards' | 'acceptTypes' | 'maxMessageBytes' | 'prefetch'> & {
+  /**
+   * What one marker stands for, as the prefix's layout records it (not as
+   * TALLY_MARKER_SCOPE asks: every daemon of a prefix must split alike).
+   * `part`: one part per virtual shard of the SKUs; `message`: the whole
+   * message as one part, on its digest's marker shard.
+   */
+  readonly recordedMarkerScope: MarkerScope;
+};
 
 /** The lanes as intake uses them (shard-lanes.ts). */
 export interface LaneEntry {
@@ -48,7 +56,11 @@ export class Intake {
       this.deadLetters.send(channel, message, parsed.reason, formatReason(parsed.reason, parsed.detail), message.properties.headers?.traceparent);
       return;
     }
-    const parts = splitByShard(parsed.message.changes, options.virtualShards, options.acceptTypes);
+    const digest = markerDigest(parsed.message.id);
+    const parts =
+      options.recordedMarkerScope === 'message'
+        ? wholeMessagePart(parsed.message.changes, markerShardOf(digest, options.virtualShards), options.acceptTypes)
+        : splitByShard(parsed.message.changes, options.virtualShards, options.acceptTypes);
     if (parts.size === 0) {
       counters.add('empty');
       this.acks.finish(channel, tag);
@@ -58,7 +70,7 @@ export class Intake {
       tag,
       link: channel,
       id: parsed.message.id,
-      digest: markerDigest(parsed.message.id),
+      digest,
       redelivered: message.fields.redelivered,
       remaining: parts.size,
       parts: parts.size,

@@ -12,9 +12,9 @@ import { expect } from 'chai';
 import { generateWorkload, publishAll } from '@tally/workload';
 import { startRedisCluster, type RedisCluster } from '@tally/testkit';
 import { keySlot, isCluster, scanNodes } from '@tally/runtime';
-import type { TallyMode } from '@tally/shared';
+import { layoutKey, type TallyMode } from '@tally/shared';
 import type { StatusReport } from '../../src/commands/status.js';
-import { cleanup, compare, startDaemon, stopDaemon, testSpace, waitForReadyEmpty, AMQP_URL, type DaemonProcess } from './harness.js';
+import { cleanup, compare, runRefusedStart, startDaemon, stopDaemon, testSpace, waitForReadyEmpty, AMQP_URL, type DaemonProcess } from './harness.js';
 import { tallyCli, until } from './fleet-helpers.js';
 import { countKeysPerMaster, withRedisAt } from './cluster-helpers.js';
 
@@ -40,6 +40,21 @@ describe('Redis Cluster (integration: 3 masters + 3 replicas of our own)', funct
       const node = scanNodes(redis)[0]!;
       for (const key of keys) expect(keySlot(key), key).to.equal(Number(await node.cluster('KEYSLOT', key)));
     });
+  });
+
+  it('refuses message-scoped markers at start, before the prefix is laid out: a message spans hash slots', async () => {
+    const space = testSpace('cluster-scope', { TALLY_REDIS_URL: seeds, TALLY_MARKER_SCOPE: 'message' });
+    try {
+      const refused = await runRefusedStart(space.env);
+      expect(refused.code).to.equal(1);
+      expect(refused.fatalCode).to.equal('TALLY_MARKER_FORMAT');
+      expect(refused.stderrLines, 'one line').to.have.length(1);
+      expect(refused.stderrLines[0]).to.include('TALLY_MARKER_SCOPE');
+      const laidOut = await withRedisAt(seeds, (redis) => redis.exists(layoutKey(space.prefix)));
+      expect(laidOut, 'no layout recorded with a scope the cluster cannot serve').to.equal(0);
+    } finally {
+      await cleanup(space);
+    }
   });
 
   for (const mode of ['atomic', 'two-step'] as TallyMode[]) {

@@ -11,6 +11,8 @@ import {
   ClassifiedFailure,
   COUNT_REFUSED,
   decodeBatchTask,
+  markerDigest,
+  markerShardOf,
   PART_DONE,
   PART_HELD,
   PART_NEW,
@@ -39,6 +41,7 @@ const OPTIONS: PipelineOptions = {
   batchSize: 100,
   batchMaxChanges: 10_000,
   batchWaitMs: 2,
+  recordedMarkerScope: 'part',
   claimRetryMs: 5,
   backoff: { baseMs: 1, capMs: 2 },
 };
@@ -428,6 +431,16 @@ describe('DeliveryPipeline', () => {
     await waitFor(() => acks.acks.length === 1, 'the new channel ack');
     expect(acks.acks).to.deep.equal([{ tag: 1, multiple: true, generation: 2 }]);
     expect(thread.ids).to.not.include('late');
+  });
+
+  it("with message-scoped markers, sends a message's changes as one part to its digest's marker shard", async () => {
+    const { thread, acks, deliver, count } = setUp({ recordedMarkerScope: 'message' });
+    deliver('whole', [skuOn(0), skuOn(1), skuOn(2)]);
+    await waitFor(() => acks.acked.size === 1, 'the ack');
+    expect(thread.runs.map((run) => [run.task.vshard, run.task.ids, run.task.changes[0]!.length])).to.deep.equal([
+      [markerShardOf(markerDigest('whole'), VSHARDS), ['whole'], 3],
+    ]);
+    expect(count('counted')).to.equal(1);
   });
 
   it('drains: resolves once every batch and dead letter is settled', async () => {
