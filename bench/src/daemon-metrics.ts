@@ -19,7 +19,12 @@ export function metricValue(text: string, name: string): number | null {
     if (!line.startsWith(name)) continue;
     const rest = line.slice(name.length);
     if (rest[0] !== '{' && rest[0] !== ' ') continue;
-    const value = Number(rest.slice(rest.lastIndexOf(rest.includes('}') ? '}' : ' ') + 1).trim().split(/\s+/)[0]);
+    const value = Number(
+      rest
+        .slice(rest.lastIndexOf(rest.includes('}') ? '}' : ' ') + 1)
+        .trim()
+        .split(/\s+/)[0],
+    );
     if (Number.isFinite(value)) return value;
   }
   return null;

@@ -288,9 +288,13 @@ export async function runDrain(ctx: AnyBenchContext, plan: DrainPlan): Promise<D
   const redisCpuBefore = windowStart?.redisCpu ?? null;
   const redisCpuAfter = end?.redisCpu ?? null;
   const redisCommands =
-    contender === 'ceiling' || !ctx.redisPrivate || windowStart === null || end === null ? null : sumValues(callsDelta(commandsBefore, commandsAfter)) - ownCommands;
+    contender === 'ceiling' || !ctx.redisPrivate || windowStart === null || end === null
+      ? null
+      : sumValues(callsDelta(commandsBefore, commandsAfter)) - ownCommands;
   const warmupFigures: WarmupFigures | null =
-    warmup > 0 && startedAt !== null ? { deliveries: warmup, seconds: (startedAt - running.consumingAt) / 1000, msgPerSec: warmup / ((startedAt - running.consumingAt) / 1000) } : null;
+    warmup > 0 && startedAt !== null
+      ? { deliveries: warmup, seconds: (startedAt - running.consumingAt) / 1000, msgPerSec: warmup / ((startedAt - running.consumingAt) / 1000) }
+      : null;
   const record: DrainRecord = {
     contender,
     round: plan.round,

@@ -98,7 +98,20 @@ export function renderSteadyTable(summary: readonly ContenderSummary[]): string 
 
 /** Per steady-state drain: the population it started on and what the fill took. */
 export function renderFillTable(results: Pick<BenchResults, 'drains'>): string {
-  const header = ['round', 'contender', 'rate msg/s', 'parts / msg', 'live buckets', 'current bucket full', 'markers', 'hashes', 'sub-buckets', 'fill s', 'fill MB', 'layout found'];
+  const header = [
+    'round',
+    'contender',
+    'rate msg/s',
+    'parts / msg',
+    'live buckets',
+    'current bucket full',
+    'markers',
+    'hashes',
+    'sub-buckets',
+    'fill s',
+    'fill MB',
+    'layout found',
+  ];
   const rows = results.drains
     .filter((d) => d.steady !== undefined)
     .map((d) => {

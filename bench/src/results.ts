@@ -232,9 +232,7 @@ export function summarize(
     const half = variant === 'fresh' ? latencies.filter((l) => l.contender === contender && l.round !== null && l.correct) : [];
     const marks = variant === 'fresh' ? memory.filter((m) => m.contender === contender) : [];
     const correct =
-      mine.length > 0 &&
-      mine.every((d) => d.correct) &&
-      (variant === 'steady' || latencies.filter((l) => l.contender === contender).every((l) => l.correct));
+      mine.length > 0 && mine.every((d) => d.correct) && (variant === 'steady' || latencies.filter((l) => l.contender === contender).every((l) => l.correct));
     const per = (field: (d: DrainRecord) => number | null) => median(finite(byRound(mine, contender, rounds, field)));
     const mineRate = byRound(mine, contender, rounds, (d) => d.msgPerSec);
     return {

@@ -141,7 +141,14 @@ export async function runBench(options: BenchOptions, log: (line: string) => voi
             label: `ss${round}`,
             workload,
             variant: 'steady',
-            prepare: steadyPrepare(ctx, { mode, rate: options.steadyRate, shares, seed: options.seed + round }),
+            prepare: steadyPrepare(ctx, {
+              mode,
+              rate: options.steadyRate,
+              shares,
+              seed: options.seed + round,
+              // At 3,000 msg/s (below what a steady-state drain here has done), plus the preload and the stop.
+              drainBudgetS: (workload.publishes.length + (warmup?.publishes.length ?? 0)) / 3_000 + 15,
+            }),
             ...(warmup ? { warmup } : {}),
           });
           record(outcome.record);

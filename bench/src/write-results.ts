@@ -5,7 +5,8 @@ import { latencyVsLoadChart, markerMemoryVsTtlChart, throughputVsBatchChart } fr
 import { renderReport, renderSteadyReport } from './render-table.js';
 import type { BenchResults } from './results.js';
 
-const json = (results: BenchResults) => `${JSON.stringify(results, (_, value: unknown) => (typeof value === 'number' && !Number.isFinite(value) ? null : value), 2)}\n`;
+const json = (results: BenchResults) =>
+  `${JSON.stringify(results, (_, value: unknown) => (typeof value === 'number' && !Number.isFinite(value) ? null : value), 2)}\n`;
 
 export async function writeResults(dir: string, results: BenchResults, latencyTargetMs: number): Promise<string[]> {
   await mkdir(dir, { recursive: true });
