@@ -144,7 +144,7 @@ export async function claimSnapshot(redis: Redis, prefix: string): Promise<Reado
  * Units per shard of the parts a SIGKILLed two-step daemon left claimed and
  * unmarked, for a test whose other daemons keep running: the claims found
  * unchanged in two snapshots taken around the kill's aftermath (`before`
- * right after the kill, `after` some hundreds of ms later). A live daemon's
+ * right after the kill, `after` 300 ms later). A live daemon's
  * claim turns into a done marker within its batch's milliseconds; a dead
  * one's stays until its claim TTL runs out. Every part the victim had
  * written but not marked is among them (claim, then write, then occupy), so

@@ -240,7 +240,7 @@ describe('several daemons on one queue and one Redis (integration)', function ()
             const claimed = await withRedis((redis) => claimSnapshot(redis, space.prefix));
             const restarted = startDaemon(space.env);
             // The survivors' claims of that instant are done within their batches; the victim's stay (claim TTL 10 s).
-            await sleep(500);
+            await sleep(300);
             windows.push(abandonedClaimUnits(claimed, await withRedis((redis) => claimSnapshot(redis, space.prefix)), parts, VSHARDS, attributed));
             daemons[victim] = await restarted;
           } else daemons[victim] = await startDaemon(space.env);
