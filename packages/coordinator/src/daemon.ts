@@ -12,6 +12,7 @@ import type { ConsumeMessage } from 'amqplib';
 import {
   PART_DONE,
   PART_HELD,
+  classifyError,
   describeError,
   encodeBatchTask,
   WindowGauge,
@@ -33,11 +34,13 @@ import {
   COUNT_REFUSED,
   type BatchResult,
   type CountRefusal,
+  type InjectedBug,
   type TallyConfig,
 } from '@tally/shared';
 import { createRedisClient, type RedisClient } from '@tally/runtime';
 import { AckTracker } from './ack-tracker.js';
 import { AmqpLink, type AmqpBrokerState } from './amqp-link.js';
+import type { BugHandler } from './bug-exit.js';
 import type { ChannelLink, Delivery } from './delivery.js';
 import { ensureLayout } from './layout-guard.js';
 import { probeRedis, type RedisProbeReport } from './redis-probe.js';
@@ -63,6 +66,17 @@ import { createMetricsExport, METER_NAME } from './telemetry/metrics-export.js';
 const CLAIM_RETRY_MS = 200;
 
 export type DaemonState = 'created' | 'starting' | 'running' | 'stopping' | 'stopped';
+
+/** What main.ts gives the daemon besides its configuration. */
+export interface DaemonOptions {
+  /**
+   * Told of a bug met on the batch or delivery path (bug-exit.ts): main.ts
+   * logs it and exits 70. By default the error is rethrown.
+   */
+  readonly onBug?: BugHandler;
+  /** TALLY_FAULT_BUG=main (config.ts loadFaultInjection): each delivery makes the ack tracker throw. */
+  readonly injectBug?: InjectedBug | null;
+}
 
 /** The metrics side of the daemon, present when TALLY_METRICS_PORT is set. */
 interface Telemetry {
@@ -178,10 +192,13 @@ export class Daemon {
   private markerScope: MarkerScope = 'part';
   /** Names this daemon's two-step claims (new at every start: a restarted daemon waits out its predecessor's claims like anyone's). */
   private readonly claimToken = randomBytes(8).toString('hex');
+  /** A bug was met (invariant 13): no ack goes out any more, whatever finishes. */
+  private halted = false;
 
   constructor(
     private readonly config: TallyConfig,
     private readonly log: Logger,
+    private readonly options: DaemonOptions = {},
   ) {
     this.badLog = new BadMessageLog(log);
     this.parseOptions = Object.freeze({ maxBytes: config.maxMessageBytes });
@@ -389,7 +406,8 @@ export class Daemon {
           }
         },
       );
-      const lanes = new ShardLanes(config, (vshard, parts) => this.runBatch(vshard, parts));
+      // A batch retries every server failure itself: whatever escapes it is a bug (invariant 13).
+      const lanes = new ShardLanes(config, (vshard, parts) => this.runBatch(vshard, parts).catch((error: unknown) => this.bug(error, 'batch')));
       const link = new AmqpLink(
         {
           url: config.amqpUrl,
@@ -401,7 +419,14 @@ export class Daemon {
         },
         log,
         {
-          onDelivery: (link, message) => this.onDelivery(link, message),
+          // Thrown inside amqplib's frame loop, a bug would read as a broken connection and be retried as an outage.
+          onDelivery: (link, message) => {
+            try {
+              this.onDelivery(link, message);
+            } catch (error) {
+              this.bug(error, 'delivery');
+            }
+          },
           onLinkUp: (link) => {
             this.acks = { link, tracker: new AckTracker() };
             exposure.channelChanged(link);
@@ -478,7 +503,7 @@ export class Daemon {
     try {
       return await this.retryRedis(what, step);
     } catch (error) {
-      if (isTallyError(error)) throw error;
+      if (isTallyError(error) || classifyError(error) === 'bug') throw error;
       throw new RedisRequirementError(
         'TALLY_REDIS_NOPERM',
         `Redis refused the ${what}: ${describeError(error)}; grant the user what docs/redis-requirements.md lists (ACL SETUSER <user> ~<TALLY_PREFIX>* +@read +@write +@scripting +@connection +info +time)`,
@@ -502,6 +527,7 @@ export class Daemon {
     if (acks === null || acks.link !== link) return; // a late delivery from a dead channel: it will be redelivered
     const tag = message.fields.deliveryTag;
     acks.tracker.received(tag);
+    if (this.options.injectBug === 'main') acks.tracker.received(tag); // fault injection: a tag out of sequence
     const { stats } = this.runtime;
     stats.add('received');
 
@@ -709,6 +735,13 @@ export class Daemon {
     }
   }
 
+  /** A bug (invariant 13): nothing is acked from now on, and main.ts's handler logs it and exits 70. */
+  private bug(error: unknown, where: 'batch' | 'delivery'): void {
+    this.halted = true;
+    if (this.options.onBug === undefined) throw error;
+    this.options.onBug(error, where);
+  }
+
   private finish(link: ChannelLink, tag: number): void {
     const acks = this.acks;
     if (acks === null || acks.link !== link || !link.alive) return;
@@ -735,7 +768,7 @@ export class Daemon {
    */
   private sendAcks(): void {
     const acks = this.acks;
-    if (acks === null) return;
+    if (acks === null || this.halted) return;
     const { link, exposure } = this.runtime;
     const upTo = acks.tracker.takeAckable();
     if (upTo !== null) {
