@@ -104,14 +104,14 @@ export async function serverNowS(redis: Redis): Promise<number> {
  */
 export async function writeLayout(
   redis: Redis,
-  layout: { prefix: string; virtualShards: number; mode: TallyMode; bucketS: number; subBuckets: number; createdAt?: Date },
+  layout: { prefix: string; virtualShards: number; mode: TallyMode; bucketS: number; subBuckets: number; format?: string; createdAt?: Date },
 ): Promise<void> {
   await redis.hset(layoutKey(layout.prefix), {
     virtual_shards: String(layout.virtualShards),
     hash: SHARD_HASH,
     created_at: (layout.createdAt ?? new Date(Date.now() - 3_600_000)).toISOString(),
     mode: layout.mode,
-    marker_format: MARKER_FORMAT,
+    marker_format: layout.format ?? MARKER_FORMAT,
     marker_bucket_s: String(layout.bucketS),
     marker_sub_buckets: String(layout.subBuckets),
   });

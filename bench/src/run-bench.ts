@@ -27,7 +27,7 @@ import {
 } from './results.js';
 import { median } from './stats.js';
 import { steadyPrepare } from './steady-state.js';
-import { partsPerMessageByShard } from './steady-population.js';
+import { evenShares, partsPerMessageByShard } from './steady-population.js';
 import type { Change, TallyMode } from '@tally/shared';
 import { generateWorkload, type Workload, type WorkloadOptions } from '@tally/workload';
 
@@ -84,12 +84,15 @@ export async function runBench(options: BenchOptions, log: (line: string) => voi
         : undefined;
     if (warmup) log(`warm-up: ${warmup.publishes.length} deliveries drained by every contender before its measured window`);
     // The workload's parts per message on each virtual shard: the steady-state population has the same spread.
-    const shares = options.steadyState
-      ? partsPerMessageByShard(
-          workload.publishes.filter((p) => p.kind === 'good').map((p) => (JSON.parse(p.body.toString('utf8')) as { changes: Change[] }).changes),
-          ctx.virtualShards,
-        )
-      : [];
+    // Message-scoped markers: one per message, spread evenly by digest.
+    const shares = !options.steadyState
+      ? []
+      : options.tallyEnv.TALLY_MARKER_SCOPE === 'message'
+        ? evenShares(1, ctx.virtualShards)
+        : partsPerMessageByShard(
+            workload.publishes.filter((p) => p.kind === 'good').map((p) => (JSON.parse(p.body.toString('utf8')) as { changes: Change[] }).changes),
+            ctx.virtualShards,
+          );
     if (options.steadyState)
       log(
         `steady state: the population of ${options.steadyRate} msg/s × ${shares.reduce((a, b) => a + b, 0).toFixed(2)} parts per message over the live buckets, filled before each Tally mode's steady drain`,

@@ -7,7 +7,7 @@
  */
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Redis } from 'ioredis';
-import { DEFAULTS, defaultBucketWidthS, type TallyMode } from '@tally/shared';
+import { DEFAULTS, defaultBucketWidthS, markerFormatOf, type TallyMode } from '@tally/shared';
 import type { BenchContext } from './context.js';
 import { fillMarkers, serverNowS, writeLayout } from './marker-fill.js';
 import { sampleMemory } from './redis-nodes.js';
@@ -75,6 +75,7 @@ export function steadyPrepare(ctx: BenchContext<Redis>, plan: SteadyPlan): (pref
       mode: plan.mode,
       bucketS: settings.bucketWidthS,
       subBuckets: settings.initialSubBuckets,
+      format: markerFormatOf(ctx.tallyEnv.TALLY_MARKER_SCOPE === 'message' ? 'message' : 'part'),
     });
     const before = (await sampleMemory(ctx.nodes)).masters;
     const filled = await fillMarkers(ctx.redis, { prefix, population, seed: plan.seed });
