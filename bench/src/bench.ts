@@ -8,7 +8,7 @@ import { fileURLToPath } from 'node:url';
 import { liveChildren } from './contenders.js';
 import { parseBenchArgs, USAGE, type BenchOptions } from './options.js';
 import { runProfile, summarizeProfiles } from './profile-run.js';
-import { renderSummaryTable } from './render-table.js';
+import { renderSteadyTable, renderSummaryTable } from './render-table.js';
 import { runBench } from './run-bench.js';
 import { runScaleOut } from './scale-out-run.js';
 import { writeResults } from './write-results.js';
@@ -56,7 +56,7 @@ try {
       const dir = options.outDir ?? (options.quick ? `${RESULTS}/quick` : RESULTS);
       // The latency target (docs/benchmark.md): p99 below TALLY_BATCH_WAIT_MS (default 50) + 100 ms.
       const written = await writeResults(dir, results, 150);
-      process.stdout.write(`\n${renderSummaryTable(results.summary)}\n\n`);
+      process.stdout.write(`\n${results.steadyState ? renderSteadyTable(results.summary) : renderSummaryTable(results.summary)}\n\n`);
       for (const p of results.problems) log(`problem: ${p}`);
       log(`wrote ${written.join(', ')}`);
       log(exitCode === 0 ? 'bench: every contender started, ran and counted correctly' : 'bench: FAILED: a contender did not start, did not run or miscounted');

@@ -34,6 +34,10 @@ export interface ContenderRun {
   readonly traceSinkUrl?: string;
   /** Extra node flags (the profile run: --cpu-prof). */
   readonly nodeArgs?: readonly string[];
+  /** Deliveries of the warm-up at the head of the queue (the consumers report `warm` once they acked them). */
+  readonly warmup?: number;
+  /** The daemon's TALLY_METRICS_PORT: the drains read its progress there. */
+  readonly metricsPort?: number;
 }
 
 export interface RunningContender {
@@ -42,6 +46,10 @@ export interface RunningContender {
   readonly consumingAt: number;
   /** Resolves with the consumer's `done` report (ceiling, naive, batched only). */
   readonly done: Promise<Extract<ConsumerReport, { event: 'done' }>>;
+  /** Resolves with the consumer's `warm` report, once it acked the warm-up (ceiling, naive, batched only). */
+  readonly warm: Promise<Extract<ConsumerReport, { event: 'warm' }>>;
+  /** The daemon's "shard layout verified" log line (Tally only): whether it created the prefix's layout or found one. */
+  layoutLine(): Record<string, unknown> | null;
   readonly exited: Promise<{ code: number | null; signal: NodeJS.Signals | null }>;
   alive(): boolean;
   stderr(): string;
@@ -68,6 +76,7 @@ function childFor(run: ContenderRun): ChildProcess {
       TALLY_PREFETCH: String(run.prefetch),
       TALLY_MODE: run.contender === 'tally-atomic' ? 'atomic' : 'two-step',
       TALLY_LOG_LEVEL: 'info',
+      ...(run.metricsPort !== undefined ? { TALLY_METRICS_PORT: String(run.metricsPort) } : {}),
       ...run.tallyEnv,
       // Tracing's cost: every batch sampled, exported over OTLP/HTTP protobuf as to Jaeger.
       ...(run.contender === 'tally-traced'
@@ -87,6 +96,7 @@ function childFor(run: ContenderRun): ChildProcess {
     queue: run.queue,
     prefetch: run.prefetch,
     expected: run.expected,
+    ...(run.warmup !== undefined ? { warmup: run.warmup } : {}),
     recordLatency: run.recordLatency,
     ackEvery: run.ackEvery,
     ackWaitMs: run.ackWaitMs,
@@ -123,6 +133,9 @@ export async function startContender(run: ContenderRun, startTimeoutMs = 30_000)
     doneReject = reject;
   });
   done.catch(() => {});
+  let warmResolve!: (report: Extract<ConsumerReport, { event: 'warm' }>) => void;
+  const warm = new Promise<Extract<ConsumerReport, { event: 'warm' }>>((resolve) => (warmResolve = resolve));
+  let layoutLine: Record<string, unknown> | null = null;
   const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) =>
     child.on('exit', (code, signal) => {
       liveChildren.delete(child);
@@ -140,6 +153,8 @@ export async function startContender(run: ContenderRun, startTimeoutMs = 30_000)
       if (value === null) continue;
       if (value.event === 'consuming' && typeof value.at === 'number') consumingResolve(value.at);
       else if (value.msg === 'consuming') consumingResolve(typeof value.time === 'number' ? value.time : Date.now());
+      else if (value.event === 'warm') warmResolve(value as unknown as Extract<ConsumerReport, { event: 'warm' }>);
+      else if (value.msg === 'shard layout verified') layoutLine = value;
       else if (value.event === 'done') doneResolve(value as unknown as Extract<ConsumerReport, { event: 'done' }>);
       else if (value.event === 'error') doneReject(new Error(`${run.contender}: ${String(value.message)}`));
       if (typeof value.level === 'number' && value.level >= 40) tail.push(line.slice(0, 300));
@@ -160,6 +175,8 @@ export async function startContender(run: ContenderRun, startTimeoutMs = 30_000)
     pid: child.pid!,
     consumingAt: first,
     done,
+    warm,
+    layoutLine: () => layoutLine,
     exited,
     alive: () => child.exitCode === null && child.signalCode === null,
     stderr: () => `${stderr.join('')}${tail.length > 0 ? `\nwarnings: ${tail.slice(-5).join('\n')}` : ''}`,

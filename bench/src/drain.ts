@@ -1,10 +1,17 @@
 /**
- * One throughput measurement: preload a queue with a workload, drain it
- * with one contender, measure, then check that it counted correctly.
+ * One throughput measurement: preload a queue with a warm-up load and then
+ * the workload, drain it with one contender, measure, then check that it
+ * counted correctly.
  *
- *   reset -> publish (confirms) -> start contender -> [clock starts when it consumes]
- *         -> done (its own report, or counts == truth and queue empty for Tally)
- *         -> [clock stops; CPU, peak RSS, Redis commands read] -> SIGTERM -> verify
+ *   reset -> [prepare: the steady-state fill] -> publish warm-up + workload (confirms) -> start contender
+ *         -> warm (its own report: the warm-up acked) -> [clock starts; CPU, Redis CPU and commands read]
+ *         -> done (its own report: every delivery acked) -> [clock stops; read again] -> SIGTERM -> verify
+ *
+ * The consumers report `warm` and `done` on stdout; the daemon is read at
+ * its /metrics (tally-progress.ts watchDaemon), never through Redis, so
+ * Redis's figures over the window are the contender's alone. The warm-up
+ * (JIT, connections, the first batches) stays out of the window and is
+ * reported apart; without one the clock starts when the contender consumes.
  *
  * The Redis figures are read from every server the context names: the one
  * standalone server, or a Redis Cluster's masters summed (its replicas apart).
@@ -13,16 +20,16 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import amqp from 'amqplib';
 import { escapeGlob } from '@tally/shared';
 import { readCounts } from '@tally/coordinator/counts';
-import { resetNamespace } from '@tally/testkit';
+import { freePort, resetNamespace } from '@tally/testkit';
 import { compareWithTruth, describeTruthCheck, publishAll, type Workload } from '@tally/workload';
 import type { AnyBenchContext } from './context.js';
 import { contextRunFields, prefixName, queueName } from './context.js';
 import { isTally, startContender, type RunningContender } from './contenders.js';
-import { cpuSeconds, peakRssBytes } from './proc.js';
+import { cpuSeconds, peakRssBytes, threadCpuSeconds } from './proc.js';
 import { callsDelta, perNodeDelta, sumValues } from './redis-info.js';
 import { flushMasters, sampleCommands, sampleCpu, sampleErrors, sampleMemory, settleReplicas, type RedisNodes } from './redis-nodes.js';
-import type { ContenderName, DrainRecord, MarkerMemoryRecord } from './results.js';
-import { watchCounts } from './tally-progress.js';
+import type { ContenderName, DrainRecord, DrainVariant, MarkerMemoryRecord, SteadyFillRecord, WarmupFigures } from './results.js';
+import { watchDaemon } from './tally-progress.js';
 import { queueState } from './broker.js';
 
 export interface DrainPlan {
@@ -35,6 +42,31 @@ export interface DrainPlan {
   readonly nodeArgs?: readonly string[];
   /** Measure marker memory afterwards (deletes the markers). */
   readonly measureMarkers?: boolean;
+  /** Drained first, from the same queue into the same prefix, outside the measured window. */
+  readonly warmup?: Workload;
+  readonly variant?: DrainVariant;
+  /**
+   * Runs after the reset, before the memory baseline and the preload: the
+   * steady-state fill of the prefix (run-bench.ts); it reports what it
+   * filled, completed by the drain with whether the daemon found the layout.
+   */
+  readonly prepare?: (prefix: string) => Promise<Omit<SteadyFillRecord, 'layoutFound'>>;
+}
+
+/** Two truths added SKU by SKU: what the prefix must hold after the warm-up and the workload. */
+export function mergeTruths(a: ReadonlyMap<string, number>, b: ReadonlyMap<string, number>): Map<string, number> {
+  const merged = new Map(a);
+  for (const [sku, n] of b) merged.set(sku, (merged.get(sku) ?? 0) + n);
+  for (const [sku, n] of merged) if (n === 0) merged.delete(sku);
+  return merged;
+}
+
+/** What the window's ends read: the contender's CPU (all threads, the main thread alone), Redis's CPU and commands. */
+interface WindowSample {
+  readonly cpu: number;
+  readonly mainCpu: number;
+  readonly redisCpu: { readonly masters: number; readonly replicas: number | null } | null;
+  readonly commands: Map<string, number>;
 }
 
 export interface DrainOutcome {
@@ -100,83 +132,122 @@ export async function runDrain(ctx: AnyBenchContext, plan: DrainPlan): Promise<D
   const queue = queueName(ctx, contender, plan.label);
   const prefix = prefixName(ctx, contender, plan.label);
   const expected = workload.publishes.length;
+  const warmup = plan.warmup?.publishes.length ?? 0;
+  const tally = isTally(contender);
   await resetSpace(ctx, queue, prefix);
-  // After the flush (and the replicas applying it), before anything of this run is in Redis (the preload goes to RabbitMQ only).
+  const fill = plan.prepare ? await plan.prepare(prefix) : null;
+  // After the flush (and the replicas applying it) and the fill, before anything of this run is in Redis (the preload goes to RabbitMQ only).
   if (ctx.redisPrivate) await settleReplicas(ctx.nodes);
   const memoryBefore = ctx.redisPrivate ? await sampleMemory(ctx.nodes) : null;
   const errorsBefore = ctx.redisPrivate ? await sampleErrors(ctx.nodes) : null;
-  await publishAll(workload.publishes, { url: ctx.amqpUrl, queue });
+  await publishAll([...(plan.warmup?.publishes ?? []), ...workload.publishes], { url: ctx.amqpUrl, queue });
   // Let the broker finish writing the preload before the clock runs.
   await sleep(500);
 
+  const failed = (problem: string): DrainOutcome => ({
+    record: {
+      contender,
+      round: plan.round,
+      messages: expected,
+      seconds: Number.NaN,
+      msgPerSec: Number.NaN,
+      cpuSeconds: Number.NaN,
+      peakRssBytes: Number.NaN,
+      redisCommands: null,
+      redisMemoryBytes: null,
+      redisCpuSeconds: null,
+      ...(plan.variant ? { variant: plan.variant } : {}),
+      correct: false,
+      problem,
+    },
+  });
   let running: RunningContender;
+  const metricsPort = tally ? await freePort() : undefined;
   try {
     running = await startContender({
       contender,
       queue,
       prefix,
       ...contextRunFields(ctx),
-      expected,
+      expected: warmup + expected,
+      warmup,
       recordLatency: false,
       tallyEnv: { ...ctx.tallyEnv, ...plan.tallyEnv },
+      ...(metricsPort !== undefined ? { metricsPort } : {}),
       ...(plan.nodeArgs ? { nodeArgs: plan.nodeArgs } : {}),
     });
   } catch (error) {
     // A contender that cannot start is a failed run, recorded (the bench exits 1), not a skipped one.
     await resetSpace(ctx, queue, prefix);
-    const problem = `did not start: ${error instanceof Error ? error.message : String(error)}`;
-    return {
-      record: {
-        contender,
-        round: plan.round,
-        messages: expected,
-        seconds: Number.NaN,
-        msgPerSec: Number.NaN,
-        cpuSeconds: Number.NaN,
-        peakRssBytes: Number.NaN,
-        redisCommands: null,
-        redisMemoryBytes: null,
-        redisCpuSeconds: null,
-        correct: false,
-        problem,
-      },
-    };
+    return failed(`did not start: ${error instanceof Error ? error.message : String(error)}`);
   }
-  const cpuStart = await cpuSeconds(running.pid);
-  const commandsBefore = await sampleCommands(ctx.nodes);
-  const redisCpuBefore = ctx.redisPrivate ? await sampleCpu(ctx.nodes) : null;
+  const sample = async (): Promise<WindowSample> => {
+    const [cpu, mainCpu, redisCpu, commands] = await Promise.all([
+      cpuSeconds(running.pid),
+      threadCpuSeconds(running.pid).catch(() => Number.NaN),
+      ctx.redisPrivate ? sampleCpu(ctx.nodes) : Promise.resolve(null),
+      sampleCommands(ctx.nodes),
+    ]);
+    return { cpu, mainCpu, redisCpu, commands };
+  };
   // The INFO commandstats and the two INFO cpu each master received, counted once they have run.
-  let ownCommands = 3 * ctx.nodes.masters.length;
+  const ownCommands = 3 * ctx.nodes.masters.length;
+  let start: WindowSample | null = warmup === 0 ? await sample() : null;
+  let startedAt: number | null = warmup === 0 ? running.consumingAt : null;
   let endedAt: number | null = null;
+  let metricsReads: number | undefined;
   let problem: string | undefined;
-  const timeoutMs = Math.max(60_000, (expected / 500) * 1_000);
+  const timeoutMs = Math.max(60_000, ((warmup + expected) / 500) * 1_000);
   const connection = await amqp.connect(ctx.amqpUrl, { clientProperties: { connection_name: 'tally-bench-watch' } });
   try {
     const channel = await connection.createChannel();
-    if (isTally(contender)) {
-      const watched = await watchCounts(ctx, channel, queue, prefix, workload.truth);
-      ownCommands += watched.ownCommands;
-      endedAt = watched.at;
-      if (endedAt === null) problem = `drain stalled with ${watched.pendingSkus} SKU(s) short of the truth; daemon said: ${running.stderr().slice(-600)}`;
+    if (tally) {
+      const watched = await watchDaemon({
+        metricsUrl: `http://127.0.0.1:${metricsPort}/metrics`,
+        channel,
+        queue,
+        warmup,
+        expected: warmup + expected,
+        onWarm: async (at) => {
+          startedAt = at;
+          start = await sample();
+        },
+      });
+      metricsReads = watched.scrapes;
+      endedAt = watched.doneAt;
+      if (endedAt === null)
+        problem = `drain stalled: the daemon reported ${JSON.stringify(watched.last)} of ${warmup + expected} deliveries; daemon said: ${running.stderr().slice(-600)}`;
     } else {
       const timeout = sleep(timeoutMs, null, { ref: false });
-      const report = await Promise.race([running.done, timeout]).catch((error: Error) => {
-        problem = error.message;
-        return null;
-      });
+      const reached = async <T>(event: Promise<T>, what: string): Promise<T | null> => {
+        const report = await Promise.race([event, running.done.then(() => null as T | null), timeout]).catch((error: Error) => {
+          problem = error.message;
+          return null;
+        });
+        if (report === null) problem ??= `no ${what} report within ${timeoutMs} ms`;
+        return report;
+      };
+      if (warmup > 0) {
+        const warm = await reached(running.warm, 'warm');
+        if (warm !== null) {
+          startedAt = warm.at;
+          start = await sample();
+        }
+      }
+      const report = problem === undefined ? await reached(running.done, 'done') : null;
       if (report !== null) endedAt = report.at;
-      else problem ??= `no done report within ${timeoutMs} ms`;
-      if (report !== null && report.acked !== expected) problem = `acked ${report.acked} of ${expected}`;
+      if (report !== null && report.acked !== warmup + expected) problem = `acked ${report.acked} of ${warmup + expected}`;
     }
   } finally {
     await connection.close().catch(() => {});
   }
-  const cpu = running.alive() ? (await cpuSeconds(running.pid)) - cpuStart : Number.NaN;
+  const end = running.alive() ? await sample() : null;
   const rss = running.alive() ? await peakRssBytes(running.pid) : Number.NaN;
-  const redisCpuAfter = ctx.redisPrivate ? await sampleCpu(ctx.nodes) : null;
-  const commandsAfter = await sampleCommands(ctx.nodes);
+  const layout = running.layoutLine();
   const exit = await running.stop();
   if (exit.code !== 0 && problem === undefined) problem = `exited with ${exit.code ?? exit.signal} on SIGTERM: ${running.stderr().slice(-300)}`;
+  if (fill !== null && layout?.created !== false && problem === undefined)
+    problem = `the daemon did not find the filled prefix's layout: ${JSON.stringify(layout)}`;
   // Steady state: the contender has stopped (its connections, buffers and heartbeat are gone), what it wrote stays,
   // on a cluster's replicas too once they have applied their masters' stream.
   if (memoryBefore !== null) await settleReplicas(ctx.nodes);
@@ -186,13 +257,15 @@ export async function runDrain(ctx: AnyBenchContext, plan: DrainPlan): Promise<D
   const after = await queueState(ctx.amqpUrl, queue);
   if (after.messageCount !== 0 && problem === undefined) problem = `${after.messageCount} message(s) left unacked in the queue after the stop`;
   if (contender !== 'ceiling') {
+    // After the clock: the counts of the warm-up and the workload, exactly.
+    const truth = plan.warmup ? mergeTruths(plan.warmup.truth, workload.truth) : workload.truth;
     const counts = await readCounts(ctx.redis, { prefix, virtualShards: ctx.virtualShards }, []);
-    const check = compareWithTruth(counts, workload.truth);
-    if (!check.exact) problem = `${problem ? `${problem}; ` : ''}counts: ${describeTruthCheck(check, counts, workload.truth)}`;
+    const check = compareWithTruth(counts, truth);
+    if (!check.exact) problem = `${problem ? `${problem}; ` : ''}counts: ${describeTruthCheck(check, counts, truth)}`;
   }
 
   let memory: MarkerMemoryRecord | undefined;
-  if (plan.measureMarkers && contender !== 'ceiling' && problem === undefined) {
+  if (plan.measureMarkers && fill === null && contender !== 'ceiling' && problem === undefined) {
     // Markers of every contender: Tally's marker hashes (mk:) and the per-message keys (m:) of naive and batched.
     const measured = await measureMarkerMemory(ctx, `${escapeGlob(prefix)}m*:*`);
     if (measured) {
@@ -208,19 +281,37 @@ export async function runDrain(ctx: AnyBenchContext, plan: DrainPlan): Promise<D
   }
   await resetSpace(ctx, queue, prefix);
 
-  const seconds = endedAt === null ? Number.NaN : (endedAt - running.consumingAt) / 1000;
-  const redisCommands = contender === 'ceiling' || !ctx.redisPrivate ? null : sumValues(callsDelta(commandsBefore, commandsAfter)) - ownCommands;
+  const windowStart = start as WindowSample | null;
+  const seconds = endedAt === null || startedAt === null ? Number.NaN : (endedAt - startedAt) / 1000;
+  const commandsBefore = windowStart?.commands ?? new Map<string, number>();
+  const commandsAfter = end?.commands ?? new Map<string, number>();
+  const redisCpuBefore = windowStart?.redisCpu ?? null;
+  const redisCpuAfter = end?.redisCpu ?? null;
+  const redisCommands =
+    contender === 'ceiling' || !ctx.redisPrivate || windowStart === null || end === null
+      ? null
+      : sumValues(callsDelta(commandsBefore, commandsAfter)) - ownCommands;
+  const warmupFigures: WarmupFigures | null =
+    warmup > 0 && startedAt !== null
+      ? { deliveries: warmup, seconds: (startedAt - running.consumingAt) / 1000, msgPerSec: warmup / ((startedAt - running.consumingAt) / 1000) }
+      : null;
   const record: DrainRecord = {
     contender,
     round: plan.round,
     messages: expected,
     seconds,
     msgPerSec: expected / seconds,
-    cpuSeconds: cpu,
+    cpuSeconds: windowStart !== null && end !== null ? end.cpu - windowStart.cpu : Number.NaN,
+    mainThreadCpuSeconds: windowStart !== null && end !== null ? end.mainCpu - windowStart.mainCpu : Number.NaN,
     peakRssBytes: rss,
     redisCommands,
     redisMemoryBytes: memoryBefore === null || memoryAfter === null ? null : memoryAfter.masters - memoryBefore.masters,
     redisCpuSeconds: redisCpuBefore === null || redisCpuAfter === null ? null : redisCpuAfter.masters - redisCpuBefore.masters,
+    memoryDeliveries: warmup + expected,
+    ...(warmupFigures ? { warmup: warmupFigures } : {}),
+    ...(plan.variant ? { variant: plan.variant } : {}),
+    ...(fill !== null ? { steady: { ...fill, layoutFound: layout?.created === false } } : {}),
+    ...(metricsReads !== undefined ? { metricsReads } : {}),
     ...(ctx.nodes.topology === 'cluster' && memoryBefore && memoryAfter && redisCpuBefore && redisCpuAfter
       ? {
           cluster: {

@@ -17,7 +17,7 @@
  */
 import { setTimeout as sleep } from 'node:timers/promises';
 import amqp from 'amqplib';
-import { bucketOf, layoutKey, markerBucketKey, markerDigest, markerMetaKey, shardOf, subBucketOf } from '@tally/shared';
+import { bucketOf, layoutKey, markerBucketKey, markerDigest, markerMetaKey, markerShardOf, shardOf, subBucketOf } from '@tally/shared';
 import type { BenchContext } from './context.js';
 import { contextRunFields, prefixName, queueName } from './context.js';
 import { isTally, startContender } from './contenders.js';
@@ -55,10 +55,13 @@ interface Probe {
   readonly publishedAt: number;
 }
 
-function probeFor(ctx: BenchContext, body: Buffer, id: string, publishedAt: number): Probe {
+function probeFor(ctx: BenchContext, body: Buffer, id: string, publishedAt: number, messageScope: boolean): Probe {
+  const digest = markerDigest(id);
+  // Message-scoped markers (TALLY_MARKER_SCOPE=message): one, on the shard of the digest.
+  if (messageScope) return { shards: [markerShardOf(digest, ctx.virtualShards)], digest, publishedAt };
   const parsed = JSON.parse(body.toString('utf8')) as { changes: Array<{ sku: string }> };
   const shards = new Set(parsed.changes.map((c) => shardOf(c.sku, ctx.virtualShards)));
-  return { shards: [...shards], digest: markerDigest(id), publishedAt };
+  return { shards: [...shards], digest, publishedAt };
 }
 
 /**
@@ -153,6 +156,7 @@ export async function runLatency(ctx: BenchContext, plan: LatencyPlan): Promise<
   const latencies: number[] = [];
   let achievedRate: number;
   const tally = isTally(contender);
+  const messageScope = plan.tallyEnv?.TALLY_MARKER_SCOPE === 'message';
   try {
     await ensureQueue(connection, queue);
     const started = await startContender({
@@ -209,7 +213,8 @@ export async function runLatency(ctx: BenchContext, plan: LatencyPlan): Promise<
             timestamp: now,
             ...(publish.messageId !== undefined ? { messageId: publish.messageId } : {}),
           });
-          if (tally && sent % every === 0 && publish.id !== undefined && now >= measureFrom) outstanding.push(probeFor(ctx, publish.body, publish.id, now));
+          if (tally && sent % every === 0 && publish.id !== undefined && now >= measureFrom)
+            outstanding.push(probeFor(ctx, publish.body, publish.id, now, messageScope));
           sent++;
           if (!ok) await new Promise((resolve) => channel.once('drain', resolve));
         }

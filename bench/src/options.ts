@@ -53,6 +53,15 @@ export interface BenchOptions {
   readonly redisFigures: boolean;
   /** --scale-out only: replicas per master of the bench's cluster (--cluster-replicas, 1 by default; 0 shows what replication costs the masters). */
   readonly clusterReplicas: number;
+  /** Messages every contender drains first, outside the measured window (JIT, connections); 0: none. */
+  readonly warmupMessages: number;
+  /**
+   * --steady-state: after each round's drains, each Tally mode drains again
+   * on a prefix filled with the marker population the marker TTL holds at
+   * `steadyRate` msg/s (no latency runs or sweeps unless asked for).
+   */
+  readonly steadyState: boolean;
+  readonly steadyRate: number;
 }
 
 /** The workload flags of the command line, as the workload generator takes them. */
@@ -68,11 +77,15 @@ export function workloadShape(options: BenchOptions) {
   };
 }
 
+/** The contenders of a steady-state run unless --contenders says otherwise: the references the ratios need, and both modes. */
+export const STEADY_CONTENDERS: readonly ContenderName[] = ['ceiling', 'batched', 'tally-two-step', 'tally-atomic'];
+
 export class BenchUsageError extends Error {
   readonly code = 'BENCH_USAGE';
 }
 
 const FULL = {
+  warmupMessages: 5_000,
   markerTtls: [4, 8, 16, 32],
   rounds: 3,
   messages: 50_000,
@@ -83,6 +96,7 @@ const FULL = {
 };
 
 const QUICK = {
+  warmupMessages: 1_000,
   markerTtls: [] as number[],
   rounds: 1,
   messages: 4_000,
@@ -93,6 +107,9 @@ const QUICK = {
 };
 
 export const USAGE = `usage: pnpm bench [--quick] [flags]
+       pnpm bench --steady-state [--steady-rate N]  fresh drains, then each Tally mode again on a prefix filled with the
+                                                    marker population the marker TTL holds at N msg/s (20000); writes
+                                                    steady-state.md/.json (no latency runs or sweeps unless asked for)
        pnpm bench --profile [--profile-dir DIR]      drain once with Tally under --cpu-prof and summarize
        pnpm bench --summarize-profiles DIR          summarize existing .cpuprofile files
        pnpm bench --scale-out [--quick]             Tally atomic on a standalone Redis vs a 3-master cluster,
@@ -101,7 +118,8 @@ export const USAGE = `usage: pnpm bench [--quick] [flags]
                                                     per message, masters summed, replicas apart (full run: always)
                   [--cluster-replicas N]            replicas per master (1; 0 to see what replication costs)
 
-workload:  --messages N (50000; quick 4000)  --skus N (10000)  --zipf S (1)  --changes MIN-MAX (1-8)
+workload:  --warmup N (5000; quick 1000): drained first by every contender, outside the measured window; 0: none
+           --messages N (50000; quick 4000)  --skus N (10000)  --zipf S (1)  --changes MIN-MAX (1-8)
            --duplicate-rate R (0.02)  --seed N (1)
 rounds:    --rounds N (3; quick 1)  --contenders a,b (ceiling,naive,batched,tally-two-step,tally-atomic,tally-traced)
 latency:   --latency-seconds S (4; quick 1)  --loads F,F (0.1,0.25,0.5,0.75; quick none)
@@ -156,6 +174,9 @@ export function parseBenchArgs(argv: readonly string[], env: Readonly<Record<str
         help: { type: 'boolean', short: 'h' },
         profile: { type: 'boolean' },
         'scale-out': { type: 'boolean' },
+        'steady-state': { type: 'boolean' },
+        'steady-rate': { type: 'string' },
+        warmup: { type: 'string' },
         'redis-figures': { type: 'boolean' },
         'cluster-replicas': { type: 'string' },
         'profile-dir': { type: 'string' },
@@ -191,7 +212,9 @@ export function parseBenchArgs(argv: readonly string[], env: Readonly<Record<str
   }
   const v = parsed.values;
   const quick = v.quick === true;
-  const base = quick ? QUICK : FULL;
+  const steadyState = v['steady-state'] === true;
+  // A steady-state run is about the drains: no latency runs, sweeps or TTL sweep unless asked for.
+  const base = steadyState ? { ...(quick ? QUICK : FULL), loads: [], sweeps: [], markerTtls: [] } : quick ? QUICK : FULL;
   const [minChanges, maxChanges] = v.changes === undefined ? [1, 8] : range('changes', v.changes);
   const command: BenchCommand = v.help
     ? 'help'
@@ -204,7 +227,9 @@ export function parseBenchArgs(argv: readonly string[], env: Readonly<Record<str
           : 'run';
   for (const flag of ['redis-figures', 'cluster-replicas'] as const)
     if (v[flag] !== undefined && command !== 'scale-out') throw new BenchUsageError(`--${flag} goes with --scale-out`);
-  const contenders = list('contenders', v.contenders, CONTENDERS, (c) => {
+  if (steadyState && command !== 'run') throw new BenchUsageError('--steady-state goes with a plain run (not --profile, --scale-out or --summarize-profiles)');
+  if (v['steady-rate'] !== undefined && !steadyState) throw new BenchUsageError('--steady-rate goes with --steady-state');
+  const contenders = list('contenders', v.contenders, steadyState ? STEADY_CONTENDERS : CONTENDERS, (c) => {
     if (!(CONTENDERS as readonly string[]).includes(c)) throw new BenchUsageError(`--contenders accepts ${CONTENDERS.join(', ')}; got ${JSON.stringify(c)}`);
     return c as ContenderName;
   });
@@ -248,6 +273,9 @@ export function parseBenchArgs(argv: readonly string[], env: Readonly<Record<str
     contenders,
     redisFigures: command === 'scale-out' && (v['redis-figures'] === true || !quick),
     clusterReplicas: int('cluster-replicas', v['cluster-replicas'], 1, 0, 2),
+    warmupMessages: int('warmup', v.warmup, base.warmupMessages, 0, 1_000_000),
+    steadyState,
+    steadyRate: int('steady-rate', v['steady-rate'], 20_000, 1, 1_000_000),
     outDir: v.out ?? null,
     amqpUrl: v['amqp-url'] ?? env.TALLY_AMQP_URL ?? 'amqp://guest:guest@127.0.0.1:5672',
     redisUrl: v['redis-url'] ?? null,

@@ -2,7 +2,8 @@
  * CPU time and peak memory of a child process, read from /proc (Linux).
  * The parsers are pure; the readers are the thin I/O around them.
  * /proc/<pid>/stat of the main thread sums every thread of the process, so
- * the daemon's worker threads are included.
+ * the daemon's worker threads are included; /proc/<pid>/task/<pid>/stat is
+ * the main thread alone.
  */
 import { execFileSync } from 'node:child_process';
 import { readFile } from 'node:fs/promises';
@@ -55,4 +56,10 @@ export async function cpuSeconds(pid: number): Promise<number> {
 /** Peak resident set size of a process, in bytes. */
 export async function peakRssBytes(pid: number): Promise<number> {
   return parseStatusBytes(await readFile(`/proc/${pid}/status`, 'utf8'), 'VmHWM');
+}
+
+/** CPU seconds (user + system) one thread of a process has used so far: the main thread's tid is the pid. */
+export async function threadCpuSeconds(pid: number, tid: number = pid): Promise<number> {
+  const { utime, stime } = parseProcStat(await readFile(`/proc/${pid}/task/${tid}/stat`, 'utf8'));
+  return (utime + stime) / clockTicks();
 }

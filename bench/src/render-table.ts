@@ -30,6 +30,7 @@ export function renderSummaryTable(summary: readonly ContenderSummary[]): string
     'p50 ms',
     'p99 ms',
     'CPU µs / msg',
+    'main thread µs / msg',
     'Redis CPU µs / msg',
     'peak RSS MB',
     'Redis cmds / msg',
@@ -46,6 +47,7 @@ export function renderSummaryTable(summary: readonly ContenderSummary[]): string
     cell(s.p50Ms, 1),
     cell(s.p99Ms, 1),
     cell(s.cpuSecondsPerMillion, 1),
+    cell(s.mainThreadCpuUsPerMessage, 1),
     cell(s.redisCpuUsPerMessage, 1),
     cell(s.peakRssMb, 0),
     cell(s.redisCommandsPerMessage, 2),
@@ -54,6 +56,103 @@ export function renderSummaryTable(summary: readonly ContenderSummary[]): string
     s.correct ? 'yes' : 'NO',
   ]);
   return markdownTable(header, rows);
+}
+
+/**
+ * The fresh and steady-state figures side by side: the references, then
+ * each Tally mode fresh and on the steady-state population.
+ */
+export function renderSteadyTable(summary: readonly ContenderSummary[]): string {
+  const header = [
+    'contender',
+    'msg/s',
+    '× ceiling',
+    '× batched',
+    'CPU µs / msg',
+    'main thread µs / msg',
+    'Redis CPU µs / msg',
+    'Redis cmds / msg',
+    'Redis B / msg',
+    'markers held before',
+    'warm-up s (msg/s)',
+    'counted correctly',
+  ];
+  const byContender = (s: ContenderSummary) => summary.findIndex((t) => t.contender === s.contender);
+  const order = [...summary].sort((a, b) => byContender(a) - byContender(b) || (a.variant === b.variant ? 0 : a.variant === 'fresh' ? -1 : 1));
+  const rows = order.map((s) => [
+    s.label,
+    cell(s.msgPerSec),
+    cell(s.ratioToCeiling, 2),
+    cell(s.ratioToBatched, 2),
+    cell(s.cpuSecondsPerMillion, 1),
+    cell(s.mainThreadCpuUsPerMessage, 1),
+    cell(s.redisCpuUsPerMessage, 1),
+    cell(s.redisCommandsPerMessage, 2),
+    cell(s.redisBytesPerMessage, 0),
+    Number.isFinite(s.steadyMarkers) ? `${cell(s.steadyMarkers / 1e6, 1)} M` : '0',
+    Number.isFinite(s.warmupSeconds) ? `${cell(s.warmupSeconds, 2)} (${cell(s.warmupMsgPerSec)})` : 'none',
+    s.correct ? 'yes' : 'NO',
+  ]);
+  return markdownTable(header, rows);
+}
+
+/** Per steady-state drain: the population it started on and what the fill took. */
+export function renderFillTable(results: Pick<BenchResults, 'drains'>): string {
+  const header = [
+    'round',
+    'contender',
+    'rate msg/s',
+    'parts / msg',
+    'live buckets',
+    'current bucket full',
+    'markers',
+    'hashes',
+    'sub-buckets',
+    'fill s',
+    'fill MB',
+    'layout found',
+  ];
+  const rows = results.drains
+    .filter((d) => d.steady !== undefined)
+    .map((d) => {
+      const f = d.steady!;
+      return [
+        String(d.round + 1),
+        d.contender,
+        cell(f.rate),
+        cell(f.partsPerMessage, 2),
+        String(f.liveBuckets),
+        `${cell(f.currentFraction * 100, 0)} %`,
+        cell(f.markers),
+        cell(f.hashes),
+        f.subBuckets[0] === f.subBuckets[1] ? String(f.subBuckets[0]) : `${f.subBuckets[0]}–${f.subBuckets[1]}`,
+        cell(f.fillSeconds, 1),
+        cell(f.fillBytes / 1e6, 0),
+        f.layoutFound ? 'yes' : 'NO',
+      ];
+    });
+  return markdownTable(header, rows);
+}
+
+/** The whole steady-state.md. */
+export function renderSteadyReport(results: BenchResults): string {
+  const w = results.options as { workload?: Record<string, unknown>; steadyRate?: number; warmupMessages?: number } | undefined;
+  return [
+    `# Tally benchmark: fresh and steady state`,
+    '',
+    `${results.startedAt} to ${results.finishedAt}; ${results.machine.cpus} cores, Node ${results.machine.node}, private redis-server ${results.machine.redis}; ${results.rounds} round(s), contenders alternating; medians over rounds, ratios taken pair by pair within a round against the fresh ceiling and batched drains.`,
+    '',
+    w?.workload ? `Workload: \`${JSON.stringify(w.workload)}\`; warm-up: ${w.warmupMessages ?? 0} messages per drain, outside the window.` : '',
+    `Steady state: before its drain, the prefix holds the marker population the marker TTL holds at ${cell(w?.steadyRate ?? Number.NaN)} msg/s.`,
+    '',
+    renderSteadyTable(results.summary),
+    '',
+    '## Steady-state fills',
+    '',
+    renderFillTable(results),
+    '',
+    ...(results.problems.length > 0 ? ['## Problems', '', ...results.problems.map((p) => `- ${p}`), ''] : []),
+  ].join('\n');
 }
 
 export function renderSweepTable(sweeps: readonly SweepRecord[]): string {

@@ -48,8 +48,50 @@ export interface DrainRecord {
   readonly cluster?: ClusterDrainFigures;
   /** Private Redis only: what the Redis figures are made of (sums over a cluster's masters). */
   readonly redisDetail?: RedisDrainDetail;
+  /** 'steady': the drain ran on a prefix filled with the steady-state marker population first (--steady-state). */
+  readonly variant?: DrainVariant;
+  /** utime + stime of the consumer's main thread alone (/proc/<pid>/task/<pid>/stat) over the drain. */
+  readonly mainThreadCpuSeconds?: number;
+  /** The warm-up the contender drained first, outside the measured window (absent: none). */
+  readonly warmup?: WarmupFigures;
+  /** Deliveries whose writes redisMemoryBytes holds: the warm-up's and the drain's (absent: `messages`). */
+  readonly memoryDeliveries?: number;
+  /** --steady-state: the population the prefix held before the drain. */
+  readonly steady?: SteadyFillRecord;
+  /** Reads of the daemon's /metrics the bench made to find the window's ends (Tally only). */
+  readonly metricsReads?: number;
   readonly correct: boolean;
   readonly problem?: string;
+}
+
+export type DrainVariant = 'fresh' | 'steady';
+
+export interface WarmupFigures {
+  readonly deliveries: number;
+  /** From the contender consuming to it having acked the warm-up. */
+  readonly seconds: number;
+  readonly msgPerSec: number;
+}
+
+/** The marker population a steady-state drain started on (marker-fill.ts), and what filling it took. */
+export interface SteadyFillRecord {
+  /** Messages per second the population is that of. */
+  readonly rate: number;
+  readonly markerTtlS: number;
+  readonly bucketWidthS: number;
+  readonly partsPerMessage: number;
+  readonly liveBuckets: number;
+  /** Elapsed fraction of the bucket of now when it was filled. */
+  readonly currentFraction: number;
+  readonly markers: number;
+  readonly hashes: number;
+  /** Sub-buckets of each shard's buckets (openBucket's rule), lowest and highest over the shards. */
+  readonly subBuckets: readonly [number, number];
+  readonly fillSeconds: number;
+  /** used_memory the fill added. */
+  readonly fillBytes: number;
+  /** The daemon found the layout the fill wrote ("shard layout verified", created false). */
+  readonly layoutFound: boolean;
 }
 
 export interface RedisDrainDetail {
@@ -132,6 +174,7 @@ export interface SweepRecord {
 
 export interface ContenderSummary {
   readonly contender: ContenderName;
+  readonly variant: DrainVariant;
   readonly label: string;
   readonly rounds: number;
   readonly msgPerSec: number;
@@ -142,6 +185,14 @@ export interface ContenderSummary {
   readonly p99Ms: number;
   readonly latencyMethod?: string;
   readonly cpuSecondsPerMillion: number;
+  /** The main thread alone, µs per message (NaN where not measured). */
+  readonly mainThreadCpuUsPerMessage: number;
+  /** The warm-up drained before the measured window: its median duration and rate (NaN: none). */
+  readonly warmupSeconds: number;
+  readonly warmupMsgPerSec: number;
+  /** Steady state: median markers the prefix held before the drain, and seconds the fill took (NaN: fresh). */
+  readonly steadyMarkers: number;
+  readonly fillSeconds: number;
   readonly peakRssMb: number;
   readonly redisCommandsPerMessage: number;
   /** Redis used_memory left by the drain, per message drained (duplicates included, as the issue measures). */
@@ -171,42 +222,62 @@ export function summarize(
   memory: readonly MarkerMemoryRecord[],
   rounds: number,
 ): ContenderSummary[] {
-  const rate = (c: ContenderName) => byRound(drains, c, rounds, (d) => d.msgPerSec);
+  const fresh = drains.filter((d) => (d.variant ?? 'fresh') === 'fresh');
+  const steady = drains.filter((d) => d.variant === 'steady');
+  const rate = (c: ContenderName) => byRound(fresh, c, rounds, (d) => d.msgPerSec);
   const ceiling = rate('ceiling');
   const naive = rate('naive');
   const batched = rate('batched');
-  return contenders.map((contender) => {
-    const mine = drains.filter((d) => d.contender === contender);
-    const half = latencies.filter((l) => l.contender === contender && l.round !== null && l.correct);
-    const marks = memory.filter((m) => m.contender === contender);
-    const correct = mine.length > 0 && mine.every((d) => d.correct) && latencies.filter((l) => l.contender === contender).every((l) => l.correct);
+  const row = (contender: ContenderName, variant: DrainVariant, mine: readonly DrainRecord[]): ContenderSummary => {
+    const half = variant === 'fresh' ? latencies.filter((l) => l.contender === contender && l.round !== null && l.correct) : [];
+    const marks = variant === 'fresh' ? memory.filter((m) => m.contender === contender) : [];
+    const correct =
+      mine.length > 0 && mine.every((d) => d.correct) && (variant === 'steady' || latencies.filter((l) => l.contender === contender).every((l) => l.correct));
+    const per = (field: (d: DrainRecord) => number | null) => median(finite(byRound(mine, contender, rounds, field)));
+    const mineRate = byRound(mine, contender, rounds, (d) => d.msgPerSec);
     return {
       contender,
-      label: CONTENDER_LABELS[contender],
+      variant,
+      label: variant === 'steady' ? `${CONTENDER_LABELS[contender]}, steady state` : CONTENDER_LABELS[contender],
       rounds: mine.length,
-      msgPerSec: median(finite(rate(contender))),
-      ratioToCeiling: medianRatio(rate(contender), ceiling),
-      ratioToNaive: medianRatio(rate(contender), naive),
-      ratioToBatched: medianRatio(rate(contender), batched),
+      msgPerSec: median(finite(mineRate)),
+      ratioToCeiling: medianRatio(mineRate, ceiling),
+      ratioToNaive: medianRatio(mineRate, naive),
+      ratioToBatched: medianRatio(mineRate, batched),
       p50Ms: median(half.map((l) => l.p50Ms)),
       p99Ms: median(half.map((l) => l.p99Ms)),
       ...(half.length > 0 ? { latencyMethod: half[0]!.method } : {}),
-      cpuSecondsPerMillion: median(finite(byRound(drains, contender, rounds, (d) => (d.messages > 0 ? (d.cpuSeconds * 1e6) / d.messages : null)))),
-      peakRssMb: median(finite(byRound(drains, contender, rounds, (d) => d.peakRssBytes / (1024 * 1024)))),
-      redisCommandsPerMessage: median(
-        finite(byRound(drains, contender, rounds, (d) => (d.redisCommands === null || d.messages === 0 ? null : d.redisCommands / d.messages))),
-      ),
-      redisBytesPerMessage: median(
-        finite(byRound(drains, contender, rounds, (d) => (d.redisMemoryBytes === null || d.messages === 0 ? null : d.redisMemoryBytes / d.messages))),
-      ),
-      redisCpuUsPerMessage: median(
-        finite(byRound(drains, contender, rounds, (d) => (d.redisCpuSeconds === null || d.messages === 0 ? null : (d.redisCpuSeconds * 1e6) / d.messages))),
-      ),
+      cpuSecondsPerMillion: per((d) => (d.messages > 0 ? (d.cpuSeconds * 1e6) / d.messages : null)),
+      mainThreadCpuUsPerMessage: per((d) => (d.mainThreadCpuSeconds === undefined || d.messages === 0 ? null : (d.mainThreadCpuSeconds * 1e6) / d.messages)),
+      warmupSeconds: per((d) => d.warmup?.seconds ?? null),
+      warmupMsgPerSec: per((d) => d.warmup?.msgPerSec ?? null),
+      steadyMarkers: per((d) => d.steady?.markers ?? null),
+      fillSeconds: per((d) => d.steady?.fillSeconds ?? null),
+      peakRssMb: per((d) => d.peakRssBytes / (1024 * 1024)),
+      redisCommandsPerMessage: per((d) => (d.redisCommands === null || d.messages === 0 ? null : d.redisCommands / d.messages)),
+      // The memory holds the warm-up's writes too: per delivery written.
+      redisBytesPerMessage: per((d) => {
+        const deliveries = d.memoryDeliveries ?? d.messages;
+        return d.redisMemoryBytes === null || deliveries === 0 ? null : d.redisMemoryBytes / deliveries;
+      }),
+      redisCpuUsPerMessage: per((d) => (d.redisCpuSeconds === null || d.messages === 0 ? null : (d.redisCpuSeconds * 1e6) / d.messages)),
       markerBytesPerMarker: median(marks.map((m) => m.bytesPerMarker)),
       markerBytesPerMessage: median(marks.map((m) => m.bytesPerMessage)),
       correct,
     };
-  });
+  };
+  const rows = contenders.map((contender) =>
+    row(
+      contender,
+      'fresh',
+      fresh.filter((d) => d.contender === contender),
+    ),
+  );
+  for (const contender of contenders) {
+    const mine = steady.filter((d) => d.contender === contender);
+    if (mine.length > 0) rows.push(row(contender, 'steady', mine));
+  }
+  return rows;
 }
 
 export interface BenchResults {
@@ -214,6 +285,8 @@ export interface BenchResults {
   readonly startedAt: string;
   readonly finishedAt: string;
   readonly quick: boolean;
+  /** --steady-state: the summary has a steady-state row per Tally mode (written to steady-state.json/.md). */
+  readonly steadyState?: boolean;
   readonly machine: { readonly cpus: number; readonly node: string; readonly redis: string };
   readonly options: unknown;
   readonly rounds: number;

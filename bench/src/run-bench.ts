@@ -26,6 +26,9 @@ import {
   type SweepRecord,
 } from './results.js';
 import { median } from './stats.js';
+import { steadyPrepare } from './steady-state.js';
+import { evenShares, partsPerMessageByShard } from './steady-population.js';
+import type { Change, TallyMode } from '@tally/shared';
 import { generateWorkload, type Workload, type WorkloadOptions } from '@tally/workload';
 
 /** Rotates the contender order by the round, so no contender always runs first (or right after the broker's preload). */
@@ -74,12 +77,33 @@ export async function runBench(options: BenchOptions, log: (line: string) => voi
     log(
       `workload: ${workload.publishes.length} deliveries (${workload.good} messages + ${workload.duplicates} duplicates), ${workload.truth.size} SKUs counted`,
     );
+    // Drained first by every contender, from the same queue: its own ids and seed, the same shape.
+    const warmup =
+      options.warmupMessages > 0
+        ? generateWorkload({ ...workloadOptions, messages: options.warmupMessages, seed: options.seed + 7_919, idPrefix: 'warm' })
+        : undefined;
+    if (warmup) log(`warm-up: ${warmup.publishes.length} deliveries drained by every contender before its measured window`);
+    // The workload's parts per message on each virtual shard: the steady-state population has the same spread.
+    // Message-scoped markers: one per message, spread evenly by digest.
+    const shares = !options.steadyState
+      ? []
+      : options.tallyEnv.TALLY_MARKER_SCOPE === 'message'
+        ? evenShares(1, ctx.virtualShards)
+        : partsPerMessageByShard(
+            workload.publishes.filter((p) => p.kind === 'good').map((p) => (JSON.parse(p.body.toString('utf8')) as { changes: Change[] }).changes),
+            ctx.virtualShards,
+          );
+    if (options.steadyState)
+      log(
+        `steady state: the population of ${options.steadyRate} msg/s × ${shares.reduce((a, b) => a + b, 0).toFixed(2)} parts per message over the live buckets, filled before each Tally mode's steady drain`,
+      );
 
     const record = (r: DrainRecord) => {
       drains.push(r);
       const rate = Number.isFinite(r.msgPerSec) ? `${Math.round(r.msgPerSec)} msg/s` : 'no rate';
+      const warm = r.warmup ? `  (warm-up ${r.warmup.seconds.toFixed(2)} s, ${Math.round(r.warmup.msgPerSec)} msg/s)` : '';
       log(
-        `  ${r.contender.padEnd(15)} ${rate.padStart(12)}  ${r.seconds.toFixed(2)} s  cpu ${r.cpuSeconds.toFixed(2)} s  ${r.correct ? 'correct' : `PROBLEM: ${r.problem}`}`,
+        `  ${r.contender.padEnd(15)}${r.variant === 'steady' ? ' steady' : ''} ${rate.padStart(12)}  ${r.seconds.toFixed(2)} s  cpu ${r.cpuSeconds.toFixed(2)} s${warm}  ${r.correct ? 'correct' : `PROBLEM: ${r.problem}`}`,
       );
       if (!r.correct) problems.push(`round ${r.round + 1}, ${r.contender}: ${r.problem}`);
     };
@@ -105,11 +129,35 @@ export async function runBench(options: BenchOptions, log: (line: string) => voi
     for (let round = 0; round < options.rounds; round++) {
       log(`round ${round + 1}/${options.rounds}: drains`);
       for (const contender of roundOrder(contenders, round)) {
-        const outcome = await runDrain(ctx, { contender, round, label: `r${round}`, workload, measureMarkers: true });
+        const outcome = await runDrain(ctx, { contender, round, label: `r${round}`, workload, measureMarkers: true, ...(warmup ? { warmup } : {}) });
         record(outcome.record);
         if (outcome.memory) memory.push(outcome.memory);
         if (contender === 'ceiling' && outcome.record.correct) ceilingRates.push(outcome.record.msgPerSec);
       }
+      if (options.steadyState) {
+        log(`round ${round + 1}/${options.rounds}: steady-state drains`);
+        for (const contender of roundOrder(contenders.filter(isTally), round)) {
+          const mode: TallyMode = contender === 'tally-atomic' ? 'atomic' : 'two-step';
+          const outcome = await runDrain(ctx, {
+            contender,
+            round,
+            label: `ss${round}`,
+            workload,
+            variant: 'steady',
+            prepare: steadyPrepare(ctx, {
+              mode,
+              rate: options.steadyRate,
+              shares,
+              seed: options.seed + round,
+              // At 3,000 msg/s (below what a steady-state drain here has done), plus the preload and the stop.
+              drainBudgetS: (workload.publishes.length + (warmup?.publishes.length ?? 0)) / 3_000 + 15,
+            }),
+            ...(warmup ? { warmup } : {}),
+          });
+          record(outcome.record);
+        }
+      }
+      if (options.steadyState) continue;
       const thisCeiling = drains.find((d) => d.round === round && d.contender === 'ceiling' && d.correct)?.msgPerSec ?? fallbackRate();
       const rate = Math.round(thisCeiling / 2);
       log(`round ${round + 1}/${options.rounds}: latency at half the ceiling's rate (${rate} msg/s)`);
@@ -197,6 +245,7 @@ export async function runBench(options: BenchOptions, log: (line: string) => voi
       startedAt,
       finishedAt: new Date().toISOString(),
       quick: options.quick,
+      steadyState: options.steadyState,
       machine: { cpus: cpus().length, node: process.versions.node, redis: `${redisVersion}${ctx.redisPrivate ? '' : ' (shared: command counts approximate)'}` },
       options: {
         workload: {
@@ -209,6 +258,8 @@ export async function runBench(options: BenchOptions, log: (line: string) => voi
         },
         prefetch: options.prefetch,
         tallyEnv: options.tallyEnv,
+        warmupMessages: options.warmupMessages,
+        ...(options.steadyState ? { steadyRate: options.steadyRate } : {}),
         ackEvery: options.ackEvery,
         ackWaitMs: options.ackWaitMs,
         latencySeconds: options.latencySeconds,

@@ -1,15 +1,101 @@
 /**
- * Watching the daemon from outside, since it reports nothing per message:
- * a drain is over when Redis holds every count of the truth and the queue
- * has no ready message. The markers and acks of the last batches follow
- * within one Redis round trip; the stop afterwards (SIGTERM finishes and
- * acks what is in flight) and the empty-queue check after it prove they did.
+ * When a Tally drain is over.
+ *
+ * watchDaemon (the drains): by the daemon's own report, its /metrics
+ * (TALLY_METRICS_PORT): deliveries received and not yet acked. Nothing
+ * reads Redis meanwhile, so Redis's CPU over the drain is Tally's alone.
+ * While the broker still holds ready messages of the phase watched (its
+ * queue depth, `checkQueue`: a cost of RabbitMQ's, not Tally's), the daemon
+ * is not asked anything; from then on its /metrics is read every few ms
+ * until every delivery of the phase is acked: the clock stops at that
+ * read, within one interval of the last ack. The warm-up's end is found the
+ * same way, where the measured window starts.
+ *
+ * watchCounts (the latency runs): from outside, by Redis: every count of the
+ * truth there and no ready message in the queue.
  */
 import { setTimeout as sleep } from 'node:timers/promises';
 import type amqp from 'amqplib';
 import { countKey, shardOf } from '@tally/shared';
 import type { AnyBenchContext } from './context.js';
+import { parseDaemonProgress, type DaemonProgress } from './daemon-metrics.js';
 import { keyGroups } from './key-groups.js';
+
+export interface DaemonWatchPlan {
+  /** http://127.0.0.1:<TALLY_METRICS_PORT>/metrics */
+  readonly metricsUrl: string;
+  readonly channel: amqp.Channel;
+  readonly queue: string;
+  /** Deliveries of the warm-up at the head of the queue (0: none). */
+  readonly warmup: number;
+  /** Deliveries in the queue in all, the warm-up's included. */
+  readonly expected: number;
+  /** Called as soon as the warm-up is seen acked: where the measured window starts (the caller samples CPU there). */
+  readonly onWarm?: (at: number) => Promise<void>;
+  readonly scrapeIntervalMs?: number;
+  readonly brokerIntervalMs?: number;
+  readonly stallMs?: number;
+}
+
+export interface DaemonWatch {
+  /** Epoch ms of the read that saw the warm-up acked; null without a warm-up or on a stall before it. */
+  readonly warmAt: number | null;
+  /** Epoch ms of the read that saw every delivery acked; null on a stall. */
+  readonly doneAt: number | null;
+  /** /metrics reads made (each costs the daemon a little CPU). */
+  readonly scrapes: number;
+  /** The last progress the daemon reported, for a stall's message. */
+  readonly last: DaemonProgress | null;
+}
+
+export async function watchDaemon(plan: DaemonWatchPlan): Promise<DaemonWatch> {
+  const scrapeMs = plan.scrapeIntervalMs ?? 10;
+  const brokerMs = plan.brokerIntervalMs ?? 25;
+  const stallMs = plan.stallMs ?? 15_000;
+  let scrapes = 0;
+  let last: DaemonProgress | null = null;
+  const scrape = async (): Promise<DaemonProgress & { at: number }> => {
+    scrapes++;
+    const response = await fetch(plan.metricsUrl);
+    const progress = parseDaemonProgress(await response.text());
+    last = progress;
+    return { ...progress, at: Date.now() };
+  };
+  // Until the broker's ready count is at most `left`; false on a stall (no change for stallMs).
+  const readyAtMost = async (left: number): Promise<boolean> => {
+    let seen = Number.NaN;
+    let since = Date.now();
+    for (;;) {
+      const { messageCount } = await plan.channel.checkQueue(plan.queue);
+      if (messageCount <= left) return true;
+      if (messageCount !== seen) [seen, since] = [messageCount, Date.now()];
+      else if (Date.now() - since > stallMs) return false;
+      await sleep(brokerMs);
+    }
+  };
+  // Until the daemon reports `done`; the read that saw it, or null on a stall.
+  const until = async (done: (p: DaemonProgress) => boolean): Promise<number | null> => {
+    let seen = Number.NaN;
+    let since = Date.now();
+    for (;;) {
+      const p = await scrape();
+      if (done(p)) return p.at;
+      if (p.acked !== seen) [seen, since] = [p.acked, Date.now()];
+      else if (Date.now() - since > stallMs) return null;
+      await sleep(scrapeMs);
+    }
+  };
+  let warmAt: number | null = null;
+  if (plan.warmup > 0) {
+    if (!(await readyAtMost(plan.expected - plan.warmup))) return { warmAt, doneAt: null, scrapes, last };
+    warmAt = await until((p) => p.acked >= plan.warmup);
+    if (warmAt === null) return { warmAt, doneAt: null, scrapes, last };
+    await plan.onWarm?.(warmAt);
+  }
+  if (!(await readyAtMost(0))) return { warmAt, doneAt: null, scrapes, last };
+  const doneAt = await until((p) => p.received >= plan.expected && p.inFlight === 0);
+  return { warmAt, doneAt, scrapes, last };
+}
 
 export interface WatchResult {
   /** Epoch ms when the drain was seen complete; null on a stall. */

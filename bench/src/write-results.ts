@@ -1,14 +1,26 @@
-/** Writes a run's files: latest.json, latest.md and the two SVG charts. */
+/** Writes a run's files: latest.json, latest.md and the two SVG charts; or, for --steady-state, steady-state.json and .md. */
 import { mkdir, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { latencyVsLoadChart, markerMemoryVsTtlChart, throughputVsBatchChart } from './charts.js';
-import { renderReport } from './render-table.js';
+import { renderReport, renderSteadyReport } from './render-table.js';
 import type { BenchResults } from './results.js';
+
+const json = (results: BenchResults) =>
+  `${JSON.stringify(results, (_, value: unknown) => (typeof value === 'number' && !Number.isFinite(value) ? null : value), 2)}\n`;
 
 export async function writeResults(dir: string, results: BenchResults, latencyTargetMs: number): Promise<string[]> {
   await mkdir(dir, { recursive: true });
+  // A steady-state run has no latency runs or sweeps of its own (unless asked for): its own files, latest.* left alone.
+  if (results.steadyState) {
+    const steady: Array<[string, string]> = [
+      ['steady-state.json', json(results)],
+      ['steady-state.md', renderSteadyReport(results)],
+    ];
+    for (const [name, text] of steady) await writeFile(join(dir, name), text);
+    return steady.map(([name]) => join(dir, name));
+  }
   const files: Array<[string, string]> = [
-    ['latest.json', `${JSON.stringify(results, (_, value: unknown) => (typeof value === 'number' && !Number.isFinite(value) ? null : value), 2)}\n`],
+    ['latest.json', json(results)],
     ['latest.md', renderReport(results)],
     ['throughput-vs-batch.svg', throughputVsBatchChart(results)],
     ['latency-vs-load.svg', latencyVsLoadChart(results, latencyTargetMs)],

@@ -5,6 +5,7 @@ import type { ContenderSummary } from '../src/results.js';
 
 const row = (over: Partial<ContenderSummary>): ContenderSummary => ({
   contender: 'tally-two-step',
+  variant: 'fresh',
   label: 'Tally two-step',
   rounds: 3,
   msgPerSec: 15_234.4,
@@ -14,6 +15,11 @@ const row = (over: Partial<ContenderSummary>): ContenderSummary => ({
   p50Ms: 61.25,
   p99Ms: 120.5,
   cpuSecondsPerMillion: 98.4,
+  mainThreadCpuUsPerMessage: 40.1,
+  warmupSeconds: 0.8,
+  warmupMsgPerSec: 6_000,
+  steadyMarkers: Number.NaN,
+  fillSeconds: Number.NaN,
   peakRssMb: 180.2,
   redisCommandsPerMessage: 3.456,
   redisBytesPerMessage: 141.6,
@@ -45,7 +51,7 @@ describe('markdown table', () => {
     ]);
     const lines = table.split('\n');
     expect(lines).to.have.length(5);
-    expect(lines[2]).to.equal('| Tally two-step | 15,234 | 0.76 | 5.12 | 1.43 | 61.3 | 120.5 | 98.4 | 5.3 | 180 | 3.46 | 142 | 480 | yes |');
+    expect(lines[2]).to.equal('| Tally two-step | 15,234 | 0.76 | 5.12 | 1.43 | 61.3 | 120.5 | 98.4 | 40.1 | 5.3 | 180 | 3.46 | 142 | 480 | yes |');
     expect(lines[3]).to.match(/^\| Tally atomic \| n\/a \|.*\| NO \|$/);
     expect(lines[4]).to.match(/\| NO \|$/);
     for (const line of lines) expect(line.split(/(?<!\\)\|/).length).to.equal(lines[0]!.split('|').length);

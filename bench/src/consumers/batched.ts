@@ -19,10 +19,11 @@
 import amqp, { type ConsumeMessage } from 'amqplib';
 import { Redis } from 'ioredis';
 import { countKey, shardOf } from '@tally/shared';
-import { onTerminate, readSettings, report } from './protocol.js';
+import { onTerminate, readSettings, report, warmupReporter } from './protocol.js';
 
 const BATCH = 500;
 const settings = readSettings(process.env);
+const warmed = warmupReporter(settings.warmup);
 const prefix = settings.prefix ?? 'bench:batched:';
 const markerTtlS = settings.markerTtlS ?? 600;
 const countTtlS = settings.countTtlS ?? 2_592_000;
@@ -87,6 +88,7 @@ async function runBatch(batch: readonly ConsumeMessage[]): Promise<void> {
   }
   channel.ack(batch[batch.length - 1]!, true);
   acked += batch.length;
+  warmed(acked);
   if (settings.recordLatency) {
     const now = Date.now();
     for (const message of batch) {

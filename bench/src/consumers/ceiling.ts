@@ -7,9 +7,10 @@
  * machine. Runs as its own process so its CPU and RSS are its own.
  */
 import amqp, { type ConsumeMessage } from 'amqplib';
-import { onTerminate, readSettings, report } from './protocol.js';
+import { onTerminate, readSettings, report, warmupReporter } from './protocol.js';
 
 const settings = readSettings(process.env);
+const warmed = warmupReporter(settings.warmup);
 const connection = await amqp.connect(settings.amqpUrl, { clientProperties: { connection_name: 'tally-bench-ceiling' } });
 const channel = await connection.createChannel();
 await channel.prefetch(settings.prefetch);
@@ -36,6 +37,7 @@ function flush(): void {
   acked += unacked;
   unacked = 0;
   last = null;
+  warmed(acked);
   if (acked === settings.expected) {
     report({ event: 'done', at: now, acked, duplicates: 0, ...(settings.recordLatency ? { samples } : {}) });
   }

@@ -16,9 +16,10 @@
 import amqp, { type ConsumeMessage } from 'amqplib';
 import { Redis } from 'ioredis';
 import { countKey, shardOf } from '@tally/shared';
-import { onTerminate, readSettings, report } from './protocol.js';
+import { onTerminate, readSettings, report, warmupReporter } from './protocol.js';
 
 const settings = readSettings(process.env);
+const warmed = warmupReporter(settings.warmup);
 const prefix = settings.prefix ?? 'bench:naive:';
 const markerTtlS = settings.markerTtlS ?? 600;
 const countTtlS = settings.countTtlS ?? 2_592_000;
@@ -62,6 +63,7 @@ async function handle(message: ConsumeMessage): Promise<void> {
   }
   channel.ack(message);
   acked++;
+  warmed(acked);
   if (settings.recordLatency) {
     const stamp = Number(message.properties.timestamp);
     samples.push([stamp, Date.now() - stamp]);

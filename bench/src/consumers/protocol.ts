@@ -12,6 +12,12 @@ export interface ConsumerSettings {
   readonly prefetch: number;
   /** Deliveries the run must ack; the consumer reports `done` when it has. */
   readonly expected: number;
+  /**
+   * Deliveries of the warm-up load at the head of the queue (part of
+   * `expected`): the consumer reports `warm` once it has acked that many, and
+   * the bench's measured window starts there. 0 or absent: no warm-up.
+   */
+  readonly warmup?: number;
   /** Record publish-timestamp-to-ack latency of every delivery (latency runs only). */
   readonly recordLatency: boolean;
   /** ceiling: multiple-ack every this many deliveries... */
@@ -28,6 +34,7 @@ export interface ConsumerSettings {
 
 export type ConsumerReport =
   | { readonly event: 'consuming'; readonly at: number }
+  | { readonly event: 'warm'; readonly at: number; readonly acked: number }
   | {
       readonly event: 'done';
       readonly at: number;
@@ -45,6 +52,16 @@ export function readSettings(env: NodeJS.ProcessEnv): ConsumerSettings {
 
 export function report(line: ConsumerReport): void {
   process.stdout.write(`${JSON.stringify(line)}\n`);
+}
+
+/** Call after every ack with the total acked: reports `warm` the first time the total reaches the warm-up's deliveries. */
+export function warmupReporter(warmup: number | undefined): (acked: number) => void {
+  let pending = (warmup ?? 0) > 0;
+  return (acked) => {
+    if (!pending || acked < warmup!) return;
+    pending = false;
+    report({ event: 'warm', at: Date.now(), acked });
+  };
 }
 
 /** Exits on SIGTERM after `close`, like the daemon does. */

@@ -9,7 +9,7 @@
  */
 import { randomUUID } from 'node:crypto';
 import amqp, { type ChannelModel, type ConfirmChannel, type ConsumeMessage, type Message } from 'amqplib';
-import { describeError, redactUrl, retryUntilDone, TallyError, type QueueType } from '@tally/shared';
+import { DEAD_AT_HEADER, describeError, redactUrl, retryUntilDone, TallyError, type QueueType } from '@tally/shared';
 import { brokerRefusal } from './broker-refusal.js';
 import type { ChannelLink } from './delivery.js';
 import type { Logger } from './logger.js';
@@ -74,6 +74,8 @@ export class AmqpLink {
   private unroutableDeadLetters = 0;
   /** Ids of dead-letter copies the broker returned and whose confirm has not come yet. */
   private readonly returnedDeadLetters = new Set<string>();
+  /** The first dead-letter attempt's time per message (x-tally-dead-at); gone with the message. */
+  private readonly deadLetterAttempts = new WeakMap<ConsumeMessage, number>();
 
   constructor(
     private readonly options: AmqpLinkOptions,
@@ -252,6 +254,8 @@ export class AmqpLink {
     const options = copyPublishOptions(properties, {
       ...(properties.headers ?? {}),
       'x-tally-reason': reason,
+      // The first attempt's time, right after the batch that marked what was counted of it (replay-guard.ts).
+      [DEAD_AT_HEADER]: this.firstDeadLetterAttempt(message),
       'x-tally-source-queue': this.options.queue,
       [DEAD_LETTER_ID_HEADER]: id,
     });
@@ -271,6 +275,16 @@ export class AmqpLink {
         reject(error);
       }
     });
+  }
+
+  /** When the first publish of a message's dead-letter copy was attempted (a retry keeps it). */
+  private firstDeadLetterAttempt(message: ConsumeMessage): number {
+    let at = this.deadLetterAttempts.get(message);
+    if (at === undefined) {
+      at = Date.now();
+      this.deadLetterAttempts.set(message, at);
+    }
+    return at;
   }
 
   /** Stops new deliveries; what is in flight stays acknowledgeable. Waits at most `timeoutMs` for the broker's cancel-ok. */

@@ -8,7 +8,7 @@ import { parseArgs } from 'node:util';
 import { CliUsageError, classifyRedisFailure, loadConfig, RedisRequirementError, type RedisFailure } from '@tally/shared';
 import { connectRedis, startTracing, type RedisClient } from '@tally/runtime';
 import { countsToJson, readCounts } from './commands/counts.js';
-import { deadList, deadListText, deadReplay, deadReplayText, deadSubcommand } from './commands/dead.js';
+import { deadList, deadListText, deadReplay, deadReplayText, deadReplayWarning, deadSubcommand, EXIT_REPLAY_REFUSED } from './commands/dead.js';
 import { deviationEstimate, deviationText } from './commands/deviation.js';
 import { publishCommand } from './commands/publish.js';
 import { readStatsReport, statsText } from './commands/stats.js';
@@ -38,12 +38,17 @@ const HELP = Object.freeze({
   --id-prefix P  --truth FILE (write the expected counts as JSON)
   with tracing on (OTEL_* as for the daemon) each message gets a producer span and its traceparent header`,
   dead: `usage: tally dead list [--json] [--reason CODE] [--limit N]
-       tally dead replay [--reason CODE] [--limit N] [--json]
+       tally dead replay [--reason CODE] [--limit N] [--force] [--json]
   list      counts of <TALLY_QUEUE>.dead by reason, and the first N (20) messages with id and reason;
             the messages are read and requeued in one step, in their order (docs/operations.md)
   replay    move the matching dead letters (all, or --reason CODE, at most --limit N) back to TALLY_QUEUE:
-            each copy is confirmed by the broker before the dead one is removed; the rest stay in order
-  CODE      a reason code (oversized-body, malformed-json, missing-id, ... see README) or "unknown"`,
+            each copy is confirmed by the broker before the dead one is removed; the rest stay in order.
+            A dead letter that may have been counted (count-refused, delivery-limit, rejected, expired,
+            maxlen, unknown) is kept in place once its markers may have expired (older than
+            TALLY_MARKER_TTL_S): one line on stderr names the overcount it risks, exit 3
+  --force   replay those too (each may be counted twice); said on stderr, counted as forced_replays
+  CODE      a reason code (oversized-body, malformed-json, missing-id, count-refused, delivery-limit, ...
+            see README) or "unknown"`,
   status: `usage: tally status [--json]
   live daemons from their heartbeats (host, pid, mode, version, consuming, oldest unacked age, last beat),
   the prefix's layout, and the queue's depth and consumers
@@ -95,15 +100,34 @@ async function main(argv: string[]): Promise<void> {
     const [sub, ...flags] = rest;
     const { values } = parseArgs({
       args: flags,
-      options: { json: { type: 'boolean', default: false }, reason: { type: 'string' }, limit: { type: 'string' } },
+      options: {
+        json: { type: 'boolean', default: false },
+        reason: { type: 'string' },
+        limit: { type: 'string' },
+        force: { type: 'boolean', default: false },
+      },
       strict: true,
     });
-    if (deadSubcommand(sub) === 'list') {
+    const subcommand = deadSubcommand(sub);
+    if (values.force && subcommand !== 'replay') throw new CliUsageError('--force applies to dead replay only');
+    if (subcommand === 'list') {
       const report = await deadList(values, config);
       out(values.json ? JSON.stringify(report) : deadListText(report));
-    } else {
-      const report = await deadReplay(values, config);
+      return;
+    }
+    // Redis for the prefix's marker layout and the forced_replays counter (commands/dead.ts).
+    const redis = await cliRedis(config.redisUrl);
+    const explain = explainRedisFailures(redis);
+    try {
+      const report = await deadReplay(values, config, redis);
       out(values.json ? JSON.stringify(report) : deadReplayText(report));
+      const warning = deadReplayWarning(report);
+      if (warning !== null) process.stderr.write(`tally: ${warning}\n`);
+      if (report.refused.messages > 0) process.exitCode = EXIT_REPLAY_REFUSED;
+    } catch (error) {
+      throw explain(error);
+    } finally {
+      redis.disconnect();
     }
     return;
   }

@@ -18,9 +18,10 @@ import type { Logger } from './logger.js';
 import type { DeliveryPipeline } from './pipeline/delivery-pipeline.js';
 import { judgeReadiness, type ReadinessVerdict } from './readiness.js';
 import type { RedisProbeReport } from './redis-probe.js';
-import { openRuntime, StartInterrupted, type Runtime } from './runtime.js';
+import { openRuntime, StartInterrupted, type DaemonOptions, type Runtime } from './runtime.js';
 
 export { CLOSE_BUDGET_MS } from './close-steps.js';
+export type { DaemonOptions } from './runtime.js';
 
 /**
  * Where the daemon is, with what exists in that state and nothing else:
@@ -53,6 +54,7 @@ export class Daemon {
   constructor(
     private readonly config: TallyConfig,
     private readonly log: Logger,
+    private readonly options: DaemonOptions = {},
   ) {
     this.closeSteps = new CloseSteps(log);
   }
@@ -162,6 +164,7 @@ export class Daemon {
         daemonId: this.daemonId,
         claimToken: this.claimToken,
         closeSteps: this.closeSteps,
+        options: this.options,
         interrupted: () => !this.stillStarting(),
         stopping: () => this.lifecycle.state === 'stopping',
         readyz: () => {

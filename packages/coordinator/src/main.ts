@@ -8,16 +8,19 @@
  *   1   start refused (a Redis or broker that cannot keep the promise, a
  *       layout or mode mismatch) or a fatal error while running
  *   2   configuration error (one line naming the variable)
- *   70  forced exit: the stop did not end within TALLY_SHUTDOWN_GRACE_MS plus
- *       SHUTDOWN_MARGIN_MS, or a second signal; unfinished work stays unacked
+ *   70  EX_SOFTWARE: a bug of Tally's own (invariant 13, bug-exit.ts: the
+ *       stack logged once at level fatal, nothing acked after it), or a forced
+ *       exit (the stop did not end within TALLY_SHUTDOWN_GRACE_MS plus
+ *       SHUTDOWN_MARGIN_MS, or a second signal); unfinished work stays unacked
  */
-import { isTallyError, loadConfig, type TallyConfig } from '@tally/shared';
+import { classifyError, isTallyError, loadConfig, loadFaultInjection, type FaultInjection, type TallyConfig } from '@tally/shared';
 import { startTracing } from '@tally/runtime';
+import { EX_SOFTWARE, exitOnBug } from './bug-exit.js';
 import { CLOSE_BUDGET_MS, Daemon } from './daemon.js';
 import { createLogger } from './logger.js';
 
 /** Exit codes, as documented above. */
-const EXIT = Object.freeze({ stopped: 0, fatal: 1, config: 2, forced: 70 });
+const EXIT = Object.freeze({ stopped: 0, fatal: 1, config: 2, forced: EX_SOFTWARE });
 /**
  * The backstop after the grace period: the daemon's own closing steps are
  * bounded by CLOSE_BUDGET_MS in total; this is the last resort if something
@@ -31,8 +34,10 @@ function fail(code: number, line: string): never {
 }
 
 let config: TallyConfig;
+let faults: FaultInjection;
 try {
   config = loadConfig(process.env);
+  faults = loadFaultInjection(process.env);
 } catch (error) {
   fail(EXIT.config, `configuration error: ${error instanceof Error ? error.message : String(error)}`);
 }
@@ -48,7 +53,8 @@ if (tracing)
     },
     'tracing on',
   );
-const daemon = new Daemon(config, log);
+const onBug = exitOnBug(log);
+const daemon = new Daemon(config, log, { onBug, injectBug: faults.bug });
 
 async function stopAll(): Promise<void> {
   await daemon.stop();
@@ -83,15 +89,24 @@ function onSignal(signal: NodeJS.Signals): void {
 }
 process.on('SIGTERM', onSignal);
 process.on('SIGINT', onSignal);
+// Unacked work is redelivered, so dying loudly is safer than limping on: a
+// bug exits 70 with its stack, anything else 1 (node's own default for an
+// uncaught exception).
 process.on('unhandledRejection', (reason) => {
-  // Unacked work is redelivered, so dying loudly is safer than limping on.
+  if (classifyError(reason) === 'bug') onBug(reason, 'unhandled rejection');
   log.fatal({ err: reason instanceof Error ? reason.stack : String(reason) }, 'unhandled rejection');
+  process.exit(EXIT.fatal);
+});
+process.on('uncaughtException', (error) => {
+  if (classifyError(error) === 'bug') onBug(error, 'uncaught exception');
+  log.fatal({ err: error.stack ?? String(error) }, 'uncaught exception');
   process.exit(EXIT.fatal);
 });
 
 try {
   await daemon.start();
 } catch (error) {
+  if (classifyError(error) === 'bug') onBug(error, 'start');
   const message = error instanceof Error ? error.message : String(error);
   log.fatal({ err: message, code: isTallyError(error) ? error.code : undefined }, 'start failed');
   await daemon.stop(0).catch(() => {});

@@ -13,6 +13,7 @@ import {
   describeError,
   describeRefusal,
   isServerRefusal,
+  classifyError,
   isTallyError,
   MarkerFormatRefusedError,
   redactUrl,
@@ -20,10 +21,12 @@ import {
   retryUntilDone,
   RETRY_STOPPED,
   WindowGauge,
+  type InjectedBug,
   type TallyConfig,
 } from '@tally/shared';
 import { createRedisClient, type RedisClient } from '@tally/runtime';
 import { AmqpLink } from './amqp-link.js';
+import type { BugHandler } from './bug-exit.js';
 import { STEP_TIMEOUT_MS, type CloseStep, type CloseSteps } from './close-steps.js';
 import { DEFAULT_SAMPLING, ExposureMeter } from './exposure-meter.js';
 import { Heartbeat, HEARTBEAT_TTL_BEATS } from './heartbeat.js';
@@ -85,6 +88,19 @@ export interface RuntimeContext {
   stopping(): boolean;
   /** What /readyz answers. */
   readyz(): { ready: boolean; detail: Record<string, unknown> };
+  /** What main.ts gives the daemon besides its configuration: the bug handler and fault injection. */
+  readonly options: DaemonOptions;
+}
+
+/** What main.ts gives the daemon besides its configuration. */
+export interface DaemonOptions {
+  /**
+   * Told of a bug met on the batch or delivery path (bug-exit.ts): main.ts
+   * logs it and exits 70. By default the error is rethrown.
+   */
+  readonly onBug?: BugHandler;
+  /** TALLY_FAULT_BUG=main (config.ts loadFaultInjection): each delivery makes the ack tracker throw. */
+  readonly injectBug?: InjectedBug | null;
 }
 
 /** A stop came while the daemon was starting: what was opened is closed, the start ends without running. */
@@ -269,7 +285,7 @@ export async function openRuntime(context: RuntimeContext): Promise<{ runtime: R
   );
   // The prefix's recorded marker scope, not TALLY_MARKER_SCOPE: every daemon of a prefix must split messages alike.
   const delivery = new DeliveryPipeline(
-    { ...config, recordedMarkerScope: layout.markers.scope },
+    { ...config, recordedMarkerScope: layout.markers.scope, injectBug: context.options.injectBug ?? null },
     {
       runner: pools,
       acker: amqp,
@@ -278,6 +294,7 @@ export async function openRuntime(context: RuntimeContext): Promise<{ runtime: R
       exposure,
       metrics: telemetry?.metrics ?? null,
       log,
+      ...(context.options.onBug === undefined ? {} : { onBug: context.options.onBug }),
     },
   );
   closeSteps.add({ name: 'closing amqp', timeoutMs: STEP_TIMEOUT_MS + 100, run: () => amqp.close(STEP_TIMEOUT_MS) });
@@ -366,7 +383,7 @@ async function untilRedis<T>(context: RuntimeContext, what: string, step: () => 
         context.log.warn({ what, attempt, delayMs, failureClass, err: describeError(error) }, 'redis unavailable; retrying'),
     });
   } catch (error) {
-    if (isTallyError(error)) throw error;
+    if (isTallyError(error) || classifyError(error) === 'bug') throw error;
     throw new RedisRequirementError(
       'TALLY_REDIS_NOPERM',
       `Redis refused the ${what}: ${describeError(error)}; grant the user what docs/redis-requirements.md lists (ACL SETUSER <user> ~<TALLY_PREFIX>* +@read +@write +@scripting +@connection +info +time)`,

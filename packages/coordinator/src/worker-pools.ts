@@ -1,5 +1,14 @@
 import { Piscina } from 'piscina';
-import { ClassifiedFailure, ownerOf, type BatchReply, type BatchResult, type ThreadEvent, type WireBatchTask, type WorkerSettings } from '@tally/shared';
+import {
+  ClassifiedFailure,
+  isBatchReply,
+  ownerOf,
+  UnknownReplyError,
+  type BatchResult,
+  type ThreadEvent,
+  type WireBatchTask,
+  type WorkerSettings,
+} from '@tally/shared';
 import { WORKER_THREAD_FILE } from '@tally/worker';
 
 /**
@@ -44,14 +53,17 @@ export class WorkerPools {
 
   /**
    * Runs a batch on its owner thread. A failure the thread reported comes
-   * back as a ClassifiedFailure with the class the thread gave it; a thread
-   * that died rejects with piscina's "worker exited" error (transient).
+   * back as a ClassifiedFailure with the class (and, for a bug, the stack)
+   * the thread gave it; a thread that died rejects with piscina's "worker
+   * exited" error (transient); an answer of an unknown shape is a bug
+   * (UnknownReplyError).
    */
   async run(task: WireBatchTask): Promise<BatchResult> {
     if (this.destroyed) throw new Error('worker threads stopped');
     const pool = this.pools[ownerOf(task.vshard, this.pools.length)]!;
-    const reply = (await pool.run(task)) as BatchReply;
-    if (!reply.ok) throw new ClassifiedFailure(reply.failureClass, reply.message);
+    const reply: unknown = await pool.run(task);
+    if (!isBatchReply(reply)) throw new UnknownReplyError('a worker thread', reply);
+    if (!reply.ok) throw new ClassifiedFailure(reply.failureClass, reply.message, reply.stack);
     return reply.result;
   }
 

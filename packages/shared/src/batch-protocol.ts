@@ -199,11 +199,38 @@ export interface BatchResult {
  * its class decided in the thread: an error thrown across the thread
  * boundary arrives as a plain Error (a Redis ReplyError loses its name), and
  * the coordinator must still tell a `data` failure (isolate the parts and
- * dead-letter them) from a `transient` one (retry) and a `fatal` one (retry
- * visibly).
+ * dead-letter them) from a `transient` one (retry), a `fatal` one (retry
+ * visibly) and a `bug` (stop the process: exit 70, ack nothing more).
+ * `stack` is the original error's, sent for a `bug` so that the one fatal
+ * line names where in the thread it happened.
  */
 export type BatchReply =
-  { readonly ok: true; readonly result: BatchResult } | { readonly ok: false; readonly failureClass: FailureClass; readonly message: string };
+  | { readonly ok: true; readonly result: BatchResult }
+  | { readonly ok: false; readonly failureClass: FailureClass; readonly message: string; readonly stack?: string };
+
+const FAILURE_CLASSES: readonly string[] = ['transient', 'fatal', 'data', 'bug'];
+
+/**
+ * Whether a thread's answer has the shape of a BatchReply. The coordinator
+ * checks before it trusts one: an answer of another shape (a thread built
+ * from other sources, a protocol change on one side only) is a bug, not a
+ * batch that may be retried (UnknownReplyError).
+ */
+export function isBatchReply(reply: unknown): reply is BatchReply {
+  if (reply === null || typeof reply !== 'object') return false;
+  const candidate = reply as { ok?: unknown; result?: unknown; failureClass?: unknown; message?: unknown; stack?: unknown };
+  if (candidate.ok === true) {
+    const result = candidate.result as { marked?: unknown; refusals?: unknown } | null | undefined;
+    return typeof result === 'object' && result !== null && result.marked instanceof Uint8Array && Array.isArray(result.refusals);
+  }
+  return (
+    candidate.ok === false &&
+    typeof candidate.failureClass === 'string' &&
+    FAILURE_CLASSES.includes(candidate.failureClass) &&
+    typeof candidate.message === 'string' &&
+    (candidate.stack === undefined || typeof candidate.stack === 'string')
+  );
+}
 
 /**
  * What a worker thread posts to the coordinator while a batch is still

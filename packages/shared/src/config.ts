@@ -423,11 +423,28 @@ export interface FaultInjection {
    * not count, so a rerun always gets through. null: off.
    */
   readonly threadExitAfterWrite: number | null;
+  /**
+   * TALLY_FAULT_BUG=thread|main: a programming error of Tally's own, for the
+   * test of invariant 13 (a bug is not an outage). `thread`: every batch a
+   * worker thread runs throws a TypeError before it writes anything. `main`:
+   * every delivery makes the coordinator's ack tracker throw its RangeError
+   * (a delivery tag out of sequence) in the consumer callback. Either way the
+   * daemon must log the stack once, ack nothing and exit 70. null: off.
+   */
+  readonly bug: InjectedBug | null;
 }
+
+export const INJECTED_BUGS = Object.freeze(['thread', 'main'] as const);
+export type InjectedBug = (typeof INJECTED_BUGS)[number];
 
 export function loadFaultInjection(env: Env = process.env): FaultInjection {
   const raw = read(env, 'TALLY_FAULT_THREAD_EXIT_AFTER_WRITE');
+  const bug = read(env, 'TALLY_FAULT_BUG');
+  if (bug !== undefined && !(INJECTED_BUGS as readonly string[]).includes(bug)) {
+    throw new ConfigError('TALLY_FAULT_BUG', `expected one of ${INJECTED_BUGS.join(', ')}, got ${JSON.stringify(bug)}`);
+  }
   return Object.freeze({
     threadExitAfterWrite: raw === undefined ? null : integer(env, 'TALLY_FAULT_THREAD_EXIT_AFTER_WRITE', 0, [1, 1_000_000_000]),
+    bug: (bug ?? null) as InjectedBug | null,
   });
 }

@@ -30,6 +30,19 @@ export const COUNTERS = Object.freeze({
 } as const);
 
 export type CounterName = keyof typeof COUNTERS;
+
+/**
+ * Counters that commands, not daemons, move, in the same `<prefix>stats`
+ * hash: `tally stats` shows them; the daemons' metrics do not export them
+ * (a daemon's since-start figure of them would always be 0).
+ */
+export const OPERATOR_COUNTERS = Object.freeze({
+  forced_replays:
+    'dead letters `tally dead replay --force` moved back although they may have been counted and their markers may have expired: each may be counted a second time',
+} as const);
+
+export type OperatorCounterName = keyof typeof OPERATOR_COUNTERS;
+export const OPERATOR_COUNTER_NAMES = Object.freeze(Object.keys(OPERATOR_COUNTERS) as OperatorCounterName[]);
 export const COUNTER_NAMES = Object.freeze(Object.keys(COUNTERS) as CounterName[]);
 
 export type CounterValues = Record<CounterName, number>;

@@ -19,6 +19,14 @@ import { BAD_MESSAGE_REASONS } from './message.js';
  */
 export const COUNT_REFUSED = 'count-refused';
 
+/**
+ * When Tally dead-lettered a message (ms since the epoch, the daemon's
+ * clock), set on the copy it publishes to `<queue>.dead`. `tally dead
+ * replay` reads it to tell whether the markers of what was counted of the
+ * message (a `count-refused` message's other parts) may have expired.
+ */
+export const DEAD_AT_HEADER = 'x-tally-dead-at';
+
 /** Every code Tally itself writes in `x-tally-reason`. */
 export const TALLY_DEAD_REASONS: readonly string[] = Object.freeze([...BAD_MESSAGE_REASONS, COUNT_REFUSED]);
 

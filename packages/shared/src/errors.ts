@@ -15,6 +15,8 @@ export type TallyErrorCode =
   | 'TALLY_CLI_USAGE'
   | 'TALLY_QUEUE_MISSING'
   | 'TALLY_REPLAY_REFUSED'
+  /** A script or a worker thread replied with something Tally's code does not understand: a bug (failure class `bug`). */
+  | 'TALLY_UNKNOWN_REPLY'
   | RedisRequirementCode;
 
 /**
@@ -114,6 +116,29 @@ export class ReplayRefusedError extends TallyError {
   constructor(message: string) {
     super('TALLY_REPLAY_REFUSED', message);
   }
+}
+
+/**
+ * A Lua script or a worker thread replied with a shape the code reading it
+ * does not know (a field missing, a flag out of range). Not an outage and not
+ * a refusal: the two sides of Tally disagree, which no retry fixes, so it is
+ * classified `bug` (failure-class.ts) and stops the process (exit 70).
+ */
+export class UnknownReplyError extends TallyError {
+  constructor(what: string, reply: unknown) {
+    super('TALLY_UNKNOWN_REPLY', `${what} replied with an unknown shape: ${preview(reply)}`);
+  }
+}
+
+/** At most 200 characters of a value, for an error message; never throws. */
+function preview(value: unknown): string {
+  let text: string;
+  try {
+    text = JSON.stringify(value) ?? String(value);
+  } catch {
+    text = Object.prototype.toString.call(value);
+  }
+  return text.length > 200 ? `${text.slice(0, 200)}…` : text;
 }
 
 export function isTallyError(error: unknown): error is TallyError {

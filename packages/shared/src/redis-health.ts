@@ -47,5 +47,6 @@ export function describeRefusal(error: unknown): { errorType: string; failureCla
 
 /** Whether a failure is the server's state (worth /readyz and the gauge) rather than the data's, which is dead-lettered. */
 export function isServerRefusal(failureClass: FailureClass): boolean {
-  return failureClass !== 'data';
+  // Neither the data's (dead-lettered) nor Tally's own bug (the process stops).
+  return failureClass === 'transient' || failureClass === 'fatal';
 }

@@ -26,7 +26,9 @@ export interface RetryOptions {
   readonly classify?: (error: unknown) => FailureClass;
   /**
    * Failures for which this returns true are rethrown at once instead of
-   * retried. By default nothing is: every failure waits and retries.
+   * retried. By default nothing is: every failure waits and retries, except
+   * a `bug`, which is always rethrown at once whatever this says (a
+   * programming error is not an outage; invariant 13).
    * This is where a caller gives up on a `fatal` start-up refusal or hands a
    * `data` refusal to dead-lettering.
    */
@@ -60,7 +62,7 @@ export async function retryUntilDone<T>(step: (attempt: number) => Promise<T>, o
       return await step(attempt);
     } catch (error) {
       const failureClass = classify(error);
-      if (giveUp?.(failureClass, error)) throw error;
+      if (failureClass === 'bug' || giveUp?.(failureClass, error)) throw error;
       if (stopWhen?.()) return RETRY_STOPPED;
       const delayMs = backoffDelay(attempt, backoff, random);
       onAttemptFailed?.({ error, attempt, failureClass, delayMs });

@@ -1,5 +1,5 @@
 import { expect } from 'chai';
-import { decodeBatchTask, encodeBatchTask, markerDigest, type PartChanges } from '../src/index.js';
+import { decodeBatchTask, encodeBatchTask, isBatchReply, markerDigest, type PartChanges } from '../src/index.js';
 
 describe('batch protocol (the thread boundary)', () => {
   it('round-trips parts, ids with any characters, empty and big parts, and the traceparent', () => {
@@ -43,5 +43,31 @@ describe('batch protocol (the thread boundary)', () => {
       /left over/,
     );
     expect(() => decodeBatchTask({ vshard: 1, batchId: 'b', parts: 2, flat: ['m-1', 0, 'm-2', 0], digests: digests.subarray(0, 16) })).to.throw(/digest bytes/);
+  });
+});
+
+describe('isBatchReply', () => {
+  const result = { vshard: 1, marked: new Uint8Array(2), refusals: [], writeRetries: 0 };
+  it('accepts the two shapes a thread answers with', () => {
+    expect(isBatchReply({ ok: true, result })).to.equal(true);
+    expect(isBatchReply({ ok: false, failureClass: 'transient', message: 'Connection is closed.' })).to.equal(true);
+    expect(isBatchReply({ ok: false, failureClass: 'bug', message: 'x', stack: 'TypeError: x\n    at f' })).to.equal(true);
+  });
+
+  it('refuses anything else, so the coordinator reports it as a bug instead of trusting it', () => {
+    for (const reply of [
+      undefined,
+      null,
+      'ok',
+      { ok: 'yes', result },
+      { ok: true },
+      { ok: true, result: { ...result, marked: [1, 1] } },
+      { ok: true, result: { marked: new Uint8Array(1) } },
+      { ok: false, failureClass: 'outage', message: 'x' },
+      { ok: false, failureClass: 'bug' },
+      { ok: false, failureClass: 'bug', message: 'x', stack: 42 },
+    ]) {
+      expect(isBatchReply(reply), JSON.stringify(reply)).to.equal(false);
+    }
   });
 });

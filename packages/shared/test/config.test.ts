@@ -25,6 +25,7 @@ const BAD_VALUES: ReadonlyArray<readonly [variable: string, values: readonly str
   ['TALLY_PREFIX', ['{tally}:', 'a{b', 'a}b', 'tally*', 'tal?y', 'x[1]', 'a b', 'back\\slash', '', 'p'.repeat(65), 'préfix']],
   ['TALLY_BATCH_MAX_CHANGES', ['0', '-5', '10000001', 'many', '1.5']],
   ['TALLY_FAULT_THREAD_EXIT_AFTER_WRITE', ['0', '-1', 'yes', '2.5']],
+  ['TALLY_FAULT_BUG', ['yes', 'THREAD', 'worker', 'main,thread']],
   ['TALLY_MODE', ['bogus', 'ATOMIC', 'TWO-STEP', 'two_step', 'atomic-mode']],
   ['TALLY_WORKERS', ['0', '65', '-1', 'four', '2.5', '1e1', '0x4']],
   ['TALLY_PREFETCH', ['0', '65536', 'lots', '10.0']],
@@ -356,5 +357,11 @@ describe('loadFaultInjection', () => {
   it('is off unless TALLY_FAULT_THREAD_EXIT_AFTER_WRITE is set, and reads it as a positive count', () => {
     expect(loadFaultInjection({}).threadExitAfterWrite).to.equal(null);
     expect(loadFaultInjection({ TALLY_FAULT_THREAD_EXIT_AFTER_WRITE: '3' }).threadExitAfterWrite).to.equal(3);
+  });
+
+  it('injects no bug unless TALLY_FAULT_BUG names where: thread or main', () => {
+    expect(loadFaultInjection({}).bug).to.equal(null);
+    expect(loadFaultInjection({ TALLY_FAULT_BUG: 'thread' }).bug).to.equal('thread');
+    expect(loadFaultInjection({ TALLY_FAULT_BUG: 'main' }).bug).to.equal('main');
   });
 });

@@ -1,6 +1,7 @@
+import { AssertionError, strict as assert } from 'node:assert';
 import { expect } from 'chai';
-import { CliUsageError, ConfigError, describeError } from '../src/errors.js';
-import { classifyError, classifyRedisReply, isRedisReplyError, type FailureClass } from '../src/failure-class.js';
+import { CliUsageError, ConfigError, describeError, UnknownReplyError } from '../src/errors.js';
+import { ClassifiedFailure, classifyError, classifyRedisReply, isProgrammingError, isRedisReplyError, type FailureClass } from '../src/failure-class.js';
 
 /** Shaped as ioredis raises a server's error line: a ReplyError named so. */
 function replyError(message: string): Error {
@@ -58,6 +59,60 @@ describe('classifyError', () => {
     expect(classifyError(new Error('Command timed out'))).to.equal('transient');
     expect(classifyError(new Error('WRONGTYPE but not a reply'))).to.equal('transient');
     expect(classifyError('a thrown string')).to.equal('transient');
+  });
+
+  it("classifies Tally's own programming errors as bug: the built-in error types, node:assert, an unknown reply shape", () => {
+    const thrown = (run: () => unknown): unknown => {
+      try {
+        run();
+      } catch (error) {
+        return error;
+      }
+      throw new Error('did not throw');
+    };
+    const real = [
+      thrown(() => (undefined as unknown as { parts: number }).parts),
+      thrown(() => new Array(-1)),
+      thrown(() => (0).toFixed(101)),
+      thrown(() => JSON.parse('{')),
+      thrown(() => assert.equal(1, 2)),
+      thrown(() => assert.ok(false)),
+      thrown(() => structuredClone(() => 0)),
+    ];
+    const classes = real.map((error) => [(error as Error).name, classifyError(error)]);
+    expect(classes).to.deep.equal([
+      ['TypeError', 'bug'],
+      ['RangeError', 'bug'],
+      ['RangeError', 'bug'],
+      ['SyntaxError', 'bug'],
+      ['AssertionError', 'bug'],
+      ['AssertionError', 'bug'],
+      // structuredClone's DataCloneError is a DOMException, not one of ours: an unknown Error stays transient.
+      ['DataCloneError', 'transient'],
+    ]);
+    expect(classifyError(new ReferenceError('x is not defined'))).to.equal('bug');
+    expect(classifyError(new AssertionError({ message: 'parts add up' }))).to.equal('bug');
+    const unknownReply = new UnknownReplyError('write_counts.lua', ['written', 'extra', { a: 1 }]);
+    expect(unknownReply.code).to.equal('TALLY_UNKNOWN_REPLY');
+    expect(classifyError(unknownReply), 'a TallyError, but a bug rather than a refusal').to.equal('bug');
+    expect(isProgrammingError(new Error('plain'))).to.equal(false);
+  });
+
+  it('keeps the class a thread gave a failure, and the stack of where it happened', () => {
+    const original = new TypeError("Cannot read properties of undefined (reading 'parts')");
+    const crossed = new ClassifiedFailure('bug', original.message, original.stack);
+    expect(classifyError(crossed)).to.equal('bug');
+    expect(crossed.stack).to.equal(original.stack);
+    expect(classifyError(new ClassifiedFailure('transient', 'Connection is closed.'))).to.equal('transient');
+    expect(new ClassifiedFailure('data', 'WRONGTYPE').stack).to.match(/^ClassifiedFailure: WRONGTYPE/);
+  });
+
+  it('does not take an error for a bug by its message: only its type, name or code', () => {
+    expect(classifyError(new Error('TypeError: something'))).to.equal('transient');
+    expect(classifyError(replyError('ERR user_script:1: Script attempted to access nonexistent global variable'))).to.equal('fatal');
+    const named = new Error('x');
+    named.name = 'AssertionError';
+    expect(classifyError(named)).to.equal('bug');
   });
 
   it('treats a TallyError as fatal', () => {

@@ -109,6 +109,38 @@ describe('retryUntilDone', () => {
     expect(failures).to.have.length(1);
   });
 
+  it('never retries a bug, whatever giveUp says: rethrown at once, no wait, no report', async () => {
+    for (const bug of [new TypeError("Cannot read properties of undefined (reading 'marked')"), new RangeError('delivery tag 7 out of sequence')]) {
+      const clock = fakeClock();
+      const { step, attempts } = failing([bug], 'never');
+      const asked: FailureClass[] = [];
+      const failures: FailedAttempt[] = [];
+      const thrown = await retryUntilDone(step, {
+        sleep: clock.sleep,
+        giveUp: (failureClass) => {
+          asked.push(failureClass);
+          return false;
+        },
+        onAttemptFailed: (f) => failures.push(f),
+      }).then(
+        () => null,
+        (error: unknown) => error,
+      );
+      expect(thrown).to.equal(bug);
+      expect(attempts, bug.name).to.deep.equal([0]);
+      expect(clock.slept).to.deep.equal([]);
+      expect(failures).to.deep.equal([]);
+      expect(asked, 'giveUp is not even asked').to.deep.equal([]);
+    }
+    // Without any giveUp, and after transient failures were retried.
+    const clock = fakeClock();
+    const bug = new TypeError('x is not a function');
+    const { step, attempts } = failing([new Error('Connection is closed.'), bug], 'never');
+    await retryUntilDone(step, { sleep: clock.sleep, random: () => 0 }).catch(() => {});
+    expect(attempts).to.deep.equal([0, 1]);
+    expect(clock.slept).to.deep.equal([50]);
+  });
+
   it("classifies with the caller's classifier when one is given", async () => {
     const clock = fakeClock();
     const { step } = failing([new Error('anything')], 'ok');

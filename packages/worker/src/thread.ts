@@ -64,17 +64,30 @@ function batchHooks(): BatchHooks {
   };
 }
 
+/** TALLY_FAULT_BUG=thread (config.ts): every batch meets a real TypeError before it writes anything. */
+const injectBug = loadFaultInjection(process.env).bug === 'thread';
+
 export default async function processBatch(wire: WireBatchTask): Promise<BatchReply> {
-  const task = decodeBatchTask(wire);
   try {
+    // Inside the try: a task this thread cannot decode is a bug of the protocol, and is reported as one.
+    const task = decodeBatchTask(wire);
+    if (injectBug) injectedTypeError(task);
     if (task.traceparent === undefined) return { ok: true, result: await runBatch(task) };
     // The coordinator's tally.batch span becomes the parent of this thread's spans.
     const parent = propagation.extract(ROOT_CONTEXT, { traceparent: task.traceparent });
     return { ok: true, result: await context.with(parent, () => runBatch(task)) };
   } catch (error) {
     // Classified here, where the error still has its type (batch-protocol.ts BatchReply).
-    return { ok: false, failureClass: classifyError(error), message: describeError(error) };
+    const failureClass = classifyError(error);
+    const stack = failureClass === 'bug' && error instanceof Error ? error.stack : undefined;
+    return { ok: false, failureClass, message: describeError(error), ...(stack === undefined ? {} : { stack }) };
   }
+}
+
+/** What a slip in this file would do: read a property of something that is not there. */
+function injectedTypeError(task: BatchTask): void {
+  const missing = (task as unknown as { faultInjection?: { parts: number } }).faultInjection;
+  log.debug({ parts: missing!.parts }, 'unreachable: the line above throws');
 }
 
 /**

@@ -16,11 +16,17 @@
  * message at a time. A crash between the confirm and the ack leaves at most
  * that one message in both queues: the copy counts, the dead one is replayed
  * again later and its marker recognises it (within TALLY_MARKER_TTL_S).
+ *
+ * A dead letter that may have been counted and whose markers may have
+ * expired (replay-guard.ts, invariant 15) is not moved: it is kept in place
+ * like one of another reason, unless `force`, which moves it and reports
+ * each one (`onForced`) before its dead copy is acked.
  */
 import amqp, { type ConfirmChannel, type GetMessage, type Options } from 'amqplib';
-import { QueueMissingError, redactUrl, ReplayRefusedError, TallyError } from '@tally/shared';
+import { DEAD_AT_HEADER, QueueMissingError, redactUrl, ReplayRefusedError, TallyError } from '@tally/shared';
 import { copyPublishOptions } from '../message-copy.js';
 import { describeDeadLetter, DeadLetterSummary, REASON_HEADER, type DeadLetterEntry } from './dead-summary.js';
+import { replayVerdict, RiskSummary, type ReplayPolicy } from './replay-guard.js';
 
 export interface DeadQueueTarget {
   readonly url: string;
@@ -76,6 +82,10 @@ export interface ReplayOptions extends DeadQueueTarget {
   readonly queue: string;
   readonly reason: string | null;
   readonly limit: number;
+  /** What may be replayed (replay-guard.ts); the time is read per message. Without it every matching dead letter is. */
+  readonly policy?: Omit<ReplayPolicy, 'nowMs'> & { readonly now?: () => number };
+  /** A forced replay's copy was confirmed: record it (the forced_replays counter) before the dead one is acked. */
+  readonly onForced?: (entry: DeadLetterEntry) => Promise<void>;
   /** Test seam: runs after a copy is confirmed and before the dead one is acked. */
   readonly afterConfirm?: (entry: DeadLetterEntry) => void | Promise<void>;
 }
@@ -85,9 +95,15 @@ export interface ReplayReport {
   readonly deadQueue: string;
   readonly replayed: number;
   readonly replayedByReason: Record<string, number>;
-  /** Dead letters read and left in place (other reasons, or beyond the limit). */
+  /** Dead letters read and left in place (other reasons, refused, or beyond the limit). */
   readonly kept: number;
   readonly first: DeadLetterEntry[];
+  /** Matching dead letters kept in place: they may have been counted and their markers may have expired. */
+  readonly refused: RiskSummary;
+  /** Such dead letters replayed anyway (--force). */
+  readonly forced: RiskSummary;
+  /** The marker lifetime the verdicts relied on, in seconds; null without a policy. */
+  readonly markerLifeS: number | null;
 }
 
 /** The copy sent back: body and properties as they were, the reason moved to `x-tally-replayed-reason`. */
@@ -97,6 +113,8 @@ function replayProperties(message: GetMessage, reason: string): Options.Publish 
   delete headers[REASON_HEADER];
   delete headers['x-tally-source-queue'];
   headers['x-tally-replayed-reason'] = reason;
+  // A copy dead-lettered again gets a time of its own.
+  delete headers[DEAD_AT_HEADER];
   return copyPublishOptions(properties, headers);
 }
 
@@ -120,6 +138,10 @@ export async function replayDeadLetters(options: ReplayOptions): Promise<ReplayR
   const connection = await connect(options.url, 'dead-replay');
   const summary = new DeadLetterSummary(options.reason, 20);
   const replayedByReason: Record<string, number> = {};
+  const refused = new RiskSummary();
+  const forced = new RiskSummary();
+  const { policy } = options;
+  const now = policy?.now ?? Date.now;
   let replayed = 0;
   let kept = 0;
   try {
@@ -139,7 +161,17 @@ export async function replayDeadLetters(options: ReplayOptions): Promise<ReplayR
         kept++;
         continue;
       }
+      const verdict = policy === undefined ? null : replayVerdict(message, entry.reason, entry.detail, { ...policy, nowMs: now() });
+      if (verdict?.action === 'refuse') {
+        refused.add(position, entry.id, entry.reason, verdict);
+        kept++;
+        continue;
+      }
       await publishConfirmed(channel, options.queue, message, replayProperties(message, entry.reason), returned);
+      if (verdict?.action === 'force') {
+        forced.add(position, entry.id, entry.reason, verdict);
+        await options.onForced?.(entry);
+      }
       await options.afterConfirm?.(entry);
       channel.ack(message);
       replayed++;
@@ -148,7 +180,17 @@ export async function replayDeadLetters(options: ReplayOptions): Promise<ReplayR
     // The messages kept go back where they were, in one step.
     if (kept > 0) channel.nackAll(true);
     await channel.close();
-    return { queue: options.queue, deadQueue: options.deadQueue, replayed, replayedByReason, kept, first: summary.messages };
+    return {
+      queue: options.queue,
+      deadQueue: options.deadQueue,
+      replayed,
+      replayedByReason,
+      kept,
+      first: summary.messages,
+      refused,
+      forced,
+      markerLifeS: policy?.markerLifeS ?? null,
+    };
   } finally {
     await connection.close().catch(() => {});
   }

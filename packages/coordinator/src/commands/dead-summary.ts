@@ -4,7 +4,7 @@
  * Every body and header is hostile: nothing is trusted to be a string, a
  * size, or valid JSON, and nothing from a body is printed beyond its id.
  */
-import { CliUsageError, MESSAGE_LIMITS, TALLY_DEAD_REASONS } from '@tally/shared';
+import { BROKER_DEAD_REASONS, CliUsageError, deadLetterReason, MESSAGE_LIMITS, TALLY_DEAD_REASONS } from '@tally/shared';
 
 /** The header the daemon writes: `<code>: <detail>`. */
 export const REASON_HEADER = 'x-tally-reason';
@@ -34,10 +34,20 @@ function text(value: unknown): string | undefined {
   return undefined;
 }
 
-/** The reason code and detail of the `x-tally-reason` header; `unknown` when absent or not Tally's. */
+/** Every reason code a dead letter can be listed or replayed by: Tally's and the broker's (x-death). */
+export const DEAD_REASON_CODES: readonly string[] = Object.freeze([...TALLY_DEAD_REASONS, ...Object.values(BROKER_DEAD_REASONS)]);
+
+/**
+ * The reason code and detail of the `x-tally-reason` header; without one,
+ * the broker's reason (x-first-death-reason: delivery-limit, rejected,
+ * expired, maxlen); `unknown` when neither is there or readable.
+ */
 export function reasonOf(headers: Record<string, unknown> | undefined): { reason: string; detail: string } {
   const header = text(headers?.[REASON_HEADER]);
-  if (header === undefined) return { reason: UNKNOWN_REASON, detail: '' };
+  if (header === undefined) {
+    const broker = deadLetterReason(headers);
+    return broker.source === 'broker' ? { reason: broker.code, detail: broker.detail.slice(0, 200) } : { reason: UNKNOWN_REASON, detail: '' };
+  }
   const colon = header.indexOf(':');
   const code = (colon < 0 ? header : header.slice(0, colon)).trim();
   const detail =
@@ -73,11 +83,11 @@ export function describeDeadLetter(message: DeadLetterView, position: number): D
   return { position, id: idOf(message), reason, detail, bytes: message.content.byteLength };
 }
 
-/** `--reason CODE`: one of the stable reason codes, or `unknown`. */
+/** `--reason CODE`: one of the stable reason codes (Tally's or the broker's), or `unknown`. */
 export function parseReasonFlag(raw: string | undefined): string | null {
   if (raw === undefined) return null;
-  if (raw === UNKNOWN_REASON || TALLY_DEAD_REASONS.includes(raw)) return raw;
-  throw new CliUsageError(`--reason: expected one of ${[...TALLY_DEAD_REASONS, UNKNOWN_REASON].join(', ')}, got ${JSON.stringify(raw)}`);
+  if (raw === UNKNOWN_REASON || DEAD_REASON_CODES.includes(raw)) return raw;
+  throw new CliUsageError(`--reason: expected one of ${[...DEAD_REASON_CODES, UNKNOWN_REASON].join(', ')}, got ${JSON.stringify(raw)}`);
 }
 
 /** `--limit N`: a positive integer, or the fallback. */

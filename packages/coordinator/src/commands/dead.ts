@@ -3,15 +3,24 @@
  * Flags in, one JSON object or a short table out; the broker work is in
  * dead-queue.ts, the counting in dead-summary.ts.
  */
-import { CliUsageError, type TallyConfig } from '@tally/shared';
+import type { RedisClient } from '@tally/runtime';
+import { CliUsageError, layoutKey, statsKey, type OperatorCounterName, type TallyConfig } from '@tally/shared';
 import { listDeadLetters, replayDeadLetters, type ReplayReport } from './dead-queue.js';
 import { DeadLetterSummary, parseLimitFlag, parseReasonFlag } from './dead-summary.js';
+import { forcedLine, markerLifeS, refusedLine } from './replay-guard.js';
 
 export interface DeadFlags {
   readonly json?: boolean;
   readonly reason?: string;
   readonly limit?: string;
+  /** replay: move dead letters that may have been counted even once their markers may have expired. */
+  readonly force?: boolean;
 }
+
+/** The exit code of a replay that kept dead letters back for their age (nothing lost: they stay in place, in order). */
+export const EXIT_REPLAY_REFUSED = 3;
+
+const FORCED_REPLAYS: OperatorCounterName = 'forced_replays';
 
 /** How many messages `dead list` shows when --limit is not given. */
 export const DEFAULT_LIST_LIMIT = 20;
@@ -34,14 +43,45 @@ export async function deadList(flags: DeadFlags, config: Pick<TallyConfig, 'amqp
   return { queue: config.deadLetterQueue, total: summary.total, byReason: summary.byReason, reason, matching: summary.matching, messages: summary.messages };
 }
 
-export async function deadReplay(flags: DeadFlags, config: Pick<TallyConfig, 'amqpUrl' | 'deadLetterQueue' | 'queue'>): Promise<ReplayReport> {
+/**
+ * Replays the matching dead letters. Redis is read for the prefix's layout
+ * (its virtual shards and marker bucket width: replay-guard.ts markerLifeS)
+ * and written for the forced_replays counter, one HINCRBY per forced
+ * message before its dead copy is acked.
+ */
+export async function deadReplay(
+  flags: DeadFlags,
+  config: Pick<TallyConfig, 'amqpUrl' | 'deadLetterQueue' | 'queue' | 'prefix' | 'markerTtlS' | 'virtualShards'>,
+  redis: RedisClient,
+): Promise<ReplayReport> {
+  const reason = parseReasonFlag(flags.reason);
+  const limit = parseLimitFlag(flags.limit, Number.MAX_SAFE_INTEGER);
+  const [bucketS, shards] = await redis.hmget(layoutKey(config.prefix), 'marker_bucket_s', 'virtual_shards');
+  const recordedShards = shards === null ? NaN : Number(shards);
   return replayDeadLetters({
     url: config.amqpUrl,
     deadQueue: config.deadLetterQueue,
     queue: config.queue,
-    reason: parseReasonFlag(flags.reason),
-    limit: parseLimitFlag(flags.limit, Number.MAX_SAFE_INTEGER),
+    reason,
+    limit,
+    policy: {
+      markerLifeS: markerLifeS(config.markerTtlS, bucketS === null ? null : Number(bucketS)),
+      force: flags.force === true,
+      virtualShards: Number.isSafeInteger(recordedShards) && recordedShards > 0 ? recordedShards : config.virtualShards,
+    },
+    onForced: async () => {
+      await redis.hincrby(statsKey(config.prefix), FORCED_REPLAYS, 1);
+    },
   });
+}
+
+/** The line for stderr after a replay: what was kept back for its age, or what --force replayed anyway; null when neither. */
+export function deadReplayWarning(report: ReplayReport): string | null {
+  const life = report.markerLifeS ?? 0;
+  const lines: string[] = [];
+  if (report.refused.messages > 0) lines.push(refusedLine(report.refused, life));
+  if (report.forced.messages > 0) lines.push(forcedLine(report.forced, life));
+  return lines.length === 0 ? null : lines.join('\n');
 }
 
 function table(rows: ReadonlyArray<readonly [string, string | number]>): string[] {
@@ -60,7 +100,9 @@ export function deadListText(report: DeadListReport): string {
 }
 
 export function deadReplayText(report: ReplayReport): string {
-  const lines = [`replayed ${report.replayed} from ${report.deadQueue} to ${report.queue}; ${report.kept} read and kept in place`];
+  const refused = report.refused.messages > 0 ? ` (${report.refused.messages} of them refused for their age)` : '';
+  const forced = report.forced.messages > 0 ? ` (${report.forced.messages} of them FORCED past their markers)` : '';
+  const lines = [`replayed ${report.replayed}${forced} from ${report.deadQueue} to ${report.queue}; ${report.kept} read and kept in place${refused}`];
   lines.push(...table(Object.entries(report.replayedByReason)).map((line) => `  ${line}`));
   return lines.join('\n');
 }

@@ -16,6 +16,8 @@ export class AckWindow {
   private sendScheduled = false;
   /** Since when (epoch ms) the head has been stalled and single acks are going out; null when it is not. */
   private stalledSince: number | null = null;
+  /** A bug was met (invariant 13): no ack goes out any more, whatever finishes. */
+  private halted = false;
 
   constructor(
     private readonly acker: Acker,
@@ -62,6 +64,11 @@ export class AckWindow {
     this.trackerOf(channel)?.heldByClaim(tag);
   }
 
+  /** From now on nothing is acked: the state the broken code left cannot be trusted; the broker redelivers. */
+  halt(): void {
+    this.halted = true;
+  }
+
   /** Coalesces: every completion of this turn is covered by one multiple-ack. */
   scheduleSend(): void {
     if (this.sendScheduled) return;
@@ -81,7 +88,7 @@ export class AckWindow {
    */
   send(): void {
     const live = this.live;
-    if (live === null) return;
+    if (live === null || this.halted) return;
     const { channel, tracker } = live;
     const upTo = tracker.takeAckable();
     if (upTo !== null) {

@@ -13,6 +13,7 @@
 import { trace, type Tracer } from '@opentelemetry/api';
 import type { ConsumeMessage } from 'amqplib';
 import type { BackoffOptions, TallyConfig } from '@tally/shared';
+import type { BugHandler } from '../bug-exit.js';
 import type { ChannelLink } from '../delivery.js';
 import type { Logger } from '../logger.js';
 import { ShardLanes } from '../shard-lanes.js';
@@ -40,7 +41,7 @@ export type PipelineOptions = Pick<
   TallyConfig,
   'queue' | 'mode' | 'virtualShards' | 'acceptTypes' | 'maxMessageBytes' | 'prefetch' | 'stallMs' | 'batchSize' | 'batchMaxChanges' | 'batchWaitMs'
 > &
-  Pick<IntakeOptions, 'recordedMarkerScope'> & {
+  Pick<IntakeOptions, 'recordedMarkerScope' | 'injectBug'> & {
     /** CLAIM_RETRY_MS by default. */
     readonly claimRetryMs?: number;
     /** The backoff of batch and dead-letter retries; the shared default when absent (tests shorten it). */
@@ -57,6 +58,12 @@ export interface PipelineDeps {
   readonly clock?: Clock;
   readonly tracer?: Tracer;
   readonly log: Logger;
+  /**
+   * Told of a bug met on the batch or delivery path (invariant 13,
+   * bug-exit.ts): main.ts's handler logs it and exits 70. Acks stop first.
+   * Without one the error is rethrown.
+   */
+  readonly onBug?: BugHandler;
 }
 
 export class DeliveryPipeline {
@@ -65,6 +72,7 @@ export class DeliveryPipeline {
   private readonly inFlight = new InFlightMessages();
   private readonly lanes: ShardLanes;
   private readonly intake: Intake;
+  private readonly onBug: BugHandler | undefined;
   /** Checks for a stalled head (invariant 10) while deliveries come in. */
   private stallTimer: NodeJS.Timeout | null = null;
 
@@ -89,16 +97,34 @@ export class DeliveryPipeline {
       this.inFlight,
       (vshard, part, delayMs) => this.lanes.hold(vshard, part, delayMs),
     );
-    this.lanes = new ShardLanes(options, async (vshard, parts) => {
-      const result = await batches.run(vshard, parts);
-      if (result !== null) settlement.batchDone(vshard, parts, result);
-    });
+    // A batch retries every server failure itself: whatever escapes it is a bug (invariant 13).
+    this.lanes = new ShardLanes(options, (vshard, parts) =>
+      batches
+        .run(vshard, parts)
+        .then((result) => {
+          if (result !== null) settlement.batchDone(vshard, parts, result);
+        })
+        .catch((error: unknown) => this.bug(error, 'batch')),
+    );
+    this.onBug = deps.onBug;
     this.intake = new Intake(options, this.acks, deps.counters, this.deadLetters, this.inFlight, this.lanes, clock);
   }
 
   /** A delivery from the broker. */
   accept(channel: ChannelLink, message: ConsumeMessage): void {
-    this.intake.accept(channel, message);
+    // Thrown inside amqplib's frame loop, a bug would read as a broken connection and be retried as an outage.
+    try {
+      this.intake.accept(channel, message);
+    } catch (error) {
+      this.bug(error, 'delivery');
+    }
+  }
+
+  /** A bug (invariant 13): nothing is acked from now on, and the handler (main.ts: log, exit 70) is told. */
+  private bug(error: unknown, where: 'batch' | 'delivery'): void {
+    this.acks.halt();
+    if (this.onBug === undefined) throw error;
+    this.onBug(error, where);
   }
 
   /** A new channel: its deliveries are acked on it; the old one's are left to redelivery. */

@@ -5,7 +5,17 @@
  * to the shard lanes.
  */
 import type { ConsumeMessage } from 'amqplib';
-import { formatReason, markerDigest, markerShardOf, parseMessage, splitByShard, wholeMessagePart, type MarkerScope, type TallyConfig } from '@tally/shared';
+import {
+  formatReason,
+  markerDigest,
+  markerShardOf,
+  parseMessage,
+  splitByShard,
+  wholeMessagePart,
+  type InjectedBug,
+  type MarkerScope,
+  type TallyConfig,
+} from '@tally/shared';
 import type { ChannelLink, Delivery } from '../delivery.js';
 import type { PendingPart } from '../shard-lanes.js';
 import { timestampToMs } from '../telemetry/metrics.js';
@@ -22,6 +32,8 @@ export type IntakeOptions = Pick<TallyConfig, 'virtualShards' | 'acceptTypes' | 
    * message as one part, on its digest's marker shard.
    */
   readonly recordedMarkerScope: MarkerScope;
+  /** TALLY_FAULT_BUG=main (config.ts loadFaultInjection): each delivery makes the ack tracker throw. */
+  readonly injectBug?: InjectedBug | null;
 };
 
 /** The lanes as intake uses them (shard-lanes.ts). */
@@ -47,8 +59,9 @@ export class Intake {
 
   accept(channel: ChannelLink, message: ConsumeMessage): void {
     const tag = message.fields.deliveryTag;
-    if (!this.acks.received(channel, tag)) return; // a late delivery from a dead channel: it will be redelivered
     const { counters, options } = this;
+    if (!this.acks.received(channel, tag)) return; // a late delivery from a dead channel: it will be redelivered
+    if (options.injectBug === 'main') this.acks.received(channel, tag); // fault injection: a tag out of sequence
     counters.add('received');
 
     const parsed = parseMessage(message.content, message.properties.messageId, this.parseOptions);

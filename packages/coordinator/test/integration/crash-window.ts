@@ -134,3 +134,42 @@ export class UnmarkedLedger {
     return totals;
   }
 }
+
+/** The claims of a prefix right now: `<vshard>:<digest hex>` → claim record. */
+export async function claimSnapshot(redis: Redis, prefix: string): Promise<ReadonlyMap<string, string>> {
+  return (await readMarkers(redis, prefix)).claims;
+}
+
+/**
+ * Units per shard of the parts a SIGKILLed two-step daemon left claimed and
+ * unmarked, for a test whose other daemons keep running: the claims found
+ * unchanged in two snapshots taken around the kill's aftermath (`before`
+ * right after the kill, `after` 300 ms later). A live daemon's
+ * claim turns into a done marker within its batch's milliseconds; a dead
+ * one's stays until its claim TTL runs out. Every part the victim had
+ * written but not marked is among them (claim, then write, then occupy), so
+ * this bounds from above what the kill can add to the overcount (a claimed
+ * part not written yet counts here too).
+ */
+export function abandonedClaimUnits(
+  before: ReadonlyMap<string, string>,
+  after: ReadonlyMap<string, string>,
+  parts: PartsById,
+  virtualShards: number,
+  /** Claims an earlier kill's measure already counted (a victim's claims outlive the next kill by up to the claim TTL): skipped, and this kill's added. */
+  attributed: Set<string>,
+): number[] {
+  const idOfDigest = new Map<string, string>();
+  for (const id of parts.keys()) idOfDigest.set(markerDigest(id).toString('hex'), id);
+  const totals = new Array<number>(virtualShards).fill(0);
+  for (const [entry, claim] of before) {
+    if (after.get(entry) !== claim || attributed.has(`${entry}=${claim}`)) continue;
+    attributed.add(`${entry}=${claim}`);
+    const [vshard, digest] = entry.split(':') as [string, string];
+    const id = idOfDigest.get(digest);
+    const part = id === undefined ? undefined : parts.get(id)?.get(Number(vshard));
+    if (part === undefined) continue;
+    totals[Number(vshard)]! += part.reduce((sum, [, delta]) => sum + delta, 0);
+  }
+  return totals;
+}

@@ -16,6 +16,14 @@ describe('dead-letter summary (pure)', () => {
     expect(reasonOf({ 'x-tally-reason': 'malformed-json' }).reason).to.equal('malformed-json');
   });
 
+  it("reads the broker's reason when Tally wrote none, so --reason delivery-limit selects the messages it parked", () => {
+    const parked = { 'x-death': [{ count: 1, reason: 'delivery_limit', queue: 'q' }], 'x-first-death-reason': 'delivery_limit', 'x-first-death-queue': 'q' };
+    expect(reasonOf(parked).reason).to.equal('delivery-limit');
+    expect(reasonOf({ 'x-first-death-reason': Buffer.from('expired') }).reason).to.equal('expired');
+    expect(parseReasonFlag('delivery-limit')).to.equal('delivery-limit');
+    expect(parseReasonFlag('maxlen')).to.equal('maxlen');
+  });
+
   it('calls anything else unknown: absent, not a string, not one of the stable codes', () => {
     for (const headers of [
       undefined,

@@ -23,6 +23,7 @@ import {
   type WireBatchTask,
 } from '@tally/shared';
 import { seededRandom } from '@tally/workload';
+import type { BugHandler } from '../../src/bug-exit.js';
 import type { ChannelLink } from '../../src/delivery.js';
 import { DeliveryPipeline, type PipelineOptions } from '../../src/pipeline/delivery-pipeline.js';
 import type { Acker, BatchRunner, Clock, DeadLetterPublisher, Exposure } from '../../src/pipeline/ports.js';
@@ -181,7 +182,7 @@ const NO_EXPOSURE: Exposure = {
   ackedOne: () => {},
 };
 
-function setUp(options: Partial<PipelineOptions> = {}) {
+function setUp(options: Partial<PipelineOptions> = {}, onBug?: BugHandler) {
   const thread = new FakeThread();
   const acks = new FakeChannelAcks();
   const deadLetters = new FakeDeadLetters();
@@ -197,6 +198,7 @@ function setUp(options: Partial<PipelineOptions> = {}) {
       exposure: NO_EXPOSURE,
       clock,
       log: silent,
+      ...(onBug === undefined ? {} : { onBug }),
     },
   );
   const link = channel(1);
@@ -441,6 +443,29 @@ describe('DeliveryPipeline', () => {
       [markerShardOf(markerDigest('whole'), VSHARDS), ['whole'], 3],
     ]);
     expect(count('counted')).to.equal(1);
+  });
+
+  it('hands a bug on the batch path to the bug handler at once, never retried, and acks nothing after it (invariant 13)', async () => {
+    const bugs: Array<{ error: unknown; where: string }> = [];
+    const { thread, acks, deliver } = setUp({}, (error, where) => void bugs.push({ error, where }));
+    const held: Run[] = [];
+    thread.respond = (run) => (run.task.vshard === 0 ? run.reject(new TypeError('x is undefined')) : held.push(run));
+    deliver('broken', [skuOn(0)]);
+    deliver('fine', [skuOn(1)]);
+    await waitFor(() => bugs.length === 1 && held.length === 1, 'the bug and the other batch');
+    expect(bugs[0]!.where).to.equal('batch');
+    expect((bugs[0]!.error as Error).message).to.equal('x is undefined');
+    expect(thread.runs.filter((run) => run.task.vshard === 0).length, 'not retried').to.equal(1);
+    held[0]!.resolve(result(held[0]!.task, () => PART_NEW));
+    await sleep(10);
+    expect(acks.acks, 'nothing acked after a bug').to.deep.equal([]);
+  });
+
+  it('hands a bug on the delivery path to the bug handler (TALLY_FAULT_BUG=main: the ack tracker throws)', () => {
+    const bugs: string[] = [];
+    const { deliver } = setUp({ injectBug: 'main' }, (_error, where) => void bugs.push(where));
+    deliver('any', [skuOn(0)]);
+    expect(bugs).to.deep.equal(['delivery']);
   });
 
   it('drains: resolves once every batch and dead letter is settled', async () => {

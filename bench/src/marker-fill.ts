@@ -1,0 +1,169 @@
+/**
+ * Fills a prefix's marker store with a steady-state population
+ * (steady-population.ts), server-side, laid out as the daemon's scripts lay
+ * it out (packages/worker/src/lua/include/marker_buckets.lua):
+ *
+ *   <prefix>mk:{<vshard>}:<bucket>:<sub>  hash, 16-byte digest fields valued '1' (done), EXPIREAT the bucket's end + TTL
+ *   <prefix>mk:{<vshard>}:<bucket>:m      meta: s sub-buckets, n markers, x which hashes carry their expiry; same EXPIREAT
+ *   <prefix>layout                        as a daemon of the contender's mode recorded it when it created the prefix
+ *
+ * Digests: the first two bytes pick the hash (their value modulo the
+ * sub-bucket count is the hash's number, as for a real digest), then the
+ * field's 4-byte number within its hash, then 10 random bytes per shard and
+ * bucket: distinct within a hash, and across hashes by their first bytes. A workload's
+ * digests are SHA-256 of its ids: one of them equals a filled one with
+ * probability about (filled × messages) / 2^128, below 10^-24 here, so a
+ * filled marker never makes a message of the workload a duplicate.
+ *
+ * The hashes are written by a script, a few thousand hashes per call (one
+ * HSET and one EXPIREAT per hash, the counts of markers per hash drawn
+ * here): tens of millions of fields take seconds, not minutes.
+ */
+import { randomBytes } from 'node:crypto';
+import type { Redis } from 'ioredis';
+import { layoutKey, markerBaseKey, markerMetaKey, MARKER_FORMAT, SHARD_HASH, type TallyMode } from '@tally/shared';
+import { expiryBitmap, seededUniform, subBucketCounts, type Population } from './steady-population.js';
+
+/**
+ * KEYS[1]  the shard's marker base, <prefix>mk:{<vshard>}
+ * ARGV[1]  bucket   ARGV[2] EXPIREAT of its hashes   ARGV[3] its sub-bucket count (a power of two ≤ 65536)
+ * ARGV[4]  10 bytes, the tail of every digest of this shard's bucket
+ * ARGV[5]  the first sub-bucket of this call
+ * ARGV[6 ..] markers per sub-bucket, from the first on
+ * Returns the markers written. Fields per HSET in chunks of 1,000 (unpack's limit is the Lua C stack).
+ */
+export const FILL_MARKERS_LUA = `
+local prefix = KEYS[1] .. ':' .. ARGV[1] .. ':'
+local expiresAt = ARGV[2]
+local subs = tonumber(ARGV[3])
+local tail = ARGV[4]
+local first = tonumber(ARGV[5])
+local spread = 65536 / subs
+-- A field is <2 bytes: the hash's><4 bytes: its number in the hash><the 10 bytes of the shard's bucket>.
+local tails = {}
+local written = 0
+for i = 6, #ARGV do
+  local c = tonumber(ARGV[i])
+  if c > 0 then
+    local sub = first + i - 6
+    local key = prefix .. string.format('%d', sub)
+    local head = struct.pack('>H', sub + subs * ((sub * 40503) % spread))
+    local args = {}
+    for j = 1, c do
+      local t = tails[j]
+      if t == nil then
+        t = struct.pack('>I4', j) .. tail
+        tails[j] = t
+      end
+      args[#args + 1] = head .. t
+      args[#args + 1] = '1'
+      if #args >= 2000 then
+        redis.call('HSET', key, unpack(args))
+        args = {}
+      end
+    end
+    if #args > 0 then redis.call('HSET', key, unpack(args)) end
+    redis.call('EXPIREAT', key, expiresAt)
+    written = written + c
+  end
+end
+return written
+`;
+
+/** Sub-buckets per script call: about 90,000 fields at 45 per hash, a few tens of ms of the server's time each. */
+const SUBS_PER_CALL = 2_048;
+/** Calls in flight at once: enough to keep the server busy, few enough to keep the client's memory small. */
+const CALLS_IN_FLIGHT = 4;
+
+export interface FillPlan {
+  readonly prefix: string;
+  readonly population: Population;
+  /** Seeds the markers-per-hash draw. */
+  readonly seed: number;
+}
+
+export interface FillReport {
+  readonly markers: number;
+  readonly hashes: number;
+  /** Shard buckets (meta hashes) written. */
+  readonly buckets: number;
+  readonly seconds: number;
+}
+
+/** The server's clock, seconds with microseconds (what the scripts' TIME reads). */
+export async function serverNowS(redis: Redis): Promise<number> {
+  const [seconds, micros] = await redis.time();
+  return Number(seconds) + Number(micros) / 1e6;
+}
+
+/**
+ * The layout a daemon of `mode` records when it creates a prefix
+ * (coordinator/src/layout-guard.ts): a daemon starting on the filled prefix
+ * finds an existing prefix of its own mode, with the bucket width the
+ * markers were laid out with, and verifies it instead of creating it.
+ */
+export async function writeLayout(
+  redis: Redis,
+  layout: { prefix: string; virtualShards: number; mode: TallyMode; bucketS: number; subBuckets: number; format?: string; createdAt?: Date },
+): Promise<void> {
+  await redis.hset(layoutKey(layout.prefix), {
+    virtual_shards: String(layout.virtualShards),
+    hash: SHARD_HASH,
+    created_at: (layout.createdAt ?? new Date(Date.now() - 3_600_000)).toISOString(),
+    mode: layout.mode,
+    marker_format: layout.format ?? MARKER_FORMAT,
+    marker_bucket_s: String(layout.bucketS),
+    marker_sub_buckets: String(layout.subBuckets),
+  });
+}
+
+export async function fillMarkers(redis: Redis, plan: FillPlan): Promise<FillReport> {
+  const started = performance.now();
+  const sha = (await redis.script('LOAD', FILL_MARKERS_LUA)) as string;
+  const random = seededUniform(plan.seed);
+  let markers = 0;
+  let hashes = 0;
+  let buckets = 0;
+  const inFlight = new Set<Promise<unknown>>();
+  let failure: unknown = null;
+  const send = async (call: Promise<unknown>) => {
+    const tracked: Promise<unknown> = call
+      .catch((error: unknown) => {
+        failure ??= error;
+      })
+      .finally(() => inFlight.delete(tracked));
+    inFlight.add(tracked);
+    if (inFlight.size >= CALLS_IN_FLIGHT) await Promise.race(inFlight);
+    if (failure !== null) throw failure;
+  };
+  for (const b of plan.population.buckets) {
+    const counts = subBucketCounts(b.markers, b.subBuckets, random);
+    const tail = randomBytes(10);
+    const base = markerBaseKey(plan.prefix, b.vshard);
+    for (let from = 0; from < b.subBuckets; from += SUBS_PER_CALL) {
+      const slice = counts.subarray(from, Math.min(from + SUBS_PER_CALL, b.subBuckets));
+      let inSlice = 0;
+      for (const c of slice) {
+        inSlice += c;
+        if (c > 0) hashes++;
+      }
+      if (inSlice === 0) continue;
+      await send(redis.evalsha(sha, 1, base, String(b.bucket), String(b.expiresAt), String(b.subBuckets), tail, String(from), ...Array.from(slice, String)));
+    }
+    // The meta hash as openBucket and writeMarkers leave it: opened (s) with the bucket's expiry, n markers, x the hashes made.
+    const meta = markerMetaKey(plan.prefix, b.vshard, b.bucket);
+    const bitmap = expiryBitmap(counts);
+    await send(
+      redis
+        .multi()
+        .hset(meta, 's', String(b.subBuckets), 'n', String(b.markers), ...(bitmap.length > 0 ? ['x', bitmap] : []))
+        .expireat(meta, b.expiresAt)
+        .exec(),
+    );
+    markers += b.markers;
+    buckets++;
+  }
+  await Promise.all(inFlight);
+  if (failure !== null) throw failure;
+  return { markers, hashes, buckets, seconds: (performance.now() - started) / 1000 };
+}

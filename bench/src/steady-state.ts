@@ -1,0 +1,103 @@
+/**
+ * --steady-state: what a drain's `prepare` step does before the drain of a
+ * Tally mode: fill the prefix with the marker population the marker TTL
+ * holds at the given rate (steady-population.ts, marker-fill.ts) on the
+ * server's clock, and record the layout a daemon of that mode would find on
+ * such a prefix. Standalone Redis (the bench's private server).
+ */
+import { setTimeout as sleep } from 'node:timers/promises';
+import type { Redis } from 'ioredis';
+import { DEFAULTS, defaultBucketWidthS, markerFormatOf, type TallyMode } from '@tally/shared';
+import type { BenchContext } from './context.js';
+import { fillMarkers, serverNowS, writeLayout } from './marker-fill.js';
+import { sampleMemory } from './redis-nodes.js';
+import type { SteadyFillRecord } from './results.js';
+import { steadyPopulation } from './steady-population.js';
+
+export interface SteadyPlan {
+  readonly mode: TallyMode;
+  /** Messages per second the population is that of. */
+  readonly rate: number;
+  /** Per virtual shard, the workload's parts per message (partsPerMessageByShard). */
+  readonly shares: readonly number[];
+  readonly seed: number;
+  /** Seconds the drain after the fill may take: the fill waits for the next bucket if the current one ends sooner. */
+  readonly drainBudgetS: number;
+}
+
+/** Server seconds per filled marker (measured 0.7 to 0.95 µs on a loaded 2-core machine). */
+const FILL_S_PER_MARKER = 1e-6;
+
+/**
+ * Seconds to wait before filling so that the fill and the drain fall in one
+ * bucket: when the bucket of now ends before they would be done, its end
+ * (the oldest live bucket expires then, and the daemon opens a new one
+ * mid-drain), else 0. Never more than half a bucket: a drain longer than
+ * that crosses a boundary anyway.
+ */
+export function waitForBucketS(nowS: number, bucketWidthS: number, needS: number): number {
+  const leftS = bucketWidthS - (nowS % bucketWidthS);
+  return leftS < needS && needS < bucketWidthS / 2 ? leftS + 0.5 : 0;
+}
+
+/** The marker settings the bench's daemons run with: the defaults, or what --tally-env sets. */
+export function markerSettings(tallyEnv: Readonly<Record<string, string>>): { markerTtlS: number; bucketWidthS: number; initialSubBuckets: number } {
+  const markerTtlS = Number(tallyEnv.TALLY_MARKER_TTL_S ?? DEFAULTS.markerTtlS);
+  return {
+    markerTtlS,
+    bucketWidthS: defaultBucketWidthS(markerTtlS),
+    initialSubBuckets: Number(tallyEnv.TALLY_MARKER_SUB_BUCKETS ?? DEFAULTS.markerSubBuckets),
+  };
+}
+
+export function steadyPrepare(ctx: BenchContext<Redis>, plan: SteadyPlan): (prefix: string) => Promise<Omit<SteadyFillRecord, 'layoutFound'>> {
+  return async (prefix) => {
+    const settings = markerSettings(ctx.tallyEnv);
+    const populationAt = (nowS: number) =>
+      steadyPopulation({
+        rate: plan.rate,
+        markerTtlS: settings.markerTtlS,
+        bucketWidthS: settings.bucketWidthS,
+        partsPerMessageByShard: plan.shares,
+        nowS,
+      });
+    let nowS = await serverNowS(ctx.redis);
+    const waitS = waitForBucketS(nowS, settings.bucketWidthS, populationAt(nowS).totalMarkers * FILL_S_PER_MARKER + plan.drainBudgetS);
+    if (waitS > 0) {
+      ctx.log(`  steady state: the current marker bucket ends in ${waitS.toFixed(0)} s, before the fill and the drain would; waiting for the next one`);
+      await sleep(waitS * 1000);
+      nowS = await serverNowS(ctx.redis);
+    }
+    const population = populationAt(nowS);
+    await writeLayout(ctx.redis, {
+      prefix,
+      virtualShards: ctx.virtualShards,
+      mode: plan.mode,
+      bucketS: settings.bucketWidthS,
+      subBuckets: settings.initialSubBuckets,
+      format: markerFormatOf(ctx.tallyEnv.TALLY_MARKER_SCOPE === 'message' ? 'message' : 'part'),
+    });
+    const before = (await sampleMemory(ctx.nodes)).masters;
+    const filled = await fillMarkers(ctx.redis, { prefix, population, seed: plan.seed });
+    const after = (await sampleMemory(ctx.nodes)).masters;
+    const subs = population.buckets.map((b) => b.subBuckets);
+    ctx.log(
+      `  steady-state fill of ${prefix}: ${filled.markers.toLocaleString('en')} markers in ${filled.hashes.toLocaleString('en')} hashes, ` +
+        `${population.currentBucket - population.oldestBucket + 1} live buckets (the current one ${(population.currentFraction * 100).toFixed(0)}% full), ` +
+        `${filled.seconds.toFixed(1)} s, ${((after - before) / 1e6).toFixed(0)} MB`,
+    );
+    return {
+      rate: plan.rate,
+      markerTtlS: settings.markerTtlS,
+      bucketWidthS: settings.bucketWidthS,
+      partsPerMessage: population.partsPerMessage,
+      liveBuckets: population.currentBucket - population.oldestBucket + 1,
+      currentFraction: population.currentFraction,
+      markers: filled.markers,
+      hashes: filled.hashes,
+      subBuckets: [Math.min(...subs), Math.max(...subs)],
+      fillSeconds: filled.seconds,
+      fillBytes: after - before,
+    };
+  };
+}
