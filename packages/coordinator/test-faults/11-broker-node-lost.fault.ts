@@ -162,7 +162,8 @@ describe('faults: a RabbitMQ node lost for good (3-node cluster, quorum queues)'
       })();
       // Mid-stream: a third of the stream out, every daemon has written a batch, and the daemons on A hold deliveries.
       await until('a third of the stream published', async () => (slicesDone >= slices / 3 ? true : undefined), 120_000, 50);
-      for (const s of scenarios) await until(`${s.victim}/${s.mode} writing`, async () => ((await receiptCount(s.space.prefix)) > 0 ? true : undefined), 60_000, 50);
+      for (const s of scenarios)
+        await until(`${s.victim}/${s.mode} writing`, async () => ((await receiptCount(s.space.prefix)) > 0 ? true : undefined), 60_000, 50);
       await until(
         'the daemons on A holding deliveries',
         async () => {

@@ -243,7 +243,8 @@ async function startOnce(options: RabbitClusterOptions): Promise<RabbitCluster> 
   const killSlot = async (slot: NodeSlot): Promise<void> => {
     const child = slot.child;
     if (child === null) return;
-    const exited = child.exitCode !== null || child.signalCode !== null ? Promise.resolve() : new Promise<void>((resolve) => child.once('exit', () => resolve()));
+    const exited =
+      child.exitCode !== null || child.signalCode !== null ? Promise.resolve() : new Promise<void>((resolve) => child.once('exit', () => resolve()));
     // The script's process group: the shell, the Erlang VM and its helpers (erl_child_setup, inet_gethost, the disk monitor).
     try {
       process.kill(-child.pid!, 'SIGKILL');

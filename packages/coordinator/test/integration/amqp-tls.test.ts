@@ -75,7 +75,10 @@ describe('TLS to RabbitMQ (a node with only a TLS listener)', function () {
       expect(refused.code, `exit code (stderr: ${refused.stderr})`).to.equal(1);
       expect(refused.fatalCode).to.equal('TALLY_AMQP_TLS');
       expect(refused.stderrLines).to.have.length(1);
-      expect(refused.stderr).to.include('NODE_EXTRA_CA_CERTS').and.match(/certificate/i).and.match(/SELF_SIGNED_CERT_IN_CHAIN|UNABLE_TO_VERIFY_LEAF_SIGNATURE/);
+      expect(refused.stderr)
+        .to.include('NODE_EXTRA_CA_CERTS')
+        .and.match(/certificate/i)
+        .and.match(/SELF_SIGNED_CERT_IN_CHAIN|UNABLE_TO_VERIFY_LEAF_SIGNATURE/);
       expect(refused.stderr + refused.logs.join('\n')).not.to.include('s3cret');
       // Refused at the first attempt, not after a retry loop.
       expect(refused.logs.some((l) => l.includes('amqp connect failed; retrying'))).to.equal(false);
@@ -89,6 +92,8 @@ describe('TLS to RabbitMQ (a node with only a TLS listener)', function () {
     const listing = await tallyCli(space.env, 'dead', 'list', '--json');
     expect(listing.code).to.equal(1);
     expect(listing.stderr.trim().split('\n')).to.have.length(1);
-    expect(listing.stderr).to.include('NODE_EXTRA_CA_CERTS').and.match(/not trusted/);
+    expect(listing.stderr)
+      .to.include('NODE_EXTRA_CA_CERTS')
+      .and.match(/not trusted/);
   });
 });

@@ -94,12 +94,16 @@ describe('brokerRefusal (RabbitMQ refusals at start -> one line naming the fix)'
     }
 
     it('a certificate for another host names TALLY_AMQP_URL', () => {
-      const line = brokerTlsRefusal(tlsError("Hostname/IP does not match certificate's altnames: IP: 10.0.0.9 is not in the cert's list: 127.0.0.1", 'ERR_TLS_CERT_ALTNAME_INVALID'))!;
+      const line = brokerTlsRefusal(
+        tlsError("Hostname/IP does not match certificate's altnames: IP: 10.0.0.9 is not in the cert's list: 127.0.0.1", 'ERR_TLS_CERT_ALTNAME_INVALID'),
+      )!;
       expect(line).to.include('TALLY_AMQP_URL').and.include('does not name the host');
     });
 
     it('amqps:// aimed at a plaintext port says the port does not speak TLS', () => {
-      const line = brokerTlsRefusal(tlsError('800CD00C5C7F0000:error:0A00010B:SSL routines:ssl3_get_record:wrong version number:ssl3_record.c:350:\n', 'ERR_SSL_WRONG_VERSION_NUMBER'))!;
+      const line = brokerTlsRefusal(
+        tlsError('800CD00C5C7F0000:error:0A00010B:SSL routines:ssl3_get_record:wrong version number:ssl3_record.c:350:\n', 'ERR_SSL_WRONG_VERSION_NUMBER'),
+      )!;
       expect(line).to.include('does not speak TLS').and.include('amqps://');
       expect(line).not.to.match(/[\r\n]/);
     });
