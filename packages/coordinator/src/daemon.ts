@@ -44,7 +44,7 @@ import type { BugHandler } from './bug-exit.js';
 import type { ChannelLink, Delivery } from './delivery.js';
 import { ensureLayout } from './layout-guard.js';
 import { probeRedis, type RedisProbeReport } from './redis-probe.js';
-import { Heartbeat, HEARTBEAT_TTL_BEATS, newDaemonId } from './heartbeat.js';
+import { Heartbeat, HEARTBEAT_TTL_BEATS, newDaemonId, type HeartbeatSnapshot } from './heartbeat.js';
 import type { Logger } from './logger.js';
 import { ShardLanes, type PendingPart } from './shard-lanes.js';
 import { StatsRecorder } from './stats-recorder.js';
@@ -297,10 +297,15 @@ export class Daemon {
     void this.built.heartbeat.beatOnce(); // show "consuming" now, not at the next interval
   }
 
-  private heartbeatSnapshot(): { consuming: boolean; oldestUnackedS: number | null; inFlight: number } {
+  private heartbeatSnapshot(): HeartbeatSnapshot {
     const tracker = this.acks?.tracker;
     const ageMs = tracker?.oldestUnackedAgeMs() ?? null;
-    return { consuming: this.built?.link.consuming ?? false, oldestUnackedS: ageMs === null ? null : ageMs / 1000, inFlight: tracker?.unacked ?? 0 };
+    return {
+      consuming: this.built?.link.consuming ?? false,
+      oldestUnackedS: ageMs === null ? null : ageMs / 1000,
+      inFlight: tracker?.unacked ?? 0,
+      amqpNode: this.built?.link.node ?? null,
+    };
   }
 
   /**
@@ -410,7 +415,7 @@ export class Daemon {
       const lanes = new ShardLanes(config, (vshard, parts) => this.runBatch(vshard, parts).catch((error: unknown) => this.bug(error, 'batch')));
       const link = new AmqpLink(
         {
-          url: config.amqpUrl,
+          nodes: config.amqpNodes,
           queue: config.queue,
           deadLetterQueue: config.deadLetterQueue,
           prefetch: config.prefetch,
@@ -430,6 +435,8 @@ export class Daemon {
           onLinkUp: (link) => {
             this.acks = { link, tracker: new AckTracker() };
             exposure.channelChanged(link);
+            // tally status shows the node a reconnect moved to now, not at the next beat.
+            void heartbeat.beatOnce();
           },
           onLinkDown: (link, reason) => {
             const unacked = this.acks?.link === link ? this.acks.tracker.unacked : null;
