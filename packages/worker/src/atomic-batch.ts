@@ -16,7 +16,17 @@
  * scripts (EVALSHA; SCRIPT LOAD on NOSCRIPT; a reload after the first logged).
  */
 import { onSlotConnection, type RedisClient } from '@tally/runtime';
-import { describeError, markerBaseKey, receiptKey, retryUntilDone, taskDigests, type BatchResult, type BatchTask, type WorkerSettings } from '@tally/shared';
+import {
+  describeError,
+  markerBaseKey,
+  markerFilterBits,
+  receiptKey,
+  retryUntilDone,
+  taskDigests,
+  type BatchResult,
+  type BatchTask,
+  type WorkerSettings,
+} from '@tally/shared';
 import { loadScript, runScript, type ScriptArg } from './lua-scripts.js';
 import { addToSum, type Sum } from './aggregate.js';
 import { countKeysOf } from './count-keys.js';
@@ -80,6 +90,7 @@ export function atomicBatchArgs(
     settings.markerSubBuckets,
     safe ? 'sums' : 'parts',
     ttl.due(keys, Date.now()),
+    markerFilterBits(settings.markerScope),
   );
   if (safe) {
     // Decimal strings: exact past 2^53 (a bigint), and never a double the script would have to print back.
