@@ -21,7 +21,7 @@
  */
 import { randomBytes } from 'node:crypto';
 import type { Redis } from 'ioredis';
-import { layoutKey, markerBaseKey, markerMetaKey, MARKER_FORMAT, SHARD_HASH, type TallyMode } from '@tally/shared';
+import { filterBlocksFor, layoutKey, markerBaseKey, markerMetaKey, MARKER_FORMAT, SHARD_HASH, type TallyMode } from '@tally/shared';
 import { expiryBitmap, seededUniform, subBucketCounts, type Population } from './steady-population.js';
 
 /**
@@ -29,7 +29,8 @@ import { expiryBitmap, seededUniform, subBucketCounts, type Population } from '.
  * ARGV[1]  bucket   ARGV[2] EXPIREAT of its hashes   ARGV[3] its sub-bucket count (a power of two ≤ 65536)
  * ARGV[4]  10 bytes, the tail of every digest of this shard's bucket
  * ARGV[5]  the first sub-bucket of this call
- * ARGV[6 ..] markers per sub-bucket, from the first on
+ * ARGV[6]  the bucket's filter blocks (0: no filter; message-scoped markers have one, marker_buckets.lua)
+ * ARGV[7 ..] markers per sub-bucket, from the first on
  * Returns the markers written. Fields per HSET in chunks of 1,000 (unpack's limit is the Lua C stack).
  */
 export const FILL_MARKERS_LUA = `
@@ -38,14 +39,16 @@ local expiresAt = ARGV[2]
 local subs = tonumber(ARGV[3])
 local tail = ARGV[4]
 local first = tonumber(ARGV[5])
+local blocks = tonumber(ARGV[6])
 local spread = 65536 / subs
+local filter, order = {}, {}
 -- A field is <2 bytes: the hash's><4 bytes: its number in the hash><the 10 bytes of the shard's bucket>.
 local tails = {}
 local written = 0
-for i = 6, #ARGV do
+for i = 7, #ARGV do
   local c = tonumber(ARGV[i])
   if c > 0 then
-    local sub = first + i - 6
+    local sub = first + i - 7
     local key = prefix .. string.format('%d', sub)
     local head = struct.pack('>H', sub + subs * ((sub * 40503) % spread))
     local args = {}
@@ -64,7 +67,40 @@ for i = 6, #ARGV do
     end
     if #args > 0 then redis.call('HSET', key, unpack(args)) end
     redis.call('EXPIREAT', key, expiresAt)
+    if blocks > 0 then
+      for j = 1, c do
+        local digest = head .. tails[j]
+        local b5, b6, b7, b8 = string.byte(digest, 5, 8)
+        local block = (((b5 * 256 + b6) * 256 + b7) * 256 + b8) % blocks
+        local b9, b10, b11, b12 = string.byte(digest, 9, 12)
+        local bits = bit.bor(bit.lshift(1, b9 % 32), bit.lshift(1, b10 % 32), bit.lshift(1, b11 % 32), bit.lshift(1, b12 % 32))
+        if filter[block] == nil then order[#order + 1] = block end
+        filter[block] = bit.bor(filter[block] or 0, bits)
+      end
+    end
     written = written + c
+  end
+end
+-- The filter bits of this call's digests, as marker_buckets.lua addToFilter sets them.
+if blocks > 0 then
+  local filterKey = KEYS[1] .. ':' .. ARGV[1] .. ':f'
+  for from = 1, #order, 1000 do
+    local to = math.min(from + 999, #order)
+    local args = {}
+    for i = from, to do
+      args[#args + 1] = 'GET'
+      args[#args + 1] = 'u32'
+      args[#args + 1] = '#' .. order[i]
+    end
+    local words = redis.call('BITFIELD', filterKey, unpack(args))
+    args = {}
+    for i = from, to do
+      args[#args + 1] = 'SET'
+      args[#args + 1] = 'u32'
+      args[#args + 1] = '#' .. order[i]
+      args[#args + 1] = string.format('%d', bit.bor(words[i - from + 1], filter[order[i]]) % 4294967296)
+    end
+    redis.call('BITFIELD', filterKey, unpack(args))
   end
 end
 return written
@@ -80,6 +116,8 @@ export interface FillPlan {
   readonly population: Population;
   /** Seeds the markers-per-hash draw. */
   readonly seed: number;
+  /** Filter bits per marker (markerFilterBits): each bucket gets its filter, as a bucket the daemon opens does. */
+  readonly filterBits?: number;
 }
 
 export interface FillReport {
@@ -139,7 +177,17 @@ export async function fillMarkers(redis: Redis, plan: FillPlan): Promise<FillRep
   for (const b of plan.population.buckets) {
     const counts = subBucketCounts(b.markers, b.subBuckets, random);
     const tail = randomBytes(10);
+    const blocks = (plan.filterBits ?? 0) > 0 ? filterBlocksFor(b.subBuckets, plan.filterBits!) : 0;
     const base = markerBaseKey(plan.prefix, b.vshard);
+    // Its filter first, sized and expiring as openBucket makes it: the calls below set its bits (one connection: in order).
+    if (blocks > 0)
+      await send(
+        redis
+          .multi()
+          .call('BITFIELD', `${base}:${b.bucket}:f`, 'SET', 'u32', `#${blocks - 1}`, '0')
+          .expireat(`${base}:${b.bucket}:f`, b.expiresAt)
+          .exec(),
+      );
     for (let from = 0; from < b.subBuckets; from += SUBS_PER_CALL) {
       const slice = counts.subarray(from, Math.min(from + SUBS_PER_CALL, b.subBuckets));
       let inSlice = 0;
@@ -148,7 +196,20 @@ export async function fillMarkers(redis: Redis, plan: FillPlan): Promise<FillRep
         if (c > 0) hashes++;
       }
       if (inSlice === 0) continue;
-      await send(redis.evalsha(sha, 1, base, String(b.bucket), String(b.expiresAt), String(b.subBuckets), tail, String(from), ...Array.from(slice, String)));
+      await send(
+        redis.evalsha(
+          sha,
+          1,
+          base,
+          String(b.bucket),
+          String(b.expiresAt),
+          String(b.subBuckets),
+          tail,
+          String(from),
+          String(blocks),
+          ...Array.from(slice, String),
+        ),
+      );
     }
     // The meta hash as openBucket and writeMarkers leave it: opened (s) with the bucket's expiry, n markers, x the hashes made.
     const meta = markerMetaKey(plan.prefix, b.vshard, b.bucket);
@@ -156,7 +217,15 @@ export async function fillMarkers(redis: Redis, plan: FillPlan): Promise<FillRep
     await send(
       redis
         .multi()
-        .hset(meta, 's', String(b.subBuckets), 'n', String(b.markers), ...(bitmap.length > 0 ? ['x', bitmap] : []))
+        .hset(
+          meta,
+          's',
+          String(b.subBuckets),
+          'n',
+          String(b.markers),
+          ...(bitmap.length > 0 ? ['x', bitmap] : []),
+          ...(blocks > 0 ? ['f', String(blocks)] : []),
+        )
         .expireat(meta, b.expiresAt)
         .exec(),
     );

@@ -7,7 +7,7 @@
  */
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Redis } from 'ioredis';
-import { DEFAULTS, defaultBucketWidthS, markerFormatOf, type TallyMode } from '@tally/shared';
+import { DEFAULTS, defaultBucketWidthS, markerFilterBits, markerFormatOf, type TallyMode } from '@tally/shared';
 import type { BenchContext } from './context.js';
 import { fillMarkers, serverNowS, writeLayout } from './marker-fill.js';
 import { sampleMemory } from './redis-nodes.js';
@@ -78,7 +78,8 @@ export function steadyPrepare(ctx: BenchContext<Redis>, plan: SteadyPlan): (pref
       format: markerFormatOf(ctx.tallyEnv.TALLY_MARKER_SCOPE === 'message' ? 'message' : 'part'),
     });
     const before = (await sampleMemory(ctx.nodes)).masters;
-    const filled = await fillMarkers(ctx.redis, { prefix, population, seed: plan.seed });
+    const scope = ctx.tallyEnv.TALLY_MARKER_SCOPE === 'message' ? 'message' : 'part';
+    const filled = await fillMarkers(ctx.redis, { prefix, population, seed: plan.seed, filterBits: markerFilterBits(scope) });
     const after = (await sampleMemory(ctx.nodes)).masters;
     const subs = population.buckets.map((b) => b.subBuckets);
     ctx.log(

@@ -6,11 +6,16 @@
  * tags are per channel, so a delivery is only ever acked on the link it came
  * from; when a link dies its unacked deliveries are simply redelivered by the
  * broker, and the markers (or the in-flight id hold) recognise them.
+ *
+ * With several nodes of one cluster (TALLY_AMQP_URL as a list), each failed
+ * connect and each lost link moves to the next node (nextNodeIndex), with
+ * the same backoff between attempts: a node that is gone for good costs one
+ * failed attempt per round, never a wait on it alone.
  */
 import { randomUUID } from 'node:crypto';
 import amqp, { type ChannelModel, type ConfirmChannel, type ConsumeMessage, type Message } from 'amqplib';
-import { DEAD_AT_HEADER, describeError, redactUrl, retryUntilDone, TallyError, type QueueType } from '@tally/shared';
-import { brokerRefusal } from './broker-refusal.js';
+import { DEAD_AT_HEADER, describeError, nextNodeIndex, redactUrl, retryUntilDone, TallyError, type QueueType } from '@tally/shared';
+import { classifyBrokerRefusal, type BrokerTarget } from './broker-refusal.js';
 import type { ChannelLink } from './delivery.js';
 import type { Logger } from './logger.js';
 import { declareTallyQueues } from './queue-declaration.js';
@@ -18,7 +23,8 @@ import { within, TIMED_OUT } from './deadline.js';
 import { copyPublishOptions } from './message-copy.js';
 
 export interface AmqpLinkOptions {
-  readonly url: string;
+  /** The nodes of TALLY_AMQP_URL, in order (one for a single broker): tried from the first. */
+  readonly nodes: readonly string[];
   readonly queue: string;
   readonly deadLetterQueue: string;
   readonly prefetch: number;
@@ -70,6 +76,10 @@ export class AmqpLink {
   private consumerTag: string | null = null;
   private generation = 0;
   private everConnected = false;
+  /** The node the next connect goes to; moved on by every failed connect and every lost link. */
+  private nodeIndex = 0;
+  /** The node of the live connection; null while there is none. */
+  private connectedNode: string | null = null;
   private blocked: { reason: string; since: Date } | null = null;
   private unroutableDeadLetters = 0;
   /** Ids of dead-letter copies the broker returned and whose confirm has not come yet. */
@@ -96,6 +106,11 @@ export class AmqpLink {
     };
   }
 
+  /** The node the daemon is connected to, redacted (for status and logs); null while it is not connected. */
+  get node(): string | null {
+    return this.connectedNode === null ? null : redactUrl(this.connectedNode);
+  }
+
   get consuming(): boolean {
     return this.state === 'consuming' && this.link?.alive === true && this.consumerTag !== null;
   }
@@ -106,30 +121,47 @@ export class AmqpLink {
     await this.connectUntilUp();
   }
 
+  /** What a refusal names: the nodes of one list share user, vhost and queues (broker-nodes.ts), so any node stands for all. */
+  private target(node: string): BrokerTarget {
+    return { url: node, queue: this.options.queue, deadLetterQueue: this.options.deadLetterQueue };
+  }
+
   private async connectUntilUp(): Promise<void> {
+    const { nodes } = this.options;
+    let node = nodes[this.nodeIndex]!;
     try {
       // Ends without connecting when stop() moved the state on meanwhile.
       await retryUntilDone(
         async () => {
-          await this.connectOnce();
+          node = nodes[this.nodeIndex]!;
+          try {
+            await this.connectOnce(node);
+          } catch (error) {
+            // The next attempt goes to the next node, after the usual backoff.
+            this.nodeIndex = nextNodeIndex(this.nodeIndex, nodes.length);
+            throw error;
+          }
           this.everConnected = true;
         },
         {
           stopWhen: () => this.state !== 'connecting',
-          // A refusal at start is configuration: one line naming the fix, not a retry loop.
-          giveUp: (_failureClass, error) => !this.everConnected && brokerRefusal(error, this.options) !== null,
+          // A refusal at start (login, permissions, an untrusted certificate) is configuration: one line naming the fix, not a retry loop.
+          giveUp: (_failureClass, error) => !this.everConnected && classifyBrokerRefusal(error, this.target(node)) !== null,
           onAttemptFailed: ({ error, attempt, delayMs }) =>
-            this.log.warn({ url: redactUrl(this.options.url), attempt, delayMs, err: describeError(error) }, 'amqp connect failed; retrying'),
+            this.log.warn(
+              { url: redactUrl(node), next: redactUrl(nodes[this.nodeIndex]!), attempt, delayMs, err: describeError(error) },
+              'amqp connect failed; retrying',
+            ),
         },
       );
     } catch (error) {
-      const refusal = brokerRefusal(error, this.options) ?? describeError(error);
-      throw new TallyError('TALLY_AMQP_REFUSED', `${refusal} (broker ${redactUrl(this.options.url)})`, { cause: error });
+      const refusal = classifyBrokerRefusal(error, this.target(node));
+      throw new TallyError(refusal?.code ?? 'TALLY_AMQP_REFUSED', `${refusal?.line ?? describeError(error)} (broker ${redactUrl(node)})`, { cause: error });
     }
   }
 
-  private async connectOnce(): Promise<void> {
-    const model = await amqp.connect(this.options.url, { clientProperties: { connection_name: `tally-coordinator-${process.pid}` } });
+  private async connectOnce(node: string): Promise<void> {
+    const model = await amqp.connect(node, { clientProperties: { connection_name: `tally-coordinator-${process.pid}` } });
     // From the first moment: a channel the broker closes re-emits its error on
     // the connection, and an 'error' without a listener is an uncaught throw.
     model.on('error', (error: Error) => this.log.warn({ err: describeError(error) }, 'amqp connection error'));
@@ -146,6 +178,7 @@ export class AmqpLink {
       channel.on('return', (message: Message) => this.deadLetterReturned(message));
       this.model = model;
       this.link = link;
+      this.connectedNode = node;
       this.handlers.onLinkUp(link);
       const { consumerTag } = await channel.consume(
         this.options.queue,
@@ -161,7 +194,16 @@ export class AmqpLink {
       );
       this.consumerTag = consumerTag;
       this.state = 'consuming';
-      this.log.info({ url: redactUrl(this.options.url), queue: this.options.queue, prefetch: this.options.prefetch, generation: link.generation }, 'consuming');
+      this.log.info(
+        {
+          url: redactUrl(node),
+          node: `${this.nodeIndex + 1} of ${this.options.nodes.length}`,
+          queue: this.options.queue,
+          prefetch: this.options.prefetch,
+          generation: link.generation,
+        },
+        'consuming',
+      );
     } catch (error) {
       await model.close().catch(() => {});
       throw error;
@@ -211,10 +253,19 @@ export class AmqpLink {
   private linkDown(link: ChannelLink, reason: string): void {
     if (!link.alive) return;
     link.alive = false;
-    if (this.link === link) this.consumerTag = null;
+    const lost = this.link === link ? this.connectedNode : null;
+    if (this.link === link) {
+      this.consumerTag = null;
+      this.connectedNode = null;
+    }
     this.handlers.onLinkDown(link, reason);
     if (this.state === 'consuming' && this.link === link) {
-      this.log.warn({ reason, generation: link.generation }, 'amqp link lost; reconnecting');
+      // The node may be gone for good: the reconnect starts at the next one (the same one when there is only one).
+      this.nodeIndex = nextNodeIndex(this.nodeIndex, this.options.nodes.length);
+      this.log.warn(
+        { reason, generation: link.generation, url: lost === null ? null : redactUrl(lost), next: redactUrl(this.options.nodes[this.nodeIndex]!) },
+        'amqp link lost; reconnecting',
+      );
       this.state = 'connecting';
       const model = this.model;
       this.model = null;

@@ -12,8 +12,13 @@
  * code at all, because amqplib drops the broker's frame during the opening
  * handshake; only the frame's name is left:
  *   Expected ConnectionOpenOk; got <ConnectionClose channel:0>
+ *
+ * A TLS handshake the client itself refused (a certificate it does not
+ * trust, or one for another host) and `amqps://` aimed at a plaintext port
+ * are told by Node's error code; they are configuration too, as they are
+ * for Redis (redis-requirements.ts), so they stop the start the same way.
  */
-import { describeError } from '@tally/shared';
+import { describeError, tlsTrustFailure } from '@tally/shared';
 
 export interface BrokerTarget {
   readonly url: string;
@@ -95,4 +100,36 @@ export function brokerRefusal(error: unknown, target: BrokerTarget): string | nu
     return `RabbitMQ refused Tally (${text}); the queue is exclusive to another connection: set TALLY_QUEUE to another name`;
   }
   return null;
+}
+
+/** A certificate refusal (or TLS aimed at a plaintext port): one line naming the fix, or null. */
+export function brokerTlsRefusal(error: unknown): string | null {
+  if (!(error instanceof Error)) return null;
+  const { code } = error as { code?: unknown };
+  const message = error.message.replace(/\s+/g, ' ').trim();
+  const failure = tlsTrustFailure(code);
+  if (failure === 'untrusted') {
+    return `the TLS certificate of RabbitMQ is not trusted (${String(code)}: ${message}); for a private CA set NODE_EXTRA_CA_CERTS=/path/to/ca.pem (verification stays on)`;
+  }
+  if (failure === 'host-mismatch') {
+    return `the TLS certificate of RabbitMQ does not name the host in TALLY_AMQP_URL (${message}); use a host name or IP the certificate lists`;
+  }
+  if (code === 'ERR_SSL_WRONG_VERSION_NUMBER' || /wrong version number|packet length too long|unknown protocol/i.test(message)) {
+    return `the RabbitMQ port does not speak TLS (${message}); use the broker's TLS listener (5671 by default) with amqps://, or amqp:// for a plaintext port`;
+  }
+  return null;
+}
+
+/** What stops the start: the error code for the refusal and its line. */
+export interface BrokerRefusal {
+  readonly code: 'TALLY_AMQP_REFUSED' | 'TALLY_AMQP_TLS';
+  readonly line: string;
+}
+
+/** A refusal no reconnect fixes, TLS or AMQP, or null for anything that may pass by itself. */
+export function classifyBrokerRefusal(error: unknown, target: BrokerTarget): BrokerRefusal | null {
+  const tls = brokerTlsRefusal(error);
+  if (tls !== null) return { code: 'TALLY_AMQP_TLS', line: tls };
+  const line = brokerRefusal(error, target);
+  return line === null ? null : { code: 'TALLY_AMQP_REFUSED', line };
 }

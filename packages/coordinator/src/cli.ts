@@ -50,8 +50,9 @@ const HELP = Object.freeze({
   CODE      a reason code (oversized-body, malformed-json, missing-id, count-refused, delivery-limit, ...
             see README) or "unknown"`,
   status: `usage: tally status [--json]
-  live daemons from their heartbeats (host, pid, mode, version, consuming, oldest unacked age, last beat),
-  the prefix's layout, and the queue's depth and consumers
+  live daemons from their heartbeats (host, pid, mode, version, consuming, the RabbitMQ node each is on,
+  oldest unacked age, last beat), the prefix's layout, and the queue's depth and consumers
+  (asked of the first node of TALLY_AMQP_URL that answers)
   --json     one JSON object`,
 } as const);
 

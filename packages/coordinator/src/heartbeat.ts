@@ -31,6 +31,8 @@ export interface HeartbeatSnapshot {
   readonly oldestUnackedS: number | null;
   /** Deliveries received and not yet acked. */
   readonly inFlight: number;
+  /** The RabbitMQ node the daemon is connected to (a TALLY_AMQP_URL entry, redacted); null while it is not. */
+  readonly amqpNode: string | null;
 }
 
 /** The stored record. Field names are the JSON the key holds and `tally status --json` prints. */
@@ -45,6 +47,8 @@ export interface HeartbeatRecord {
   readonly consuming: boolean;
   readonly oldest_unacked_s: number | null;
   readonly in_flight: number;
+  /** The broker node the daemon is connected to, redacted; null while it is not (and in the records of daemons older than this field). */
+  readonly amqp_node: string | null;
   readonly last_beat: string;
   /** The key's TTL at each beat: with the key's remaining TTL it gives the last beat's age on the server's clock. */
   readonly ttl_ms: number;
@@ -112,6 +116,7 @@ export class Heartbeat {
       consuming: snap.consuming,
       oldest_unacked_s: snap.oldestUnackedS === null ? null : Math.round(snap.oldestUnackedS * 10) / 10,
       in_flight: snap.inFlight,
+      amqp_node: snap.amqpNode,
       last_beat: new Date().toISOString(),
       ttl_ms: this.lease.ttlMs,
     };
@@ -199,6 +204,7 @@ export function parseHeartbeat(raw: string, pttlMs: number): LiveDaemon | null {
   if (!text(r.id) || !text(r.host) || !count(r.pid) || !text(r.mode) || !MODES.includes(r.mode) || !text(r.version) || !text(r.queue)) return null;
   if (!text(r.started_at) || typeof r.consuming !== 'boolean' || !(r.oldest_unacked_s === null || count(r.oldest_unacked_s))) return null;
   if (!count(r.in_flight) || !text(r.last_beat) || !count(r.ttl_ms)) return null;
+  if (!(r.amqp_node === undefined || r.amqp_node === null || text(r.amqp_node))) return null;
   // The key is set with PX ttl_ms at each beat: what has run off the TTL is the time since.
   const ageMs = pttlMs >= 0 ? Math.max(0, r.ttl_ms - pttlMs) : 0;
   return {
@@ -212,6 +218,7 @@ export function parseHeartbeat(raw: string, pttlMs: number): LiveDaemon | null {
     consuming: r.consuming,
     oldest_unacked_s: r.oldest_unacked_s,
     in_flight: r.in_flight,
+    amqp_node: typeof r.amqp_node === 'string' ? r.amqp_node : null,
     last_beat: r.last_beat,
     ttl_ms: r.ttl_ms,
     last_beat_age_s: Math.round(ageMs / 100) / 10,

@@ -29,7 +29,7 @@ import { AmqpLink } from './amqp-link.js';
 import type { BugHandler } from './bug-exit.js';
 import { STEP_TIMEOUT_MS, type CloseStep, type CloseSteps } from './close-steps.js';
 import { DEFAULT_SAMPLING, ExposureMeter } from './exposure-meter.js';
-import { Heartbeat, HEARTBEAT_TTL_BEATS } from './heartbeat.js';
+import { Heartbeat, HEARTBEAT_TTL_BEATS, type HeartbeatSnapshot } from './heartbeat.js';
 import { ensureLayout } from './layout-guard.js';
 import type { Logger } from './logger.js';
 import { DeliveryPipeline } from './pipeline/delivery-pipeline.js';
@@ -172,9 +172,14 @@ export async function openRuntime(context: RuntimeContext): Promise<{ runtime: R
     redis,
     context.daemonId,
     { prefix: config.prefix, mode: config.mode, queue: config.queue, intervalMs: config.heartbeatMs, ttlMs: lease.ttlMs },
-    () => {
+    (): HeartbeatSnapshot => {
       const ageMs = pipeline?.oldestUnackedAgeMs() ?? null;
-      return { consuming: link?.consuming ?? false, oldestUnackedS: ageMs === null ? null : ageMs / 1000, inFlight: pipeline?.unacked ?? 0 };
+      return {
+        consuming: link?.consuming ?? false,
+        oldestUnackedS: ageMs === null ? null : ageMs / 1000,
+        inFlight: pipeline?.unacked ?? 0,
+        amqpNode: link?.node ?? null,
+      };
     },
     log,
   );
@@ -259,7 +264,7 @@ export async function openRuntime(context: RuntimeContext): Promise<{ runtime: R
 
   const amqp = new AmqpLink(
     {
-      url: config.amqpUrl,
+      nodes: config.amqpNodes,
       queue: config.queue,
       deadLetterQueue: config.deadLetterQueue,
       prefetch: config.prefetch,
@@ -269,7 +274,11 @@ export async function openRuntime(context: RuntimeContext): Promise<{ runtime: R
     log,
     {
       onDelivery: (channel, message) => delivery.accept(channel, message),
-      onLinkUp: (channel) => delivery.channelUp(channel),
+      onLinkUp: (channel) => {
+        delivery.channelUp(channel);
+        // tally status shows the node a reconnect moved to now, not at the next beat.
+        void heartbeat.beatOnce();
+      },
       onLinkDown: (channel, reason) => {
         const unacked = delivery.channelDown(channel);
         // Closing the channel is the last step of a stop: only what is still unacked goes back.

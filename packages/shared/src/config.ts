@@ -1,5 +1,6 @@
 import { isIP } from 'node:net';
 import { availableParallelism } from 'node:os';
+import { validateAmqpNodes } from './broker-nodes.js';
 import { ConfigError } from './errors.js';
 import type { MarkerScope } from './markers.js';
 
@@ -17,7 +18,13 @@ export type LogLevel = 'fatal' | 'error' | 'warn' | 'info' | 'debug' | 'trace' |
 const LOG_LEVELS: readonly LogLevel[] = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'];
 
 export interface TallyConfig {
+  /**
+   * TALLY_AMQP_URL as given (schemes lower-cased): one URL, or the nodes of
+   * one RabbitMQ cluster separated by commas. Log it only through redactUrl.
+   */
   readonly amqpUrl: string;
+  /** The URLs of TALLY_AMQP_URL, one per node, in the order given: the daemon and the CLI try them in turn (broker-nodes.ts). */
+  readonly amqpNodes: readonly string[];
   /**
    * TALLY_REDIS_URL as given (scheme lower-cased): one URL, or the seed nodes
    * of a Redis Cluster separated by commas. Log it only through redactUrl.
@@ -174,21 +181,6 @@ function powerOfTwo(env: Env, name: string, fallback: number, range: readonly [n
   return value;
 }
 
-function url(env: Env, name: string, fallback: string, schemes: readonly string[]): string {
-  const raw = read(env, name) ?? fallback;
-  let parsed: URL;
-  try {
-    parsed = new URL(raw);
-  } catch {
-    // The raw value may hold a password: never echo it back.
-    throw new ConfigError(name, `not a valid URL; expected ${schemes.map((s) => `${s}//…`).join(' or ')}`);
-  }
-  if (!schemes.includes(parsed.protocol)) {
-    throw new ConfigError(name, `unsupported scheme ${JSON.stringify(parsed.protocol)}; expected one of ${schemes.join(', ')}`);
-  }
-  return withLowerCaseScheme(raw);
-}
-
 /**
  * URL schemes are case-insensitive (RFC 3986), and `new URL` accepts
  * `REDISS://`, but ioredis tests `startsWith('rediss://')`: an upper-case
@@ -260,6 +252,12 @@ function redisUrls(env: Env, name: string, fallback: string): { redisUrl: string
   }
   const normalized = seeds.map(withLowerCaseScheme);
   return { redisUrl: normalized.join(','), redisSeeds: Object.freeze(normalized) };
+}
+
+/** TALLY_AMQP_URL: one URL or the nodes of one cluster; the rules are in broker-nodes.ts. */
+function amqpUrls(env: Env, name: string, fallback: string): { amqpUrl: string; amqpNodes: readonly string[] } {
+  const nodes = validateAmqpNodes(name, read(env, name) ?? fallback, withLowerCaseScheme);
+  return { amqpUrl: nodes.join(','), amqpNodes: Object.freeze(nodes) };
 }
 
 const TRUE_WORDS = ['1', 'true', 'yes'];
@@ -375,7 +373,7 @@ export function loadConfig(env: Env = process.env): TallyConfig {
   const queue = queueName(env, 'TALLY_QUEUE', DEFAULTS.queue);
   const metricsPortRaw = read(env, 'TALLY_METRICS_PORT');
   return Object.freeze({
-    amqpUrl: url(env, 'TALLY_AMQP_URL', DEFAULTS.amqpUrl, ['amqp:', 'amqps:']),
+    ...amqpUrls(env, 'TALLY_AMQP_URL', DEFAULTS.amqpUrl),
     ...redisUrls(env, 'TALLY_REDIS_URL', DEFAULTS.redisUrl),
     queue,
     deadLetterQueue: `${queue}.dead`,

@@ -12,6 +12,8 @@ export type TallyErrorCode =
   | 'TALLY_AMQP_UNAVAILABLE'
   /** RabbitMQ refused Tally at start (login, vhost, permission, queue arguments): the message names the fix. */
   | 'TALLY_AMQP_REFUSED'
+  /** The broker's TLS certificate is not trusted, or does not name the host of TALLY_AMQP_URL (or amqps:// met a plaintext port): the message names the fix. */
+  | 'TALLY_AMQP_TLS'
   | 'TALLY_CLI_USAGE'
   | 'TALLY_QUEUE_MISSING'
   | 'TALLY_REPLAY_REFUSED'

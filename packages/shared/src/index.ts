@@ -1,5 +1,7 @@
 export * from './errors.js';
 export * from './redact.js';
+export * from './broker-nodes.js';
+export * from './tls-trust.js';
 export * from './config.js';
 export * from './message.js';
 export * from './shards.js';

@@ -80,6 +80,31 @@ export function markerShardOf(digest: Uint8Array, virtualShards: number): number
   return word % virtualShards;
 }
 
+/**
+ * Bits of filter per marker a bucket is sized for (marker_buckets.lua): with
+ * message-scoped markers every bucket a script opens gets a blocked Bloom
+ * filter of its digests, so a pre-check reads the marker hashes only for
+ * the digests it may hold (about 3 % of messages are duplicates; the filter
+ * adds well under 1 % of false "may hold"). It never misses a digest
+ * written to its bucket. Part-scoped prefixes keep none: builds from before
+ * the filter write their buckets without setting its bits.
+ */
+export function markerFilterBits(scope: MarkerScope | undefined): number {
+  return scope === 'message' ? 12 : 0;
+}
+
+/** The 32-bit blocks of a bucket's filter (marker_buckets.lua openBucket): room for twice the markers its sub-buckets are sized for. */
+export function filterBlocksFor(subBuckets: number, filterBits: number): number {
+  return Math.max(64, Math.ceil((subBuckets * 64 * 2 * filterBits) / 32));
+}
+
+/** A digest's filter block and its bits in the block (marker_buckets.lua blockOf, bitsOf), for tools that lay markers out. */
+export function filterSlotOf(digest: Uint8Array, blocks: number): { block: number; bits: number } {
+  const block = (((digest[4]! << 24) | (digest[5]! << 16) | (digest[6]! << 8) | digest[7]!) >>> 0) % blocks;
+  const bits = ((1 << (digest[8]! % 32)) | (1 << (digest[9]! % 32)) | (1 << (digest[10]! % 32)) | (1 << (digest[11]! % 32))) >>> 0;
+  return { block, bits };
+}
+
 /** What a prefix laid out before `marker_format` was recorded used: one `SET … EX` key per marker. */
 export const LEGACY_MARKER_FORMAT = 'key-per-marker';
 

@@ -3,8 +3,10 @@
  * (amqp://user:secret@host), so every URL that is logged passes through here.
  */
 export function redactUrl(raw: string): string {
-  // A TALLY_REDIS_URL list of cluster seeds: each URL redacted on its own.
-  const urls = raw.split(/,\s*(?=rediss?:\/\/)/i);
+  // A TALLY_REDIS_URL list of cluster seeds, or a TALLY_AMQP_URL list of
+  // broker nodes: each URL redacted on its own (the fallback below would
+  // strip the first userinfo only).
+  const urls = raw.split(/,\s*(?=(?:rediss?|amqps?):\/\/)/i);
   if (urls.length > 1) return urls.map(redactOne).join(',');
   return redactOne(raw);
 }

@@ -9,6 +9,7 @@
  * wrong yet (replicas may come later, AOF may be switched on).
  */
 import { RedisRequirementError, type RedisRequirementCode } from './errors.js';
+import { CERTIFICATE_ERRORS, HOST_MISMATCH_ERROR } from './tls-trust.js';
 
 /**
  * Redis 7.0: every Tally script starts with the `#!lua` shebang (script
@@ -167,21 +168,6 @@ export interface RedisFailure {
   readonly code?: string;
 }
 
-/** TLS verification failures (Node's error codes): configuration, never an outage. */
-const CERTIFICATE_ERRORS = new Set([
-  'SELF_SIGNED_CERT_IN_CHAIN',
-  'DEPTH_ZERO_SELF_SIGNED_CERT',
-  'UNABLE_TO_VERIFY_LEAF_SIGNATURE',
-  'UNABLE_TO_GET_ISSUER_CERT',
-  'UNABLE_TO_GET_ISSUER_CERT_LOCALLY',
-  'CERT_HAS_EXPIRED',
-  'CERT_NOT_YET_VALID',
-  'CERT_UNTRUSTED',
-  'CERT_REJECTED',
-  'CERT_SIGNATURE_FAILURE',
-  'INVALID_CA',
-]);
-
 function oneLine(text: string): string {
   return text.replace(/\s+/g, ' ').trim();
 }
@@ -231,7 +217,7 @@ export function classifyRedisFailure(error: RedisFailure | null | undefined, ste
       message: `the TLS certificate of Redis is not trusted (${code}: ${message}); for a private CA set NODE_EXTRA_CA_CERTS=/path/to/ca.pem (verification stays on)`,
     };
   }
-  if (code === 'ERR_TLS_CERT_ALTNAME_INVALID') {
+  if (code === HOST_MISMATCH_ERROR) {
     return {
       code: 'TALLY_REDIS_TLS',
       message: `the TLS certificate of Redis does not name the host in TALLY_REDIS_URL (${message}); use a host name or IP the certificate lists`,

@@ -58,6 +58,7 @@ describe('loadConfig', () => {
     const config = loadConfig({});
     const expected: TallyConfig = {
       amqpUrl: 'amqp://guest:guest@127.0.0.1:5672',
+      amqpNodes: ['amqp://guest:guest@127.0.0.1:5672'],
       redisUrl: 'redis://127.0.0.1:6379',
       redisSeeds: ['redis://127.0.0.1:6379'],
       queue: 'inventory.changes',
@@ -194,6 +195,30 @@ describe('loadConfig', () => {
     });
   });
 
+  describe('rejects inconsistent broker node lists, naming the variable and the node by position, never its password', () => {
+    const cases: ReadonlyArray<readonly [string, RegExp]> = [
+      ['amqps://u:s3cret@h1:5671,amqp://u:s3cret@h2:5672', /node 2 of 2 uses amqp:\/\/ but node 1 uses amqps:/],
+      ['amqp://u:s3cret@h1,amqp://u:other-s3cret@h2', /node 2 of 2 names other credentials/],
+      ['amqp://u:s3cret@h1,amqp://h2', /node 2 of 2 names other credentials/],
+      ['amqp://u:s3cret@h1,amqp://v:s3cret@h2', /node 2 of 2 names other credentials/],
+      ['amqp://u:s3cret@h1/prod,amqp://u:s3cret@h2,amqp://u:s3cret@h3/prod', /node 2 of 3 names another vhost/],
+      ['amqp://u:s3cret@h1,amqp://u:s3cret@[::1:5672', /not a valid URL \(node 2 of 2\)/],
+      ['amqp://u:s3cret@h1, http://u:s3cret@h2', /not a valid URL/],
+      ['amqp://u:s3cret@h1,amqp://u:s3cret@h2:99999', /not a valid URL \(node 2 of 2\)/],
+      ['amqp://u:s3cret@h1,amqp://u:s3cret@h2,amqp:///vhost', /no host \(node 3 of 3\)|not a valid URL \(node 3 of 3\)/],
+      [',', /expected an amqp:\/\/ or amqps:\/\/ URL|not a valid URL/],
+    ];
+    for (const [value, pattern] of cases) {
+      it(value.replace(/s3cret/g, '…'), () => {
+        const error = configError({ TALLY_AMQP_URL: value });
+        expect(error.variable).to.equal('TALLY_AMQP_URL');
+        expect(error.code).to.equal('TALLY_CONFIG_INVALID');
+        expect(error.message).to.match(pattern);
+        expect(error.message).not.to.include('s3cret');
+      });
+    }
+  });
+
   describe('never echoes a password', () => {
     const cases: ReadonlyArray<readonly [string, string]> = [
       ['TALLY_AMQP_URL', 'http://user:s3cret@host'],
@@ -236,6 +261,17 @@ describe('loadConfig', () => {
       expect(config.redisSeeds).to.deep.equal(['redis://:pw@10.0.0.1:7000', 'redis://10.0.0.2:7001', 'redis://:pw@[::1]:7002']);
       expect(config.redisUrl).to.equal('redis://:pw@10.0.0.1:7000,redis://10.0.0.2:7001,redis://:pw@[::1]:7002');
       expect(Object.isFrozen(config.redisSeeds)).to.equal(true);
+    });
+
+    it('several comma-separated nodes of one RabbitMQ cluster, in the order given, schemes lowered', () => {
+      const config = loadConfig({ TALLY_AMQP_URL: 'AMQPS://u:p@r1.example:5671/v, amqps://u:p@r2.example:5671/v,Amqps://u:p@[::1]:5671/v' });
+      expect(config.amqpNodes).to.deep.equal(['amqps://u:p@r1.example:5671/v', 'amqps://u:p@r2.example:5671/v', 'amqps://u:p@[::1]:5671/v']);
+      expect(config.amqpUrl).to.equal(config.amqpNodes.join(','));
+      expect(Object.isFrozen(config.amqpNodes)).to.equal(true);
+      // No credentials and no vhost on any node: guest and "/" on every one; "/" and "/%2F" are the same vhost.
+      expect(loadConfig({ TALLY_AMQP_URL: 'amqp://h1,amqp://h2:5673' }).amqpNodes).to.have.length(2);
+      expect(loadConfig({ TALLY_AMQP_URL: 'amqp://u:p@h1/%2F,amqp://u:p@h2,amqp://u:p@h3/' }).amqpNodes).to.have.length(3);
+      expect(loadConfig({}).amqpNodes).to.deep.equal([DEFAULTS.amqpUrl]);
     });
 
     it('a comma inside a password does not split the URL', () => {

@@ -30,6 +30,12 @@ describe('redactUrl', () => {
     expect(out).not.to.include(SECRET);
   });
 
+  it('hides the password of every node in a broker node list', () => {
+    const out = redactUrl(`amqps://tally:${SECRET}@r1:5671/v,amqps://tally:${SECRET}@r2:5671/v, AMQPS://tally:${SECRET}@r3:5671/v`);
+    expect(out).to.equal('amqps://tally:***@r1:5671/v,amqps://tally:***@r2:5671/v,amqps://tally:***@r3:5671/v');
+    expect(out).not.to.include(SECRET);
+  });
+
   it('hides percent-encoded passwords', () => {
     for (const scheme of ['amqp', 'amqps', 'redis', 'rediss']) {
       const out = redactUrl(`${scheme}://user:p%40ss%3Aword@host:1234`);

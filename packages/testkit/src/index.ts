@@ -8,3 +8,4 @@ export { deleteKeys, resetNamespace, type Namespace } from './namespace.js';
 export { markerEntry, markersDone, readMarkers, writeClaim, writeDoneMarker, type MarkerPlace, type MarkerRef, type MarkerSnapshot } from './markers.js';
 export { testWorkerSettings } from './worker-settings.js';
 export { makeTestCertificates, type TestCertificates } from './tls-certificates.js';
+export { startRabbitCluster, type RabbitCluster, type RabbitClusterOptions, type RabbitNode, type RabbitTlsFiles } from './rabbit-cluster.js';

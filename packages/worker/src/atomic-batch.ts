@@ -19,6 +19,7 @@ import { onSlotConnection, type RedisClient } from '@tally/runtime';
 import {
   describeError,
   markerBaseKey,
+  markerFilterBits,
   PART_DONE,
   PART_NEW,
   receiptKey,
@@ -92,6 +93,7 @@ export function atomicBatchArgs(
     settings.markerSubBuckets,
     safe ? 'sums' : 'parts',
     ttl.due(keys, Date.now()),
+    markerFilterBits(settings.markerScope),
   );
   if (safe) {
     // Decimal strings: exact past 2^53 (a bigint), and never a double the script would have to print back.

@@ -35,7 +35,7 @@
  * reply loads the script there and the pair is sent again.
  */
 import { onSlotConnection, type RedisClient } from '@tally/runtime';
-import { describeError, markerBaseKey, retryUntilDone, type BatchTask, type WorkerSettings } from '@tally/shared';
+import { describeError, markerBaseKey, markerFilterBits, retryUntilDone, type BatchTask, type WorkerSettings } from '@tally/shared';
 import type { BatchLog } from './batch-log.js';
 import { evalshaArgs, isNoScript, loadScript, loadScriptInto } from './lua-scripts.js';
 
@@ -60,7 +60,7 @@ export class BatchWritesLostError extends Error {
  */
 export async function waitForReplicas(
   redis: RedisClient,
-  settings: Pick<WorkerSettings, 'prefix' | 'waitReplicas' | 'waitTimeoutMs' | 'markerTtlS' | 'markerBucketS' | 'markerSubBuckets'>,
+  settings: Pick<WorkerSettings, 'prefix' | 'waitReplicas' | 'waitTimeoutMs' | 'markerTtlS' | 'markerBucketS' | 'markerSubBuckets' | 'markerScope'>,
   task: BatchTask,
   digests: readonly Uint8Array[],
   log: BatchLog,
@@ -70,7 +70,11 @@ export async function waitForReplicas(
   const shardKey = markerBaseKey(settings.prefix, task.vshard);
   // Distinct digests (a message twice in one batch relies on one marker), byte for byte.
   const distinct = [...new Map(digests.map((digest) => [Buffer.from(digest).toString('latin1'), Buffer.from(digest)])).values()];
-  const confirm = evalshaArgs(CONFIRM_MARKERS, [shardKey], [settings.markerBucketS, settings.markerTtlS, settings.markerSubBuckets, ...distinct]);
+  const confirm = evalshaArgs(
+    CONFIRM_MARKERS,
+    [shardKey],
+    [settings.markerBucketS, settings.markerTtlS, settings.markerSubBuckets, markerFilterBits(settings.markerScope), ...distinct],
+  );
   let timeouts = 0;
   for (;;) {
     const [missing, acked] = await retryUntilDone(

@@ -7,6 +7,8 @@ export interface PublishOptions {
   /** Wait for broker confirms every this many messages. */
   readonly confirmEvery?: number;
   readonly onProgress?: (published: number) => void;
+  /** amqplib socket options, such as `{ ca }` for a broker whose certificate a private CA signed. */
+  readonly socket?: Readonly<Record<string, unknown>>;
 }
 
 /**
@@ -14,7 +16,7 @@ export interface PublishOptions {
  * resolves the broker holds every one of them.
  */
 export async function publishAll(publishes: readonly Publish[], options: PublishOptions): Promise<number> {
-  const connection = await amqp.connect(options.url, { clientProperties: { connection_name: 'tally-publisher' } });
+  const connection = await amqp.connect(options.url, { ...options.socket, clientProperties: { connection_name: 'tally-publisher' } });
   try {
     const channel = await connection.createConfirmChannel();
     await ensureQueue(connection, options.queue);

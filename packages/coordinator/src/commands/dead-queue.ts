@@ -23,25 +23,22 @@
  * each one (`onForced`) before its dead copy is acked.
  */
 import amqp, { type ConfirmChannel, type GetMessage, type Options } from 'amqplib';
-import { DEAD_AT_HEADER, QueueMissingError, redactUrl, ReplayRefusedError, TallyError } from '@tally/shared';
+import { DEAD_AT_HEADER, QueueMissingError, ReplayRefusedError } from '@tally/shared';
+import { connectAnyNode } from '../broker-connect.js';
 import { copyPublishOptions } from '../message-copy.js';
 import { describeDeadLetter, DeadLetterSummary, REASON_HEADER, type DeadLetterEntry } from './dead-summary.js';
 import { replayVerdict, RiskSummary, type ReplayPolicy } from './replay-guard.js';
 
 export interface DeadQueueTarget {
+  /** TALLY_AMQP_URL: one node, or several of one cluster, tried in turn. */
   readonly url: string;
   /** `<queue>.dead` */
   readonly deadQueue: string;
 }
 
+/** The first node of TALLY_AMQP_URL that answers; none answering is TALLY_AMQP_UNAVAILABLE (broker-connect.ts). */
 async function connect(url: string, name: string): Promise<amqp.ChannelModel> {
-  try {
-    return await amqp.connect(url, { clientProperties: { connection_name: `tally-cli-${name}-${process.pid}` } });
-  } catch (error) {
-    throw new TallyError('TALLY_AMQP_UNAVAILABLE', `RabbitMQ at ${redactUrl(url)}: ${error instanceof Error ? error.message : String(error)}`, {
-      cause: error,
-    });
-  }
+  return (await connectAnyNode(url, `tally-cli-${name}-${process.pid}`)).model;
 }
 
 /** The message count of a queue; a missing queue is a clear error, not an empty list. */

@@ -1,6 +1,6 @@
 import { writeFile } from 'node:fs/promises';
 import { context, propagation, SpanKind, trace, type Tracer } from '@opentelemetry/api';
-import amqp from 'amqplib';
+import { connectAnyNode } from '../broker-connect.js';
 import { ensureQueue, generateWorkload, WORKLOAD_DEFAULTS, type Publish, type WorkloadOptions } from '@tally/workload';
 import { CliUsageError, redactUrl, type TallyConfig } from '@tally/shared';
 import {
@@ -88,7 +88,7 @@ export async function publishWorkload(
   publishes: readonly Publish[],
   options: { url: string; queue: string; tracer: Tracer; onProgress?: (published: number) => void },
 ): Promise<number> {
-  const connection = await amqp.connect(options.url, { clientProperties: { connection_name: `tally-publish-${process.pid}` } });
+  const { model: connection } = await connectAnyNode(options.url, `tally-publish-${process.pid}`);
   try {
     await ensureQueue(connection, options.queue);
     const channel = await connection.createConfirmChannel();

@@ -4,10 +4,11 @@
  * A prefix nobody has started on is an empty list, not an error; a broker
  * that cannot be reached is shown as such, and the daemons are still listed.
  */
-import amqp from 'amqplib';
+import type amqp from 'amqplib';
 import type { Redis } from 'ioredis';
-import { layoutKey, redactUrl, type TallyConfig, type TallyMode } from '@tally/shared';
+import { describeError, layoutKey, type TallyConfig, type TallyMode } from '@tally/shared';
 import { connectRedis, scanNodes, type RedisClient } from '@tally/runtime';
+import { connectAnyNode } from '../broker-connect.js';
 import { listDaemons, type LiveDaemon } from '../heartbeat.js';
 
 export interface LayoutStatus {
@@ -60,14 +61,13 @@ async function checkQueue(connection: amqp.ChannelModel, queue: string): Promise
   }
 }
 
-export async function readQueueStatus(config: Pick<TallyConfig, 'amqpUrl' | 'queue' | 'deadLetterQueue'>): Promise<QueueStatus> {
+export async function readQueueStatus(config: Pick<TallyConfig, 'amqpNodes' | 'queue' | 'deadLetterQueue'>): Promise<QueueStatus> {
   const base = { name: config.queue, dead_letter_queue: config.deadLetterQueue };
   let connection: amqp.ChannelModel;
   try {
-    connection = await amqp.connect(config.amqpUrl, { clientProperties: { connection_name: 'tally-cli-status' } });
+    ({ model: connection } = await connectAnyNode(config.amqpNodes, 'tally-cli-status'));
   } catch (error) {
-    const reason = error instanceof Error ? error.message : String(error);
-    return { ...base, exists: null, depth: null, consumers: null, dead_depth: null, error: `RabbitMQ at ${redactUrl(config.amqpUrl)} unreachable: ${reason}` };
+    return { ...base, exists: null, depth: null, consumers: null, dead_depth: null, error: `unreachable: ${describeError(error)}` };
   }
   connection.on('error', () => {});
   try {
@@ -93,7 +93,7 @@ export async function readQueueStatus(config: Pick<TallyConfig, 'amqpUrl' | 'que
 export async function readStatus(
   nodes: readonly Redis[],
   redis: RedisClient,
-  config: Pick<TallyConfig, 'prefix' | 'amqpUrl' | 'queue' | 'deadLetterQueue'>,
+  config: Pick<TallyConfig, 'prefix' | 'amqpNodes' | 'queue' | 'deadLetterQueue'>,
 ): Promise<StatusReport> {
   const [daemons, layout, queue] = await Promise.all([listDaemons(nodes, config.prefix), readLayout(redis, config.prefix), readQueueStatus(config)]);
   return { prefix: config.prefix, layout, queue, daemons };
@@ -123,7 +123,7 @@ export function statusText(report: StatusReport): string {
   }
   lines.push(`daemons ${report.daemons.length} live`);
   if (report.daemons.length > 0) {
-    const rows = [['HOST', 'PID', 'MODE', 'VERSION', 'CONSUMING', 'OLDEST_UNACKED_S', 'IN_FLIGHT', 'LAST_BEAT_S_AGO', 'STARTED_AT']];
+    const rows = [['HOST', 'PID', 'MODE', 'VERSION', 'CONSUMING', 'AMQP_NODE', 'OLDEST_UNACKED_S', 'IN_FLIGHT', 'LAST_BEAT_S_AGO', 'STARTED_AT']];
     for (const d of report.daemons) {
       rows.push([
         d.host,
@@ -131,6 +131,7 @@ export function statusText(report: StatusReport): string {
         d.mode,
         d.version,
         d.consuming ? 'yes' : 'no',
+        d.amqp_node ?? '-',
         d.oldest_unacked_s === null ? '-' : String(d.oldest_unacked_s),
         String(d.in_flight),
         String(d.last_beat_age_s),

@@ -1,5 +1,5 @@
 import { expect } from 'chai';
-import { brokerRefusal, permissionFix } from '../../src/broker-refusal.js';
+import { brokerRefusal, brokerTlsRefusal, classifyBrokerRefusal, permissionFix } from '../../src/broker-refusal.js';
 
 /** Shaped as amqplib raises a channel the broker closed: the reply code in `code`. */
 function closed(message: string, code: number): Error {
@@ -79,5 +79,41 @@ describe('brokerRefusal (RabbitMQ refusals at start -> one line naming the fix)'
   it('every line is one line', () => {
     const line = brokerRefusal(closed('Channel closed by server: 403 (ACCESS-REFUSED) with message "ACCESS_REFUSED -\naccess"', 403), TARGET)!;
     expect(line).not.to.match(/[\r\n]/);
+  });
+
+  describe('TLS: a certificate the client refuses is configuration, named with its fix', () => {
+    /** Shaped as Node's TLS socket fails the handshake, which amqplib passes on as it is. */
+    const tlsError = (message: string, code: string): Error => Object.assign(new Error(message), { code });
+
+    for (const code of ['SELF_SIGNED_CERT_IN_CHAIN', 'DEPTH_ZERO_SELF_SIGNED_CERT', 'UNABLE_TO_VERIFY_LEAF_SIGNATURE', 'CERT_HAS_EXPIRED']) {
+      it(`${code} names the problem and NODE_EXTRA_CA_CERTS, with code TALLY_AMQP_TLS`, () => {
+        const refusal = classifyBrokerRefusal(tlsError('self-signed certificate in certificate chain', code), TARGET)!;
+        expect(refusal.code).to.equal('TALLY_AMQP_TLS');
+        expect(refusal.line).to.include(code).and.include('NODE_EXTRA_CA_CERTS').and.include('not trusted');
+      });
+    }
+
+    it('a certificate for another host names TALLY_AMQP_URL', () => {
+      const line = brokerTlsRefusal(
+        tlsError("Hostname/IP does not match certificate's altnames: IP: 10.0.0.9 is not in the cert's list: 127.0.0.1", 'ERR_TLS_CERT_ALTNAME_INVALID'),
+      )!;
+      expect(line).to.include('TALLY_AMQP_URL').and.include('does not name the host');
+    });
+
+    it('amqps:// aimed at a plaintext port says the port does not speak TLS', () => {
+      const line = brokerTlsRefusal(
+        tlsError('800CD00C5C7F0000:error:0A00010B:SSL routines:ssl3_get_record:wrong version number:ssl3_record.c:350:\n', 'ERR_SSL_WRONG_VERSION_NUMBER'),
+      )!;
+      expect(line).to.include('does not speak TLS').and.include('amqps://');
+      expect(line).not.to.match(/[\r\n]/);
+    });
+
+    it('an AMQP refusal keeps its own code; a dropped socket is neither', () => {
+      expect(classifyBrokerRefusal(closed('Channel closed by server: 403 (ACCESS-REFUSED) with message "ACCESS_REFUSED - x"', 403), TARGET)?.code).to.equal(
+        'TALLY_AMQP_REFUSED',
+      );
+      expect(classifyBrokerRefusal(tlsError('read ECONNRESET', 'ECONNRESET'), TARGET)).to.equal(null);
+      expect(classifyBrokerRefusal(tlsError('connect ECONNREFUSED 127.0.0.1:5671', 'ECONNREFUSED'), TARGET)).to.equal(null);
+    });
   });
 });

@@ -23,6 +23,13 @@ describe('parseHeartbeat', () => {
     expect(parseHeartbeat(JSON.stringify({ ...valid, oldest_unacked_s: null }), 15_000)?.oldest_unacked_s).to.equal(null);
   });
 
+  it('reads the broker node the daemon is on; a record without one (an older daemon) reads as null', () => {
+    expect(parseHeartbeat(JSON.stringify({ ...valid, amqp_node: 'amqps://tally:***@r2:5671/v' }), 15_000)?.amqp_node).to.equal('amqps://tally:***@r2:5671/v');
+    expect(parseHeartbeat(JSON.stringify({ ...valid, amqp_node: null }), 15_000)?.amqp_node).to.equal(null);
+    expect(parseHeartbeat(JSON.stringify(valid), 15_000)?.amqp_node).to.equal(null);
+    expect(parseHeartbeat(JSON.stringify({ ...valid, amqp_node: 7 }), 15_000)).to.equal(null);
+  });
+
   it('skips what is not a heartbeat instead of failing the listing', () => {
     for (const raw of [
       '',

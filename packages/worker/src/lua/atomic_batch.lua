@@ -22,13 +22,15 @@
                            TTL is to be set even if it exists (a new key
                            always gets it; see count_apply.lua); 'parts' and
                            the refusal path set every written key's TTL
-    'sums':  ARGV[9 .. m+8]     per count key, the sum of its deltas over
+    ARGV[9]                filter bits per expected marker of a bucket it
+                           opens (0: no filter; marker_buckets.lua)
+    'sums':  ARGV[10 .. m+9]    per count key, the sum of its deltas over
                                 all n parts, duplicates included (a decimal
                                 string, exact at any size)
-             ARGV[m+9 .. 2m+8]  per count key, how many changes of all n
+             ARGV[m+10 .. 2m+9] per count key, how many changes of all n
                                 parts name it
-             ARGV[2m+9 ..]      the parts, as below
-    'parts': ARGV[9 ..]         the parts (the worker's choice when a delta
+             ARGV[2m+10 ..]     the parts, as below
+    'parts': ARGV[10 ..]        the parts (the worker's choice when a delta
                                 is not a safe integer: every change is checked)
     the parts              per part: its 16-byte digest, k, then k pairs
                            (count key index 1..m, delta as a decimal string)
@@ -113,10 +115,12 @@ end
 -- ARGV[sumAt + index] and ARGV[namedAt + index]: a count key's sum and how many changes name it ('sums').
 local sumAt, namedAt, partsAt
 local refresh = ARGV[8]
+local filterBits = tonumber(ARGV[9])
+if filterBits == nil then return redis.error_reply('TALLY_SCRIPT_ARGS no filter bits argument') end
 if layout == 'sums' then
-  sumAt, namedAt, partsAt = 8, 8 + m, 9 + 2 * m
+  sumAt, namedAt, partsAt = 9, 9 + m, 10 + 2 * m
 elseif layout == 'parts' then
-  partsAt = 9
+  partsAt = 10
 else
   return redis.error_reply('TALLY_SCRIPT_ARGS unknown layout ' .. tostring(layout))
 end

@@ -12,9 +12,11 @@
     ARGV[2]     marker TTL, seconds
     ARGV[3]     sub-buckets of a shard's bucket when the bucket before it is
                 unknown (a power of two)
-    ARGV[4]     this daemon's claim token (hex)
-    ARGV[5]     claim TTL, milliseconds
-    ARGV[6 ..]  one 16-byte digest per part
+    ARGV[4]     filter bits per expected marker of a bucket this script
+                opens (0: no filter; marker_buckets.lua)
+    ARGV[5]     this daemon's claim token (hex)
+    ARGV[6]     claim TTL, milliseconds
+    ARGV[7 ..]  one 16-byte digest per part
 
   Output:
     {flags, bucket, takeovers, batch}
@@ -61,9 +63,11 @@ local base = KEYS[1]
 local width = tonumber(ARGV[1])
 local ttl = tonumber(ARGV[2])
 local initialSubs = tonumber(ARGV[3])
-local mine = 'c' .. ARGV[4] .. ':'
-local claimTtl = tonumber(ARGV[5])
-local FIRST = 6
+local filterBits = tonumber(ARGV[4])
+if filterBits == nil then return redis.error_reply('TALLY_SCRIPT_ARGS no filter bits argument') end
+local mine = 'c' .. ARGV[5] .. ':'
+local claimTtl = tonumber(ARGV[6])
+local FIRST = 7
 local t = redis.call('TIME')
 local nowS = tonumber(t[1])
 local nowMs = nowS * 1000 + math.floor(tonumber(t[2]) / 1000)

@@ -10,7 +10,9 @@
     ARGV[2]     marker TTL, seconds
     ARGV[3]     sub-buckets of a new bucket when the bucket before it is
                 unknown (as in claim_markers)
-    ARGV[4 ..]  the 16-byte digests of the parts the batch relies on: those
+    ARGV[4]     filter bits per expected marker of a bucket it opens (as in
+                claim_markers)
+    ARGV[5 ..]  the 16-byte digests of the parts the batch relies on: those
                 it counted and marked, and those it found done (duplicates)
 
   Output:
@@ -38,6 +40,8 @@ local base = KEYS[1]
 local width = tonumber(ARGV[1])
 local ttl = tonumber(ARGV[2])
 local initialSubs = tonumber(ARGV[3])
+local filterBits = tonumber(ARGV[4])
+if filterBits == nil then return redis.error_reply('TALLY_SCRIPT_ARGS no filter bits argument') end
 local nowS = tonumber(redis.call('TIME')[1])
 local current = math.floor(nowS / width)
 local oldest = math.floor((nowS - ttl) / width)
@@ -45,7 +49,7 @@ local oldest = math.floor((nowS - ttl) / width)
 -- @include marker_buckets
 
 local digests = {}
-for i = 4, #ARGV do digests[#digests + 1] = ARGV[i] end
+for i = 5, #ARGV do digests[#digests + 1] = ARGV[i] end
 
 -- A two-step marker holds its batch's number: done once that batch's record is '1'.
 local batchDone = {}

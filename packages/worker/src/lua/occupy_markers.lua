@@ -11,12 +11,14 @@
     ARGV[2]     marker TTL, seconds
     ARGV[3]     sub-buckets of a new bucket when the bucket before it is
                 unknown (as in claim_markers)
-    ARGV[4]     the bucket claim_markers put the claims in
-    ARGV[5]     the batch number claim_markers gave them
-    ARGV[6]     r, the number of parts Redis refused to count
-    ARGV[7 .. 6+r]  their 16-byte digests: their claims are deleted, so they
+    ARGV[4]     filter bits per expected marker of a bucket it opens (as in
+                claim_markers)
+    ARGV[5]     the bucket claim_markers put the claims in
+    ARGV[6]     the batch number claim_markers gave them
+    ARGV[7]     r, the number of parts Redis refused to count
+    ARGV[8 .. 7+r]  their 16-byte digests: their claims are deleted, so they
                 get no marker and their replay counts them
-    ARGV[7+r ..]    the 16-byte digests of the other new parts: only needed,
+    ARGV[8+r ..]    the 16-byte digests of the other new parts: only needed,
                 and only sent, when the first call answered -1
 
   Output:
@@ -46,10 +48,12 @@ local base = KEYS[1]
 local width = tonumber(ARGV[1])
 local ttl = tonumber(ARGV[2])
 local initialSubs = tonumber(ARGV[3])
-local claimed = tonumber(ARGV[4])
-local batch = ARGV[5]
-local refused = tonumber(ARGV[6])
-local FIRST = 7 + refused
+local filterBits = tonumber(ARGV[4])
+if filterBits == nil then return redis.error_reply('TALLY_SCRIPT_ARGS no filter bits argument') end
+local claimed = tonumber(ARGV[5])
+local batch = ARGV[6]
+local refused = tonumber(ARGV[7])
+local FIRST = 8 + refused
 local nowS = tonumber(redis.call('TIME')[1])
 local current = math.floor(nowS / width)
 if current ~= claimed and #ARGV < FIRST then return -1 end
@@ -57,7 +61,7 @@ if current ~= claimed and #ARGV < FIRST then return -1 end
 -- @include marker_buckets
 
 local claimSubs = tonumber(redis.call('HGET', metaKey(claimed), 's')) or initialSubs
-for i = 7, 6 + refused do
+for i = 8, 7 + refused do
   local digest = ARGV[i]
   redis.call('HDEL', base .. ':' .. claimed .. ':' .. subOf(digest, claimSubs), digest)
 end

@@ -1,13 +1,20 @@
 -- Marker buckets (the format is shared/src/markers.ts): the helpers every
 -- marker script needs, pasted in by the loader at `-- @include
 -- marker_buckets` (Redis scripts cannot call each other). Each script sets
--- `base`, its shard's marker base <prefix>mk:{<vshard>}, before using them.
+-- `base`, its shard's marker base <prefix>mk:{<vshard>}, and `filterBits`,
+-- bits of filter per expected marker for the buckets it opens (0: none),
+-- before using them.
 --
 --   <base>:<bucket>:<sub>  hash: field 16-byte digest, value '1' (done) or
 --                          the number of the two-step batch that claimed it
 --   <base>:<bucket>:m      meta: s sub-buckets, n markers written, x which
 --                          hashes carry their expiry, b last batch number,
---                          b<number> a two-step batch's claim or '1' (done)
+--                          b<number> a two-step batch's claim or '1' (done),
+--                          f the filter's 32-bit blocks (absent: no filter)
+--   <base>:<bucket>:f      the bucket's filter: a blocked Bloom filter of
+--                          every digest written to the bucket, so a lookup
+--                          reads the hashes only for digests it may hold
+--                          (see docs/architecture.md, "Marker filters")
 
 -- Fields per HMGET/HSET: unpack's limit is the Lua C stack.
 local CHUNK = 1000
@@ -20,6 +27,98 @@ end
 -- the bucket's sub-bucket count (shared/src/markers.ts subBucketOf).
 local function subOf(digest, subs)
   return (string.byte(digest, 1) * 256 + string.byte(digest, 2)) % subs
+end
+
+-- The filter of a bucket: its block count from the meta hash (cached for
+-- the script's run), or false when the bucket has none (opened without a
+-- filter, or by an older build): then every lookup reads the hashes.
+local filterBlocks = {}
+local function filterOf(bucket)
+  local blocks = filterBlocks[bucket]
+  if blocks == nil then
+    blocks = tonumber(redis.call('HGET', metaKey(bucket), 'f')) or false
+    -- A filter key gone while its bucket lives (deleted by hand) would answer
+    -- "not held" for every digest: read the hashes instead.
+    if blocks and redis.call('EXISTS', base .. ':' .. bucket .. ':f') == 0 then blocks = false end
+    filterBlocks[bucket] = blocks
+  end
+  return blocks
+end
+
+-- A digest's block (bytes 5..8, big-endian, modulo the block count) and its
+-- four bits in the block (bytes 9..12, each modulo 32): independent of the
+-- bytes that pick the sub-bucket (1..2) and the marker shard (13..16).
+local function blockOf(digest, blocks)
+  local b5, b6, b7, b8 = string.byte(digest, 5, 8)
+  return ((((b5 * 256 + b6) * 256 + b7) * 256 + b8) % blocks)
+end
+local function bitsOf(digest)
+  local b9, b10, b11, b12 = string.byte(digest, 9, 12)
+  return bit.bor(bit.lshift(1, b9 % 32), bit.lshift(1, b10 % 32), bit.lshift(1, b11 % 32), bit.lshift(1, b12 % 32))
+end
+
+-- The digests the filter of `bucket` may hold (all of them when it has none):
+-- one BITFIELD GET per chunk of digests instead of one HMGET per hash.
+local function mayHold(bucket, digests)
+  local blocks = filterOf(bucket)
+  if not blocks or #digests == 0 then return digests end
+  local key = base .. ':' .. bucket .. ':f'
+  local kept = {}
+  for from = 1, #digests, CHUNK do
+    local to = math.min(from + CHUNK - 1, #digests)
+    local args = {}
+    for j = from, to do
+      args[#args + 1] = 'GET'
+      args[#args + 1] = 'u32'
+      args[#args + 1] = '#' .. blockOf(digests[j], blocks)
+    end
+    local words = redis.call('BITFIELD', key, unpack(args))
+    for j = from, to do
+      local bits = bitsOf(digests[j])
+      if bit.band(words[j - from + 1], bits) == bits then kept[#kept + 1] = digests[j] end
+    end
+  end
+  return kept
+end
+
+-- Sets the digests' bits in the filter of `bucket`, if it has one: one
+-- BITFIELD GET and one SET per chunk, the bits of digests that share a block
+-- merged first (two SETs of one block would keep only the last).
+local function addToFilter(bucket, digests)
+  local blocks = filterOf(bucket)
+  if not blocks then return end
+  local key = base .. ':' .. bucket .. ':f'
+  for from = 1, #digests, CHUNK do
+    local to = math.min(from + CHUNK - 1, #digests)
+    local order, wanted = {}, {}
+    for j = from, to do
+      local block = blockOf(digests[j], blocks)
+      if wanted[block] == nil then
+        wanted[block] = 0
+        order[#order + 1] = block
+      end
+      wanted[block] = bit.bor(wanted[block], bitsOf(digests[j]))
+    end
+    local args = {}
+    for _, block in ipairs(order) do
+      args[#args + 1] = 'GET'
+      args[#args + 1] = 'u32'
+      args[#args + 1] = '#' .. block
+    end
+    local words = redis.call('BITFIELD', key, unpack(args))
+    args = {}
+    for i, block in ipairs(order) do
+      -- As an unsigned 32-bit value: bit.bor answers signed, BITFIELD u32 unsigned.
+      local word = bit.bor(words[i], wanted[block]) % 4294967296
+      if word ~= words[i] then
+        args[#args + 1] = 'SET'
+        args[#args + 1] = 'u32'
+        args[#args + 1] = '#' .. block
+        args[#args + 1] = string.format('%d', word)
+      end
+    end
+    if #args > 0 then redis.call('BITFIELD', key, unpack(args)) end
+  end
 end
 
 -- Groups digests by the hash they fall in: {key -> {digests}}, keys in
@@ -57,7 +156,7 @@ local function readBuckets(current, oldest, digests, visit)
     local subs = tonumber(redis.call('HGET', metaKey(bucket), 's'))
     if bucket == current then currentSubs = subs or false end
     if subs then
-      local order, groups = groupBy(subs, bucket, digests)
+      local order, groups = groupBy(subs, bucket, mayHold(bucket, digests))
       for _, key in ipairs(order) do
         local group = groups[key]
         for from = 1, #group, CHUNK do
@@ -91,6 +190,17 @@ local function openBucket(bucket, initialSubs, expiresAt)
   end
   redis.call('HSET', meta, 's', subs)
   redis.call('EXPIREAT', meta, expiresAt)
+  if filterBits > 0 then
+    -- Room for twice the markers the sub-buckets are sized for (a rate that
+    -- doubles within the bucket), so the filter stays sparse; past that it
+    -- only answers "may hold" more often, it never misses a digest.
+    local blocks = math.max(64, math.ceil(subs * 64 * 2 * filterBits / 32))
+    local filter = base .. ':' .. bucket .. ':f'
+    redis.call('BITFIELD', filter, 'SET', 'u32', '#' .. (blocks - 1), 0)
+    redis.call('EXPIREAT', filter, expiresAt)
+    redis.call('HSET', meta, 'f', blocks)
+    filterBlocks[bucket] = blocks
+  end
   return subs
 end
 
@@ -144,5 +254,6 @@ local function writeMarkers(bucket, subs, digests, value, expiresAt)
     expiry.ensure(subOfKey[key], key, expiresAt)
   end
   expiry.save()
+  addToFilter(bucket, digests)
   redis.call('HINCRBY', meta, 'n', #digests)
 end
