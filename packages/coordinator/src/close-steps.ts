@@ -30,8 +30,7 @@ export interface CloseStep {
  *   nothing more;
  * - the stats flush once no thread can report anything more;
  * - the channel: only now do the unacked deliveries go back to the broker;
- * - the heartbeat and the replica watch, then Redis (they use its client),
- *   then the health channel that reports Redis' refusals;
+ * - the heartbeat and the replica watch, then Redis (they use its client);
  * - the metrics endpoint last: it answers until the end.
  */
 export const CLOSE_ORDER = [
@@ -42,7 +41,6 @@ export const CLOSE_ORDER = [
   'stopping the heartbeat',
   'stopping the replica watch',
   'closing redis',
-  'closing the health channel',
   'closing the metrics endpoint',
 ] as const;
 

@@ -1,7 +1,8 @@
 /**
  * Whether Redis is refusing Tally's writes right now (invariant 11 at run
  * time), gathered from every place that writes: the worker threads' batch
- * steps (events on the BroadcastChannel, see shared/src/redis-health.ts) and
+ * steps (their ThreadEvents, passed to apply() by worker-pools.ts; see
+ * shared/src/redis-health.ts) and
  * the coordinator's own calls (stats flush, heartbeat).
  *
  * A refusal is a server state, not a bad message: the batch waits and
@@ -11,8 +12,7 @@
  *
  * Pure bookkeeping plus a log; the clock is injectable for tests.
  */
-import { BroadcastChannel } from 'node:worker_threads';
-import { REDIS_HEALTH_CHANNEL, type FailureClass, type RedisHealthEvent } from '@tally/shared';
+import type { FailureClass, RedisHealthEvent } from '@tally/shared';
 import type { Logger } from './logger.js';
 
 /**
@@ -47,27 +47,13 @@ export class RedisHealth {
   private episodeSinceMs: number | null = null;
   /** Refused attempts since start, by error type: the `tally.redis.refused_attempts` counter. */
   readonly attemptsByType = new Map<string, number>();
-  private channel: BroadcastChannel | null = null;
 
   constructor(
     private readonly log: Logger,
     private readonly now: () => number = Date.now,
   ) {}
 
-  /** Listens to the worker threads' events. */
-  listen(): void {
-    if (this.channel !== null) return;
-    const channel = new BroadcastChannel(REDIS_HEALTH_CHANNEL);
-    channel.onmessage = (event) => this.apply((event as { data: RedisHealthEvent }).data);
-    channel.unref();
-    this.channel = channel;
-  }
-
-  close(): void {
-    this.channel?.close();
-    this.channel = null;
-  }
-
+  /** A worker thread's health event (thread-protocol.ts ThreadEvent `redis-health`). */
   apply(event: RedisHealthEvent): void {
     if (event.kind === 'refused') this.refused(event.source, event.errorType, event.failureClass, event.message);
     else this.recovered(event.source);

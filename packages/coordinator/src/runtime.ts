@@ -142,8 +142,6 @@ export async function openRuntime(context: RuntimeContext): Promise<{ runtime: R
   redis.on('end', () => log.warn('redis connection ended'));
   closeSteps.add(closeRedisStep(redis));
   const health = new RedisHealth(log);
-  health.listen();
-  closeSteps.add({ name: 'closing the health channel', run: () => health.close() });
   const replicaWatch = startReplicaWatch(redis, config, log);
   if (replicaWatch !== null) closeSteps.add({ name: 'stopping the replica watch', run: () => replicaWatch.stop() });
 
@@ -244,12 +242,13 @@ export async function openRuntime(context: RuntimeContext): Promise<{ runtime: R
     },
     config.workers,
     config.virtualShards,
-    // Counted as they happen: a WAIT that keeps timing out holds its batch, and the stall must show meanwhile.
+    // Taken as they happen: a WAIT that keeps timing out holds its batch, and a
+    // Redis that refuses a batch step makes it retry quietly; both must show meanwhile.
     (event) => {
       if (event.type === 'wait-timeout') {
         stats.add('wait_timeouts');
         replicaWatch?.nudge();
-      }
+      } else health.apply(event.health);
     },
   );
   closeSteps.add({ name: 'flushing worker spans', timeoutMs: 500, run: () => pools.flushTelemetry() });

@@ -1,11 +1,16 @@
 import { Piscina } from 'piscina';
 import {
   ClassifiedFailure,
-  isBatchReply,
+  isThreadEvent,
+  isThreadReply,
   ownerOf,
+  transferListOf,
   UnknownReplyError,
   type BatchResult,
   type ThreadEvent,
+  type ThreadReply,
+  type ThreadRequest,
+  type ThreadRequestKind,
   type WireBatchTask,
   type WorkerSettings,
 } from '@tally/shared';
@@ -20,7 +25,7 @@ import { WORKER_THREAD_FILE } from '@tally/worker';
 export class WorkerPools {
   private readonly pools: Piscina[];
 
-  /** `onEvent` receives what a thread posts while a batch runs (batch-protocol.ts ThreadEvent). */
+  /** `onEvent` receives what a thread posts while a batch runs (thread-protocol.ts ThreadEvent). */
   constructor(settings: WorkerSettings, threads: number, virtualShards: number, onEvent: (event: ThreadEvent) => void = () => {}) {
     const shardsPerThread = Math.ceil(virtualShards / threads);
     this.pools = Array.from(
@@ -41,7 +46,10 @@ export class WorkerPools {
           env: { ...process.env, TALLY_THREAD_INDEX: String(index) },
         }),
     );
-    for (const pool of this.pools) pool.on('message', (event: ThreadEvent) => onEvent(event));
+    for (const pool of this.pools)
+      pool.on('message', (event: unknown) => {
+        if (isThreadEvent(event)) onEvent(event);
+      });
   }
 
   private destroyed = false;
@@ -61,8 +69,10 @@ export class WorkerPools {
   async run(task: WireBatchTask): Promise<BatchResult> {
     if (this.destroyed) throw new Error('worker threads stopped');
     const pool = this.pools[ownerOf(task.vshard, this.pools.length)]!;
-    const reply: unknown = await pool.run(task);
-    if (!isBatchReply(reply)) throw new UnknownReplyError('a worker thread', reply);
+    // The task's buffer is moved, not cloned: the clone of the flat array it
+    // replaced cost the main thread about 1 µs per message (docs/benchmark.md).
+    // A rerun after a failure encodes the task again (shard-batches.ts).
+    const reply = await request(pool, { kind: 'batch', task }, transferListOf(task));
     if (!reply.ok) throw new ClassifiedFailure(reply.failureClass, reply.message, reply.stack);
     return reply.result;
   }
@@ -73,12 +83,12 @@ export class WorkerPools {
    * usual way (retried, logged), so a failure here is not reported twice.
    */
   async warm(): Promise<void> {
-    await Promise.allSettled(this.pools.map((pool) => pool.run(null, { name: 'warm' })));
+    await Promise.allSettled(this.pools.map((pool) => request(pool, { kind: 'warm' })));
   }
 
   /** Asks every thread to export its buffered spans (a no-op when tracing is off). */
   async flushTelemetry(): Promise<void> {
-    await Promise.allSettled(this.pools.map((pool) => pool.run(null, { name: 'flushTelemetry' })));
+    await Promise.allSettled(this.pools.map((pool) => request(pool, { kind: 'flush-telemetry' })));
   }
 
   /**
@@ -91,4 +101,11 @@ export class WorkerPools {
     this.destroyed = true;
     await Promise.allSettled(this.pools.map((pool) => pool.destroy()));
   }
+}
+
+/** Sends one request to a pool's thread and checks that the reply is that request's (thread-protocol.ts). */
+async function request<R extends ThreadRequest>(pool: Piscina, message: R, transferList?: ArrayBuffer[]): Promise<ThreadReply<R['kind']>> {
+  const reply: unknown = await pool.run(message, transferList === undefined ? {} : { transferList });
+  if (!isThreadReply<ThreadRequestKind>(message.kind, reply)) throw new UnknownReplyError('a worker thread', reply);
+  return reply as ThreadReply<R['kind']>;
 }

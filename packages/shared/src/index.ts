@@ -13,6 +13,7 @@ export * from './backoff.js';
 export * from './failure-class.js';
 export * from './retry.js';
 export * from './batch-protocol.js';
+export * from './thread-protocol.js';
 export * from './deviation.js';
 export * from './redis-requirements.js';
 export * from './dead-letter.js';

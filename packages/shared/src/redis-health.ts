@@ -5,9 +5,9 @@
  * step that Redis refuses (OOM under noeviction, READONLY after a failover,
  * MASTERDOWN, LOADING, or no answer at all) is retried there, quietly from
  * the coordinator's point of view: the batch simply takes longer. So each
- * thread posts an event on a BroadcastChannel (worker_threads supports it
- * between the threads of one process) when a step fails and when a step of
- * the same shard succeeds again. Why this way:
+ * thread posts an event to the coordinator (a ThreadEvent on its piscina
+ * port, thread-protocol.ts) when a step fails and when a step of the same
+ * shard succeeds again. Why this way:
  *
  * - reliable: it reports the very writes that are refused, not a probe that
  *   might pass while the scripts fail (or the reverse);
@@ -22,8 +22,6 @@
  * sends the class and the reply's first word explicitly.
  */
 import { classifyError, isRedisReplyError, type FailureClass } from './failure-class.js';
-
-export const REDIS_HEALTH_CHANNEL = 'tally.redis-health';
 
 export type RedisHealthEvent =
   | {

@@ -51,7 +51,7 @@ export function atomicBatchArgs(
   batchId: string,
 ): ScriptArg[] {
   const { prefix, markerTtlS, countTtlS } = settings;
-  const { vshard, ids, changes } = task;
+  const { vshard, changes } = task;
   const skuIndex = new Map<string, number>();
   // By count key index - 1: the sum of its deltas over all parts, and how many changes name it.
   const sums: Sum[] = [];
@@ -87,7 +87,7 @@ export function atomicBatchArgs(
   args.push(
     markerTtlS,
     ttl.ttlS,
-    ids.length,
+    changes.length,
     skuIndex.size,
     settings.markerBucketS,
     settings.markerSubBuckets,
@@ -139,8 +139,8 @@ async function runAtomicScript(redis: RedisClient, settings: WorkerSettings, tas
   })) as [string, unknown, number];
   const [flags, rawRefusals, replayed] = reply;
   if (replayed !== ScriptReply.ATOMIC_REPLAYED) await hooks.afterCountWrite?.(task);
-  if (flags.length !== task.ids.length) throw new Error(`atomic batch: the script returned ${flags.length} flags for ${task.ids.length} parts`);
-  const marked = new Uint8Array(task.ids.length);
+  if (flags.length !== task.changes.length) throw new Error(`atomic batch: the script returned ${flags.length} flags for ${task.changes.length} parts`);
+  const marked = new Uint8Array(task.changes.length);
   // A part Redis refused (ATOMIC_REFUSED, listed in the refusals) is not a duplicate: PART_NEW, like a counted one.
   for (let i = 0; i < flags.length; i++) marked[i] = flags[i] === ScriptReply.ATOMIC_DUPLICATE ? PART_DONE : PART_NEW;
   const refusals = decodeRefusals(rawRefusals, settings.prefix);

@@ -4,7 +4,7 @@
  * return one `{part index (1-based), count key, delta, Redis error}` per
  * refused part; the part counted nothing and occupies no marker.
  */
-import { skuOfCountKey, type BatchTask, type CountRefusal } from '@tally/shared';
+import { partName, skuOfCountKey, type BatchTask, type CountRefusal } from '@tally/shared';
 import type { BatchLog } from './batch-log.js';
 
 /** Refusals logged one by one per batch; the rest are summed in one line (a poisoned hot key would flood the log). */
@@ -26,7 +26,8 @@ export function logRefusals(log: BatchLog, task: BatchTask, refusals: readonly C
       {
         vshard: task.vshard,
         batchId: task.batchId,
-        messageId: task.ids[refusal.part],
+        // Ids do not cross the thread boundary (batch-protocol.ts): the part's digest names its message.
+        messageDigest: partName(task, refusal.part),
         key: refusal.key,
         sku: refusal.sku,
         delta: refusal.delta,

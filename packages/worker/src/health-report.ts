@@ -1,22 +1,19 @@
 /**
  * The thread's side of shared/src/redis-health.ts: wraps a batch step so that
  * a failed attempt posts a `refused` event and the first success after one
- * posts `recovered`, per virtual shard. Nothing is posted on the normal path.
+ * posts `recovered`, per virtual shard, to the coordinator as a ThreadEvent
+ * on the thread's port (thread-protocol.ts). Nothing is posted on the normal path.
  */
-import { BroadcastChannel } from 'node:worker_threads';
-import { describeRefusal, isServerRefusal, REDIS_HEALTH_CHANNEL, type RedisHealthEvent } from '@tally/shared';
+import { parentPort } from 'node:worker_threads';
+import { describeRefusal, isServerRefusal, type RedisHealthEvent, type ThreadEvent } from '@tally/shared';
 
-let channel: BroadcastChannel | null = null;
 /** Shards with a refusal posted and no success since. */
 const refusedShards = new Set<number>();
 
-function post(event: RedisHealthEvent): void {
-  if (channel === null) {
-    channel = new BroadcastChannel(REDIS_HEALTH_CHANNEL);
-    // Posting must not keep a thread (or a test process) alive.
-    channel.unref();
-  }
-  channel.postMessage(event);
+function post(health: RedisHealthEvent): void {
+  const event: ThreadEvent = { type: 'redis-health', health };
+  // Outside a worker thread (a test running a batch in-process) there is no coordinator to tell.
+  parentPort?.postMessage(event);
 }
 
 /** `run`, reporting its failures and the recovery that follows them to the coordinator. */

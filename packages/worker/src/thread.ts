@@ -1,6 +1,7 @@
 /**
  * Piscina entry for a worker thread. It only dispatches: settings arrive once
- * as workerData, each task is one virtual-shard batch.
+ * as workerData, each request (thread-protocol.ts ThreadRequest) gets its
+ * one reply type.
  */
 import { context, propagation, ROOT_CONTEXT } from '@opentelemetry/api';
 import { parentPort } from 'node:worker_threads';
@@ -15,6 +16,8 @@ import {
   type BatchResult,
   type BatchTask,
   type ThreadEvent,
+  type ThreadReply,
+  type ThreadRequest,
   type WireBatchTask,
   type WorkerSettings,
 } from '@tally/shared';
@@ -67,7 +70,28 @@ function batchHooks(): BatchHooks {
 /** TALLY_FAULT_BUG=thread (config.ts): every batch meets a real TypeError before it writes anything. */
 const injectBug = loadFaultInjection(process.env).bug === 'thread';
 
-export default async function processBatch(wire: WireBatchTask): Promise<BatchReply> {
+/** The thread's one entry: piscina's default handler, dispatching on the request's kind. */
+export default async function handle(request: ThreadRequest): Promise<ThreadReply> {
+  switch (request.kind) {
+    case 'batch':
+      return processBatch(request.task);
+    case 'warm':
+      // Nothing but a Redis round trip: the coordinator sends it to every thread before it consumes, so the
+      // thread has loaded its modules and connected by the time the first deliveries arrive, instead of a
+      // restarted daemon holding a full prefetch window while its threads start.
+      await redis.ping();
+      return { kind: 'warmed' };
+    case 'flush-telemetry':
+      // Exports this thread's buffered spans; the coordinator asks before stopping the threads.
+      await tracing?.flush();
+      return { kind: 'flushed' };
+    default:
+      // A request this build does not know: the coordinator reads the missing reply as a bug (UnknownReplyError).
+      throw new TypeError(`unknown thread request ${JSON.stringify((request as { kind?: unknown } | null)?.kind)}`);
+  }
+}
+
+async function processBatch(wire: WireBatchTask): Promise<BatchReply> {
   try {
     // Inside the try: a task this thread cannot decode is a bug of the protocol, and is reported as one.
     const task = decodeBatchTask(wire);
@@ -88,19 +112,4 @@ export default async function processBatch(wire: WireBatchTask): Promise<BatchRe
 function injectedTypeError(task: BatchTask): void {
   const missing = (task as unknown as { faultInjection?: { parts: number } }).faultInjection;
   log.debug({ parts: missing!.parts }, 'unreachable: the line above throws');
-}
-
-/**
- * Nothing but a Redis round trip: the coordinator runs it on every thread
- * before it consumes, so the thread has loaded its modules and connected by
- * the time the first deliveries arrive, instead of a restarted daemon
- * holding a full prefetch window while its threads start.
- */
-export async function warm(): Promise<void> {
-  await redis.ping();
-}
-
-/** Exports this thread's buffered spans; the coordinator calls it before stopping the threads. */
-export async function flushTelemetry(): Promise<void> {
-  await tracing?.flush();
 }

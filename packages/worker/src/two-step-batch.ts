@@ -106,7 +106,8 @@ export async function runTwoStepBatch(
   hooks: BatchHooks = {},
 ): Promise<BatchResult> {
   const { prefix, markerTtlS, countTtlS, markerBucketS, markerSubBuckets } = settings;
-  const { vshard, ids, changes } = task;
+  const { vshard, changes } = task;
+  const parts = changes.length;
   const digests = taskDigests(task) as Buffer[];
   // The shard's marker base names its slot (hash tag {vshard}): every step runs on that slot's master.
   const shardKey = markerBaseKey(prefix, vshard);
@@ -118,12 +119,12 @@ export async function runTwoStepBatch(
   // Claims are retried with the same token: a claim this daemon made on an
   // attempt whose reply was lost is its own, and is taken again.
   const claimArgs = evalshaArgs(CLAIM_MARKERS, [shardKey], [...bucketArgs, settings.claimToken, settings.claimTtlMs, ...digests]);
-  const [flags, claimBucket, claimTakeovers, claimBatch] = await inSpan(tracer, 'tally.precheck', { 'tally.shard': vshard, 'tally.markers': ids.length }, () =>
+  const [flags, claimBucket, claimTakeovers, claimBatch] = await inSpan(tracer, 'tally.precheck', { 'tally.shard': vshard, 'tally.markers': parts }, () =>
     untilDone('precheck', task, log, () =>
       onSlotConnection(redis, shardKey, async (connection) => (await runScript(connection, CLAIM_MARKERS, claimArgs, log)) as [string, number, number, number]),
     ),
   );
-  const marked = parsePartFlags(flags, ids.length);
+  const marked = parsePartFlags(flags, parts);
   if (claimTakeovers > 0) log.warn({ vshard, claimTakeovers }, 'took over parts whose claim by another daemon had run out (it died or stalled); counted here');
   const t1 = performance.now();
 
@@ -169,14 +170,14 @@ export async function runTwoStepBatch(
       // Redis refused one of the sums, and nothing was written: the same
       // write again with each new part as its own all-or-nothing group, so
       // only the parts Redis refuses are left out.
-      const partArgv: Array<string | number> = [ttl.ttlS, markerTtlS, 'parts', ids.length];
-      for (let i = 0; i < ids.length; i++) {
+      const partArgv: Array<string | number> = [ttl.ttlS, markerTtlS, 'parts', parts];
+      for (let i = 0; i < parts; i++) {
         if (marked[i] !== PART_NEW) continue;
         const part = changes[i]!;
         partArgv.push(i + 1, part.length);
         for (const [sku, delta] of part) partArgv.push(keyIndex.get(sku)!, String(delta));
       }
-      reply = await inSpan(tracer, 'tally.write_counts', { 'tally.shard': vshard, 'tally.parts': ids.length }, () =>
+      reply = await inSpan(tracer, 'tally.write_counts', { 'tally.shard': vshard, 'tally.parts': parts }, () =>
         write(evalshaArgs(WRITE_COUNTS, keys, partArgv)),
       );
     }
@@ -206,7 +207,7 @@ export async function runTwoStepBatch(
     const args = evalshaArgs(OCCUPY_MARKERS, occupyKeys, [...bucketArgs, claimBucket, claimBatch, refusedDigests.length, ...refusedDigests]);
     const moving = (): Buffer[] => {
       const moved: Buffer[] = [];
-      for (let i = 0; i < ids.length; i++) if (marked[i] === PART_NEW && !refused.has(i)) moved.push(digests[i]!);
+      for (let i = 0; i < parts; i++) if (marked[i] === PART_NEW && !refused.has(i)) moved.push(digests[i]!);
       return moved;
     };
     // Once the write leaves, a SIGKILL no longer re-counts these parts (Redis runs what it was sent).

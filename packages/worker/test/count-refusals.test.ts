@@ -90,7 +90,7 @@ describe('count refusals against a real Redis (both modes)', function () {
 
   async function markers(task: BatchTask): Promise<boolean[]> {
     const { done } = await readMarkers(redis, prefix);
-    return task.ids.map((id) => done.has(markerEntry(4, id)));
+    return task.ids!.map((id) => done.has(markerEntry(4, id)));
   }
 
   function expectRefusedParts(result: BatchResult, poison: Poison): void {
@@ -118,7 +118,7 @@ describe('count refusals against a real Redis (both modes)', function () {
         expect(await count('OWN3'), "a refused part's other increments were taken back").to.equal(null);
         expect(await count('OWN8')).to.equal(null);
         expect(await count('OWN4')).to.equal('2');
-        expect(await markers(task), 'markers for the accepted parts only').to.deep.equal(task.ids.map((_, i) => i !== 3 && i !== 8));
+        expect(await markers(task), 'markers for the accepted parts only').to.deep.equal(task.ids!.map((_, i) => i !== 3 && i !== 8));
         expect(await poison.read(redis, bad), 'the foreign value is left exactly as it was').to.deep.equal(before);
         expect(await redis.ttl(bad), 'no EXPIRE on a foreign key').to.equal(-1);
         expect(await redis.ttl(countKey(prefix, 4, 'GOOD')), 'a counted key gets its TTL').to.be.greaterThan(2_500_000);
@@ -128,17 +128,17 @@ describe('count refusals against a real Redis (both modes)', function () {
         const rerun = await run(mode)(client, settings(mode), task, log);
         expectRefusedParts(rerun, poison);
         expect(await count('GOOD')).to.equal('10');
-        expect(await markers(task)).to.deep.equal(task.ids.map((_, i) => i !== 3 && i !== 8));
+        expect(await markers(task)).to.deep.equal(task.ids!.map((_, i) => i !== 3 && i !== 8));
 
         // The key repaired, the dead-lettered messages replayed: in a new batch, all 12 parts as the daemon sees them again.
         await redis.del(bad);
         const replay = await run(mode)(client, settings(mode), { ...task, batchId: randomUUID() }, log);
         expect(replay.refusals).to.deep.equal([]);
-        expect([...replay.marked], 'the accepted parts are skipped by their markers').to.deep.equal(task.ids.map((_, i) => (i === 3 || i === 8 ? 0 : 1)));
+        expect([...replay.marked], 'the accepted parts are skipped by their markers').to.deep.equal(task.ids!.map((_, i) => (i === 3 || i === 8 ? 0 : 1)));
         expect(await count('GOOD'), 'the refused parts counted once').to.equal('12');
         expect(await count('BAD')).to.equal(String(2 * poison.delta));
         expect(await count('OWN3')).to.equal('2');
-        expect(await markers(task)).to.deep.equal(task.ids.map(() => true));
+        expect(await markers(task)).to.deep.equal(task.ids!.map(() => true));
       });
     }
 

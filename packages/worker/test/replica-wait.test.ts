@@ -147,7 +147,7 @@ describe('WAIT longer than the marker TTL: the markers the batch relies on are k
         const result = await (mode === 'atomic' ? runAtomicBatch : runTwoStepBatch)(client, settings, task, quiet, hooks);
         expect([...result.marked]).to.deep.equal([0, 0]);
         expect(Date.now() - startedAt, 'the WAIT held the batch past the TTL').to.be.above(2 * ttlS * 1000);
-        const refs = task.ids.map((id) => ({ vshard, digest: markerDigest(id) }));
+        const refs = task.ids!.map((id) => ({ vshard, digest: markerDigest(id) }));
         expect(await markersDone(admin, prefix, ttlS, refs), 'its markers are live when it returns').to.deep.equal([true, true]);
         // A redelivery now (a crash before the ack) is caught.
         const again = await (mode === 'atomic' ? runAtomicBatch : runTwoStepBatch)(

@@ -5,7 +5,16 @@
  */
 import { randomUUID } from 'node:crypto';
 import type { Tracer } from '@opentelemetry/api';
-import { describeError, encodeBatchTask, retryUntilDone, RETRY_STOPPED, type BackoffOptions, type BatchResult, type TallyMode } from '@tally/shared';
+import {
+  describeError,
+  encodeBatchTask,
+  retryUntilDone,
+  RETRY_STOPPED,
+  type BackoffOptions,
+  type BatchResult,
+  type TallyMode,
+  type WireParts,
+} from '@tally/shared';
 import { runIsolating } from '../batch-isolation.js';
 import type { Logger } from '../logger.js';
 import type { PendingPart } from '../shard-lanes.js';
@@ -56,16 +65,15 @@ export class ShardBatches {
     // or `fatal` failure is retried, visibly; a `data` failure would fail the
     // same way forever, so it is isolated instead (batch-isolation.ts).
     const runRange = async (id: string, from: number, to: number): Promise<BatchResult> => {
-      const task = encodeBatchTask(
-        vshard,
-        id,
-        to - from,
-        (i) => ({ id: parts[from + i]!.delivery.id, digest: parts[from + i]!.delivery.digest, changes: parts[from + i]!.changes }),
-        traceparent,
-        // Each part's share of its message, for the threads' window gauge.
-        options.mode === 'two-step' ? Float64Array.from({ length: to - from }, (_, i) => 1 / parts[from + i]!.delivery.parts) : undefined,
-      );
-      const outcome = await retryUntilDone(() => runner.run(task), {
+      // Encoded per attempt: the buffer is moved to the thread (worker-pools.ts), so a retry needs its own.
+      const wireParts: WireParts = {
+        count: to - from,
+        digest: (i) => parts[from + i]!.delivery.digest,
+        changes: (i) => parts[from + i]!.changes,
+        // Each part's share of its message is 1/this, for the threads' window gauge.
+        messageParts: (i) => parts[from + i]!.delivery.parts,
+      };
+      const outcome = await retryUntilDone(() => runner.run(encodeBatchTask(vshard, id, wireParts, traceparent)), {
         // Stopping: the threads were terminated; the deliveries stay unacked and go back to the broker.
         stopWhen: () => runner.stopped,
         giveUp: (failureClass) => failureClass === 'data',

@@ -8,7 +8,7 @@
 import { randomBytes } from 'node:crypto';
 import { expect } from 'chai';
 import { Redis } from 'ioredis';
-import { ClassifiedFailure, countKey, encodeBatchTask, markerDigest, type PartChanges, type TallyMode } from '@tally/shared';
+import { ClassifiedFailure, countKey, encodeBatchTask, markerDigest, type PartChanges, type TallyMode, type WireParts } from '@tally/shared';
 import { markerEntry, readMarkers, testWorkerSettings } from '@tally/testkit';
 import { runIsolating } from '../../src/batch-isolation.js';
 import { WorkerPools } from '../../src/worker-pools.js';
@@ -31,11 +31,17 @@ describe('batch failure classes across the thread boundary (real threads, real R
           digest: markerDigest(`${prefix}m${i}`),
           changes: [[`S${i}`, i === 4 ? 1.5 : 10 + i]],
         }));
+        const wireParts = (from: number, to: number): WireParts => ({
+          count: to - from,
+          digest: (i) => parts[from + i]!.digest,
+          changes: (i) => parts[from + i]!.changes,
+          messageParts: () => 1,
+        });
         if (mode === 'atomic') {
           // The atomic script checks its arguments before any write and refuses the whole batch.
           let thrown: unknown = null;
           try {
-            await pools.run(encodeBatchTask(2, `${prefix}whole`, 7, (i) => parts[i]!));
+            await pools.run(encodeBatchTask(2, `${prefix}whole`, wireParts(0, 7)));
           } catch (error) {
             thrown = error;
           }
@@ -49,7 +55,7 @@ describe('batch failure classes across the thread boundary (real threads, real R
           2,
           7,
           `${prefix}b`,
-          (id, from, to) => pools.run(encodeBatchTask(2, id, to - from, (i) => parts[from + i]!)),
+          (id, from, to) => pools.run(encodeBatchTask(2, id, wireParts(from, to))),
           (_error, _id, from, to) => splits.push([from, to]),
         );
         expect(

@@ -72,7 +72,11 @@ function channel(generation: number): ChannelLink {
   return { generation, channel: {} as Channel, alive: true };
 }
 
+/** Ids do not cross the thread boundary, digests do: the fake thread finds each part's id by its digest. */
+const idOfDigest = new Map<string, string>();
+
 function message(tag: number, id: string, skus: readonly string[]): ConsumeMessage {
+  idOfDigest.set(markerDigest(id).toString('hex'), id);
   const body = JSON.stringify({ id, changes: skus.map((sku) => ({ sku, delta: 1 })) });
   return {
     content: Buffer.from(body),
@@ -84,7 +88,7 @@ function message(tag: number, id: string, skus: readonly string[]): ConsumeMessa
 function result(task: BatchTask, marked: (index: number) => number, refusals: BatchResult['refusals'] = []): BatchResult {
   return {
     vshard: task.vshard,
-    marked: Uint8Array.from({ length: task.ids.length }, (_, i) => marked(i)),
+    marked: Uint8Array.from({ length: task.changes.length }, (_, i) => marked(i)),
     writeRetries: 0,
     occupationFailures: 0,
     waitTimeouts: 0,
@@ -96,7 +100,7 @@ function result(task: BatchTask, marked: (index: number) => number, refusals: Ba
 
 /** One run of a task on the fake thread: what it was sent, and how the test answers it. */
 interface Run {
-  readonly task: BatchTask;
+  readonly task: BatchTask & { readonly ids: readonly string[] };
   resolve(result: BatchResult): void;
   reject(error: unknown): void;
 }
@@ -111,7 +115,8 @@ class FakeThread implements BatchRunner {
   respond: (run: Run) => void = (run) => run.resolve(result(run.task, () => PART_NEW));
 
   run(wire: WireBatchTask): Promise<BatchResult> {
-    const task = decodeBatchTask(wire);
+    const decoded = decodeBatchTask(wire);
+    const task: BatchTask & { ids: string[] } = { ...decoded, ids: decoded.digests!.map((digest) => idOfDigest.get(Buffer.from(digest).toString('hex'))!) };
     return new Promise((resolve, reject) => {
       const run = { task, resolve, reject };
       this.runs.push(run);

@@ -1,7 +1,5 @@
 import { expect } from 'chai';
-import { BroadcastChannel } from 'node:worker_threads';
-import { setTimeout as sleep } from 'node:timers/promises';
-import { REDIS_HEALTH_CHANNEL, describeRefusal } from '@tally/shared';
+import { describeRefusal } from '@tally/shared';
 import { RedisHealth, REFUSAL_STALE_MS } from '../../src/redis-health.js';
 
 function recordingLog() {
@@ -46,28 +44,13 @@ describe('RedisHealth', () => {
     expect(lines.some((l) => l.message === 'redis accepts writes again')).to.equal(true);
   });
 
-  it("receives the worker threads' events over the BroadcastChannel", async () => {
+  it("applies the worker threads' health events as they arrive (thread-protocol.ts ThreadEvent)", () => {
     const { log } = recordingLog();
     const health = new RedisHealth(log);
-    health.listen();
-    const sender = new BroadcastChannel(REDIS_HEALTH_CHANNEL);
-    try {
-      sender.postMessage({
-        kind: 'refused',
-        source: 'shard 0',
-        errorType: 'MASTERDOWN',
-        failureClass: 'transient',
-        message: 'MASTERDOWN Link with MASTER is down',
-      });
-      for (let i = 0; i < 100 && health.current() === null; i++) await sleep(5);
-      expect(health.current()?.errorType).to.equal('MASTERDOWN');
-      sender.postMessage({ kind: 'recovered', source: 'shard 0' });
-      for (let i = 0; i < 100 && health.current() !== null; i++) await sleep(5);
-      expect(health.current()).to.equal(null);
-    } finally {
-      sender.close();
-      health.close();
-    }
+    health.apply({ kind: 'refused', source: 'shard 0', errorType: 'MASTERDOWN', failureClass: 'transient', message: 'MASTERDOWN Link with MASTER is down' });
+    expect(health.current()?.errorType).to.equal('MASTERDOWN');
+    health.apply({ kind: 'recovered', source: 'shard 0' });
+    expect(health.current()).to.equal(null);
   });
 
   it('describeRefusal keeps the reply word and class, which a thread boundary would lose', () => {
