@@ -1,4 +1,5 @@
 import type { Channel, ConsumeMessage } from 'amqplib';
+import type { DigestText } from '@tally/shared';
 
 /**
  * One delivery from the moment it is parsed until it is acked. A delivery
@@ -9,16 +10,16 @@ export interface Delivery {
   readonly tag: number;
   readonly link: ChannelLink;
   readonly id: string;
-  /** The marker digest of the id (markers.ts): computed once here, not once per part in the threads. */
-  readonly digest: Uint8Array;
+  /** The marker digest of the id (markers.ts DigestText): computed once here, not once per part in the threads. */
+  readonly digest: DigestText;
   readonly redelivered: boolean;
   /** Parts not yet reported done. */
   remaining: number;
   readonly parts: number;
   /** Parts whose marker was already occupied. */
   markedParts: number;
-  /** Other deliveries with the same id that arrived while this one was in flight. */
-  readonly waiters: Delivery[];
+  /** Other deliveries with the same id that arrived while this one was in flight; null until one does (most never have one). */
+  waiters: Delivery[] | null;
   /** performance.now() at delivery, for the process-duration histogram. */
   readonly receivedAt: number;
   /** Epoch ms of the message's timestamp property, when it has one. */

@@ -68,8 +68,17 @@ export interface ExposedPart {
 export class ExposureMeter {
   /** The live channel: tags of other channels mean nothing here. */
   private link: unknown = null;
-  /** Occupied share (in messages) of each unacked delivery tag of the live channel. */
-  private readonly occupiedByTag = new Map<number, number>();
+  /**
+   * Occupied share (in messages) of each unacked delivery tag of the live
+   * channel, tag t at slot `t & (capacity - 1)`, for the tags above
+   * `ackedThrough` (0: none). A typed array over the prefetch window, not a
+   * Map entry per delivery: the Map's entries were part of the main thread's
+   * garbage per delivery. It doubles when a tag falls past it (single acks
+   * behind a stalled head let the unacked range outgrow the prefetch window).
+   */
+  private shareByTag = new Float64Array(4096);
+  /** Tags with a share in shareByTag. */
+  private occupiedTags = 0;
   private ackedThrough = 0;
   private occupiedUnacked = 0;
   /** Fractions not yet handed to the sink (the stats hash takes integers). */
@@ -100,7 +109,8 @@ export class ExposureMeter {
   /** A new channel: the old channel's deliveries go back to the broker while their markers are fresh. */
   channelChanged(link: unknown): void {
     this.link = link;
-    this.occupiedByTag.clear();
+    this.shareByTag.fill(0);
+    this.occupiedTags = 0;
     this.ackedThrough = 0;
     this.occupiedUnacked = 0;
   }
@@ -112,31 +122,43 @@ export class ExposureMeter {
 
   /** A whole delivery settled without a batch of its own (a copy that waited for its first). */
   occupied(link: unknown, tag: number, share: number): void {
-    if (link !== this.link || tag <= this.ackedThrough) return;
-    this.occupiedByTag.set(tag, (this.occupiedByTag.get(tag) ?? 0) + share);
+    if (link !== this.link || tag <= this.ackedThrough || !(share > 0)) return;
+    while (tag - this.ackedThrough > this.shareByTag.length) this.grow();
+    const slot = tag & (this.shareByTag.length - 1);
+    if (this.shareByTag[slot] === 0) this.occupiedTags++;
+    this.shareByTag[slot] = this.shareByTag[slot]! + share;
     this.occupiedUnacked += share;
   }
 
   /** Every tag up to `upTo` is acked on the live channel. */
   acked(upTo: number): void {
-    for (let tag = this.ackedThrough + 1; tag <= upTo; tag++) {
-      const share = this.occupiedByTag.get(tag);
-      if (share === undefined) continue;
-      this.occupiedByTag.delete(tag);
-      this.occupiedUnacked -= share;
-    }
+    const last = Math.min(upTo, this.ackedThrough + this.shareByTag.length);
+    for (let tag = this.ackedThrough + 1; tag <= last && this.occupiedTags > 0; tag++) this.take(tag);
     this.ackedThrough = Math.max(this.ackedThrough, upTo);
-    // Floating-point sums drift; an empty map is exactly zero.
-    if (this.occupiedByTag.size === 0) this.occupiedUnacked = 0;
   }
 
   /** One tag above the contiguous run was acked on its own (behind a stalled head). */
   ackedOne(tag: number): void {
-    const share = this.occupiedByTag.get(tag);
-    if (share === undefined) return;
-    this.occupiedByTag.delete(tag);
+    if (tag <= this.ackedThrough || tag - this.ackedThrough > this.shareByTag.length) return;
+    this.take(tag);
+  }
+
+  private take(tag: number): void {
+    const slot = tag & (this.shareByTag.length - 1);
+    const share = this.shareByTag[slot]!;
+    if (share === 0) return;
+    this.shareByTag[slot] = 0;
     this.occupiedUnacked -= share;
-    if (this.occupiedByTag.size === 0) this.occupiedUnacked = 0;
+    // Floating-point sums drift; no occupied tag is exactly zero.
+    if (--this.occupiedTags === 0) this.occupiedUnacked = 0;
+  }
+
+  /** Twice the slots, each unacked tag's share moved to its new slot. */
+  private grow(): void {
+    const old = this.shareByTag;
+    const next = new Float64Array(old.length * 2);
+    for (let tag = this.ackedThrough + 1; tag <= this.ackedThrough + old.length; tag++) next[tag & (next.length - 1)] = old[tag & (old.length - 1)]!;
+    this.shareByTag = next;
   }
 
   /** Integrates loaded time and the two figures at risk over it since the last sample. */

@@ -7,7 +7,7 @@
  */
 import type { TallyMode } from './config.js';
 import type { FailureClass } from './failure-class.js';
-import { MARKER_DIGEST_BYTES, type MarkerScope } from './markers.js';
+import { MARKER_DIGEST_BYTES, type DigestText, type MarkerScope } from './markers.js';
 import type { PartChanges } from './shards.js';
 import type { RedisTopology } from './redis-requirements.js';
 
@@ -122,7 +122,8 @@ export function transferListOf(wire: WireBatchTask): ArrayBuffer[] {
 /** The parts of a batch as the encoder reads them, by index: no object per part is made to hand them over. */
 export interface WireParts {
   readonly count: number;
-  digest(index: number): Uint8Array;
+  /** The part's message's marker digest: bytes, or the coordinator's DigestText (markers.ts). */
+  digest(index: number): Uint8Array | DigestText;
   changes(index: number): PartChanges;
   /** How many parts the part's message has (its share is 1/that); 1 for a message-scoped part. */
   messageParts(index: number): number;
@@ -180,7 +181,8 @@ export function encodeBatchTask(vshard: number, batchId: string, parts: WirePart
     // 16 bytes: a loop is cheaper than TypedArray.prototype.set's call for so few.
     const digest = parts.digest(i);
     const digestAt = digestsAt + i * MARKER_DIGEST_BYTES;
-    for (let b = 0; b < MARKER_DIGEST_BYTES; b++) bytes[digestAt + b] = digest[b]!;
+    if (typeof digest === 'string') for (let b = 0; b < MARKER_DIGEST_BYTES; b++) bytes[digestAt + b] = digest.charCodeAt(b);
+    else for (let b = 0; b < MARKER_DIGEST_BYTES; b++) bytes[digestAt + b] = digest[b]!;
     messageParts[i] = parts.messageParts(i);
     const part = parts.changes(i);
     changeCounts[i] = part.length;

@@ -74,9 +74,12 @@ export function markerFormatOf(scope: MarkerScope): string {
  * those pick the sub-bucket inside the shard, and a shard taken from the
  * same bytes would use only every virtual-shards-th sub-bucket.
  */
-export function markerShardOf(digest: Uint8Array, virtualShards: number): number {
+export function markerShardOf(digest: Uint8Array | DigestText, virtualShards: number): number {
   const at = MARKER_DIGEST_BYTES - 4;
-  const word = ((digest[at]! << 24) | (digest[at + 1]! << 16) | (digest[at + 2]! << 8) | digest[at + 3]!) >>> 0;
+  const word =
+    typeof digest === 'string'
+      ? ((digest.charCodeAt(at) << 24) | (digest.charCodeAt(at + 1) << 16) | (digest.charCodeAt(at + 2) << 8) | digest.charCodeAt(at + 3)) >>> 0
+      : ((digest[at]! << 24) | (digest[at + 1]! << 16) | (digest[at + 2]! << 8) | digest[at + 3]!) >>> 0;
   return word % virtualShards;
 }
 
@@ -116,6 +119,21 @@ export const DONE_VALUE = '1';
 /** The 16-byte digest of a message id: the field of its markers. */
 export function markerDigest(id: string): Buffer {
   return hash('sha256', id, 'buffer').subarray(0, MARKER_DIGEST_BYTES);
+}
+
+/**
+ * The same digest as a `binary` (latin1) string, char i being byte i: its
+ * first MARKER_DIGEST_BYTES chars are markerDigest's bytes (the rest of the
+ * SHA-256 follows and is never read). The coordinator's form: one string per
+ * delivery instead of a Buffer and its subarray view, about 0.5 µs and
+ * 0.3 KB of garbage less per delivery on the main thread (microbench: 0.95
+ * against 0.35–0.45 µs per id). It crosses to the threads as bytes
+ * (batch-protocol.ts).
+ */
+export type DigestText = string;
+
+export function markerDigestText(id: string): DigestText {
+  return hash('sha256', id, 'binary');
 }
 
 /** The digests of a batch task's parts: the coordinator's, or computed from the ids (tests build tasks without them). */

@@ -62,16 +62,42 @@ export type PartChanges = Array<[sku: string, delta: number]>;
 const SCAN_LIMIT = 32;
 
 /**
+ * A message's parts, by index: part i is `parts[i]`, bound for virtual
+ * shard `shards[i]`, for i below `size`. One is reused for every delivery
+ * (the intake hands the parts to the lanes at once): a Map per message, the
+ * entry array its iteration made per part and the scan array cost the main
+ * thread about 0.6 KB of garbage per delivery (docs/benchmark.md).
+ */
+export class ShardSplit {
+  readonly shards: number[] = [];
+  readonly parts: PartChanges[] = [];
+  size = 0;
+  /** The entries made so far for the message being split (scanned for repeated SKUs). */
+  readonly made: Array<[string, number]> = [];
+
+  /** The split as a Map, vshard to part (tests and tools). */
+  toMap(): Map<number, PartChanges> {
+    const map = new Map<number, PartChanges>();
+    for (let i = 0; i < this.size; i++) map.set(this.shards[i]!, this.parts[i]!);
+    return map;
+  }
+}
+
+/**
  * Filters a message's changes (zero deltas, unaccepted types) and splits the
  * rest by virtual shard, summing repeated SKUs. A SKU whose deltas cancel out
  * inside the message stays in its part with delta 0: the part still exists,
  * so its marker is still occupied and a redelivery is still recognised.
  */
 export function splitByShard(changes: readonly Change[], virtualShards: number, acceptTypes: ReadonlySet<string> | null): Map<number, PartChanges> {
-  const parts = new Map<number, PartChanges>();
+  return splitInto(new ShardSplit(), changes, virtualShards, acceptTypes).toMap();
+}
+
+/** splitByShard into a reused ShardSplit (emptied first), in the order each part's first SKU comes. */
+export function splitInto(split: ShardSplit, changes: readonly Change[], virtualShards: number, acceptTypes: ReadonlySet<string> | null): ShardSplit {
+  const { shards, parts, made } = split;
+  split.size = 0;
   const index = changes.length > SCAN_LIMIT ? new Map<string, [string, number]>() : null;
-  // Sized up front: an empty array literal grows to 17 slots on its first push.
-  const made: Array<[string, number]> = new Array(index === null ? changes.length : 0);
   let madeCount = 0;
   for (const change of changes) {
     if (change.delta === 0) continue;
@@ -94,13 +120,20 @@ export function splitByShard(changes: readonly Change[], virtualShards: number, 
     const entry: [string, number] = [sku, change.delta];
     if (index !== null) index.set(sku, entry);
     else made[madeCount++] = entry;
-    const vshard = shardOf(sku, virtualShards);
-    const part = parts.get(vshard);
+    const vshard = virtualShards === 1 ? 0 : shardOf(sku, virtualShards);
+    // A message has a few parts: a scan is cheaper than any map.
+    let at = 0;
+    while (at < split.size && shards[at] !== vshard) at++;
     // A literal of one: most parts hold one SKU, and `[]` would grow to 17 slots on its first push.
-    if (part === undefined) parts.set(vshard, [entry]);
-    else part.push(entry);
+    if (at === split.size) {
+      shards[at] = vshard;
+      parts[at] = [entry];
+      split.size++;
+    } else parts[at]!.push(entry);
   }
-  return parts;
+  // Nothing of this message stays reachable from the scratch arrays past the next split.
+  made.fill(undefined as never, 0, madeCount);
+  return split;
 }
 
 /**
@@ -109,6 +142,12 @@ export function splitByShard(changes: readonly Change[], virtualShards: number, 
  * markerShardOf). Empty when no change is left.
  */
 export function wholeMessagePart(changes: readonly Change[], markerShard: number, acceptTypes: ReadonlySet<string> | null): Map<number, PartChanges> {
-  const all = splitByShard(changes, 1, acceptTypes).get(0);
-  return all === undefined ? new Map() : new Map([[markerShard, all]]);
+  return wholeMessageInto(new ShardSplit(), changes, markerShard, acceptTypes).toMap();
+}
+
+/** wholeMessagePart into a reused ShardSplit. */
+export function wholeMessageInto(split: ShardSplit, changes: readonly Change[], markerShard: number, acceptTypes: ReadonlySet<string> | null): ShardSplit {
+  splitInto(split, changes, 1, acceptTypes);
+  if (split.size === 1) split.shards[0] = markerShard;
+  return split;
 }

@@ -1,5 +1,16 @@
 import { expect } from 'chai';
-import { decodeBatchTask, encodeBatchTask, isBatchReply, markerDigest, partName, transferListOf, type PartChanges, type WireParts } from '../src/index.js';
+import {
+  decodeBatchTask,
+  encodeBatchTask,
+  isBatchReply,
+  markerDigest,
+  markerDigestText,
+  markerShardOf,
+  partName,
+  transferListOf,
+  type PartChanges,
+  type WireParts,
+} from '../src/index.js';
 
 /** Parts as the encoder reads them, by index. */
 function wireParts(parts: ReadonlyArray<{ digest: Uint8Array; changes: PartChanges; messageParts?: number }>): WireParts {
@@ -40,6 +51,17 @@ describe('batch protocol (the thread boundary)', () => {
     // Against the input, not the encoder's output: an encoder that dropped it would pass the latter.
     expect(task.traceparent).to.equal(traceparent);
     expect(decodeBatchTask(encodeBatchTask(1, 'b', wireParts(parts.slice(0, 1))))).to.not.have.property('traceparent');
+  });
+
+  it("carries the coordinator's digest text as the same bytes, and both forms pick the same marker shard", () => {
+    const ids = ['m-1', 'weird, "id" {7}\u00e9', ''];
+    for (const id of ids) {
+      const text = markerDigestText(id);
+      expect(Buffer.from(text.slice(0, 16), 'latin1').toString('hex')).to.equal(markerDigest(id).toString('hex'));
+      expect(markerShardOf(text, 16)).to.equal(markerShardOf(markerDigest(id), 16));
+    }
+    const wire = encodeBatchTask(2, 'b', { count: ids.length, digest: (i) => markerDigestText(ids[i]!), changes: () => [['A', 1]], messageParts: () => 1 });
+    expect(decodeBatchTask(wire).digests!.map((d) => Buffer.from(d).toString('hex'))).to.deep.equal(ids.map((id) => markerDigest(id).toString('hex')));
   });
 
   it('names a part by its digest in a log line, by its id only in a task a test built', () => {

@@ -17,7 +17,7 @@ export class InFlightMessages {
       this.byId.set(delivery.id, delivery);
       return true;
     }
-    first.waiters.push(delivery);
+    (first.waiters ??= []).push(delivery);
     return false;
   }
 

@@ -7,11 +7,12 @@
 import type { ConsumeMessage } from 'amqplib';
 import {
   formatReason,
-  markerDigest,
+  markerDigestText,
   markerShardOf,
   parseMessage,
-  splitByShard,
-  wholeMessagePart,
+  ShardSplit,
+  splitInto,
+  wholeMessageInto,
   type InjectedBug,
   type MarkerScope,
   type TallyConfig,
@@ -44,6 +45,8 @@ export interface LaneEntry {
 
 export class Intake {
   private readonly parseOptions: { readonly maxBytes: number };
+  /** Reused by every delivery: its parts go to the lanes before the next one is split. */
+  private readonly split = new ShardSplit();
 
   constructor(
     private readonly options: IntakeOptions,
@@ -69,11 +72,11 @@ export class Intake {
       this.deadLetters.send(channel, message, parsed.reason, formatReason(parsed.reason, parsed.detail), message.properties.headers?.traceparent);
       return;
     }
-    const digest = markerDigest(parsed.message.id);
+    const digest = markerDigestText(parsed.message.id);
     const parts =
       options.recordedMarkerScope === 'message'
-        ? wholeMessagePart(parsed.message.changes, markerShardOf(digest, options.virtualShards), options.acceptTypes)
-        : splitByShard(parsed.message.changes, options.virtualShards, options.acceptTypes);
+        ? wholeMessageInto(this.split, parsed.message.changes, markerShardOf(digest, options.virtualShards), options.acceptTypes)
+        : splitInto(this.split, parsed.message.changes, options.virtualShards, options.acceptTypes);
     if (parts.size === 0) {
       counters.add('empty');
       this.acks.finish(channel, tag);
@@ -88,7 +91,7 @@ export class Intake {
       remaining: parts.size,
       parts: parts.size,
       markedParts: 0,
-      waiters: [],
+      waiters: null,
       receivedAt: this.clock.now(),
       publishedAt: timestampToMs(message.properties.timestamp),
       traceparent: message.properties.headers?.traceparent,
@@ -96,7 +99,7 @@ export class Intake {
       refusal: null,
     };
     // Invariant 4: a copy of an id already in flight waits for the first and is settled as a duplicate with it.
-    if (this.inFlight.admit(delivery)) for (const [vshard, changes] of parts) this.lanes.add(vshard, { delivery, changes });
+    if (this.inFlight.admit(delivery)) for (let i = 0; i < parts.size; i++) this.lanes.add(parts.shards[i]!, { delivery, changes: parts.parts[i]! });
     // Prefetch credit exhausted: nothing more arrives until something is
     // acked, so waiting out the batch timers would only add latency.
     // Counted as the broker counts: finished deliveries that wait for an

@@ -68,7 +68,8 @@ export class Settlement {
    * nothing meanwhile. Its copies waiting on it wait as long.
    */
   private heldByClaim(delivery: Delivery): void {
-    for (const { link, tag } of [delivery, ...delivery.waiters]) this.acks.heldByClaim(link, tag);
+    this.acks.heldByClaim(delivery.link, delivery.tag);
+    for (const { link, tag } of delivery.waiters ?? []) this.acks.heldByClaim(link, tag);
   }
 
   /** Every part of a delivery is written and marked: classify it and release its waiters. */
@@ -90,7 +91,7 @@ export class Settlement {
       if (delivery.redelivered) counters.add('redelivered_unmarked');
     } else counters.add('partial_duplicates');
     if (delivery.refusal === null) acks.finish(delivery.link, delivery.tag);
-    for (const waiter of delivery.waiters) {
+    for (const waiter of delivery.waiters ?? []) {
       metrics?.recordAck(waiter.receivedAt, waiter.publishedAt, wallNow, now);
       counters.add('duplicates');
       this.exposure.occupied(waiter.link, waiter.tag, 1);

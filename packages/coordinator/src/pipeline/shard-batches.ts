@@ -51,7 +51,7 @@ export class ShardBatches {
       queue: options.queue,
       mode: options.mode,
       parts: parts.length,
-      traceparents: parts.map((part) => part.delivery.traceparent as string | undefined),
+      traceparents: () => parts.map((part) => part.delivery.traceparent as string | undefined),
       distinctSkus: () => new Set(parts.flatMap((part) => part.changes.map(([sku]) => sku))).size,
     });
     // Made here, once, not in the thread: every rerun below (a dead thread, a

@@ -31,7 +31,8 @@ export interface BatchSpanInput {
   readonly queue: string;
   readonly mode: TallyMode;
   readonly parts: number;
-  readonly traceparents: readonly (string | undefined)[];
+  /** Asked only when the span records: an untraced batch does not even collect its producers' headers. */
+  readonly traceparents: () => readonly (string | undefined)[];
   readonly distinctSkus: () => number;
 }
 
@@ -73,7 +74,7 @@ export function startBatchSpan(tracer: Tracer, input: BatchSpanInput): StartedBa
     context.active(),
   );
   if (!span.isRecording()) return { span, traceparent: undefined };
-  const links = sampledProducerLinks(input.traceparents);
+  const links = sampledProducerLinks(input.traceparents());
   span.addLinks(links);
   span.setAttributes({ 'tally.producers.sampled': links.length, 'tally.skus.distinct': input.distinctSkus() });
   const carrier: Record<string, string> = {};

@@ -81,6 +81,26 @@ describe('ExposureMeter', () => {
     expect(out.totals.get('window_message_ms')).to.equal(undefined);
   });
 
+  it('keeps every unacked tag\'s share when the unacked range outgrows its slots (single acks behind a stalled head)', () => {
+    const out = sink();
+    const meter = new ExposureMeter(out, () => true, null, SECONDS);
+    const live = {};
+    meter.channelChanged(live);
+    meter.sample(0);
+    // Tag 1 stalls; 20,000 tags behind it are occupied, half of them singly acked.
+    for (let tag = 2; tag <= 20_001; tag++) meter.occupied(live, tag, 0.5);
+    for (let tag = 2; tag <= 20_001; tag += 2) meter.ackedOne(tag);
+    meter.sample(1);
+    expect(out.totals.get('occupied_unacked_message_ms')).to.equal(5_000);
+    meter.occupied(live, 1, 1);
+    meter.acked(20_001);
+    meter.sample(2);
+    expect(out.totals.get('occupied_unacked_message_ms'), 'nothing left once all are acked').to.equal(5_000);
+    meter.occupied(live, 20_002, 1);
+    meter.sample(3);
+    expect(out.totals.get('occupied_unacked_message_ms')).to.equal(5_001);
+  });
+
   it('leaves out a sample interval far longer than the period: the process was frozen (SIGSTOP, a paused VM)', () => {
     const out = sink();
     const gauge = WindowGauge.create(2);
