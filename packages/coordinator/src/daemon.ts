@@ -21,7 +21,7 @@ import {
   isServerRefusal,
   isTallyError,
   markerDigest,
-  parseMessage,
+  deliveryParser,
   redactUrl,
   RedisRequirementError,
   retryUntilDone,
@@ -35,6 +35,7 @@ import {
   type BatchResult,
   type CountRefusal,
   type InjectedBug,
+  type DeliveryParser,
   type TallyConfig,
 } from '@tally/shared';
 import { createRedisClient, type RedisClient } from '@tally/runtime';
@@ -185,7 +186,8 @@ export class Daemon {
   private readonly pendingDeadLetters = new Set<Promise<void>>();
   private stopping: Promise<void> | null = null;
   private readonly tracer: Tracer = trace.getTracer('tally.coordinator');
-  private readonly parseOptions: { readonly maxBytes: number };
+  /** The contract's shape, or TALLY_MESSAGE_MAPPING's: chosen once, at start. */
+  private readonly parseDelivery: DeliveryParser;
   /** This daemon's id in its heartbeat key and mode lease. */
   readonly daemonId = newDaemonId();
   /** What one marker stands for on this prefix, as its layout records it (set by the layout check, before the first delivery). */
@@ -201,7 +203,7 @@ export class Daemon {
     private readonly options: DaemonOptions = {},
   ) {
     this.badLog = new BadMessageLog(log);
-    this.parseOptions = Object.freeze({ maxBytes: config.maxMessageBytes });
+    this.parseDelivery = deliveryParser(config.messageMapping, Object.freeze({ maxBytes: config.maxMessageBytes }));
   }
 
   /**
@@ -538,7 +540,7 @@ export class Daemon {
     const { stats } = this.runtime;
     stats.add('received');
 
-    const parsed = parseMessage(message.content, message.properties.messageId, this.parseOptions);
+    const parsed = this.parseDelivery(message.content, message.properties);
     if (!parsed.ok) {
       recordDeadLetter(this.tracer, this.config.queue, parsed.reason, message.properties.headers?.traceparent);
       this.deadLetter(link, message, formatReason(parsed.reason, parsed.detail), parsed.reason);
