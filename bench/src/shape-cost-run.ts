@@ -55,7 +55,10 @@ export async function runShapeCost(options: BenchOptions, dir: string, log: (lin
       for (const shape of shapes) {
         const workloadOptions = { ...workloadShape(options), types: ['sale', 'return'], badRate: 0, shape, idPrefix: `r${round}` };
         const workload = generateWorkload(workloadOptions);
-        const warmup = options.warmupMessages > 0 ? generateWorkload({ ...workloadOptions, messages: options.warmupMessages, seed: options.seed + 7_919, idPrefix: `w${round}` }) : undefined;
+        const warmup =
+          options.warmupMessages > 0
+            ? generateWorkload({ ...workloadOptions, messages: options.warmupMessages, seed: options.seed + 7_919, idPrefix: `w${round}` })
+            : undefined;
         const { record } = await runDrain(ctx, {
           contender: 'tally-two-step',
           round,

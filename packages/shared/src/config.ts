@@ -343,7 +343,8 @@ function acceptTypes(env: Env, name: string): ReadonlySet<string> | null {
  * TALLY_MESSAGE_MAPPING: one JSON object, so that the whole declaration is
  * one value (set together, refused together) and a JSON Pointer may hold any
  * character (a comma, a space) without a quoting rule of Tally's own. In a
- * systemd EnvironmentFile it goes inside single quotes, taken literally.
+ * systemd EnvironmentFile it goes inside single quotes, which keep its
+ * double quotes as they are (docs/operations.md).
  */
 function messageMapping(env: Env, name: string): MessageMapping | null {
   const raw = read(env, name);

@@ -117,7 +117,10 @@ export function parseMappedMessage(body: Uint8Array, properties: DeliveryPropert
       // joined SKU splits back one way only: "W:1"+"A" and "W"+"1:A" would
       // otherwise count as one. (The last may hold it: split at the first ones.)
       if (p < skuPaths.length - 1 && (part as string).includes(skuSeparator)) {
-        return bad('invalid-sku', `${placeOf(mapping, path, i)} ${show(part)} contains the separator ${JSON.stringify(skuSeparator)}, so the joined SKU would be ambiguous`);
+        return bad(
+          'invalid-sku',
+          `${placeOf(mapping, path, i)} ${show(part)} contains the separator ${JSON.stringify(skuSeparator)}, so the joined SKU would be ambiguous`,
+        );
       }
       sku = p === 0 ? (part as string) : `${sku}${skuSeparator}${part as string}`;
     }

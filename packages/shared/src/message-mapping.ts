@@ -97,7 +97,11 @@ function idSource(variable: string, at: string, text: string): IdSource {
     return { kind: 'header', name, label: `header ${name}` };
   }
   if (!text.startsWith('/')) {
-    refuse(variable, at, `expected a JSON Pointer into the body ("/eventId"), "${MESSAGE_ID_SOURCE}" or "${HEADER_SOURCE_PREFIX}<name>", got ${JSON.stringify(text)}`);
+    refuse(
+      variable,
+      at,
+      `expected a JSON Pointer into the body ("/eventId"), "${MESSAGE_ID_SOURCE}" or "${HEADER_SOURCE_PREFIX}<name>", got ${JSON.stringify(text)}`,
+    );
   }
   return { kind: 'body', tokens: absolutePointer(variable, at, text, 'an id'), label: text };
 }
@@ -148,7 +152,8 @@ export function parseMessageMapping(variable: string, text: string): MessageMapp
   const idTexts = stringList(variable, 'id', fields.id, MAX_ID_SOURCES);
   const ids = idTexts.map((source, i) => idSource(variable, idTexts.length === 1 ? 'id' : `id[${i}]`, source));
 
-  if (typeof fields.changes !== 'string') refuse(variable, 'changes', `expected a JSON Pointer to the array of changes ("/lines"), got ${JSON.stringify(fields.changes)}`);
+  if (typeof fields.changes !== 'string')
+    refuse(variable, 'changes', `expected a JSON Pointer to the array of changes ("/lines"), got ${JSON.stringify(fields.changes)}`);
   const changesText = fields.changes;
   const changes = { tokens: absolutePointer(variable, 'changes', changesText, 'an array'), text: changesText };
 
@@ -183,7 +188,11 @@ export function parseMessageMapping(variable: string, text: string): MessageMapp
   // would count the same SKU and delta, once per entry of the array: almost
   // certainly "/qty" written for "0/qty".
   if (delta.from === 'body' && sku.every((path) => path.from === 'body')) {
-    refuse(variable, 'delta', `sku and delta are all read from the body's root, so every change would be the same; read them from the change ("0${delta.text}")`);
+    refuse(
+      variable,
+      'delta',
+      `sku and delta are all read from the body's root, so every change would be the same; read them from the change ("0${delta.text}")`,
+    );
   }
 
   const declared = JSON.stringify({

@@ -55,7 +55,8 @@ describe('JSON Pointer (RFC 6901)', () => {
   it('reads own members only: "__proto__", "constructor" and "toString" never reach Object.prototype', () => {
     const doc = JSON.parse('{"__proto__": {"sku": "own"}, "a": {}}') as unknown;
     expect(resolvePointer(doc, tokens('/__proto__/sku'))).to.equal('own');
-    for (const pointer of ['/constructor', '/a/toString', '/a/__proto__', '/a/hasOwnProperty', '/list/length']) expect(resolvePointer(doc, tokens(pointer)), pointer).to.equal(undefined);
+    for (const pointer of ['/constructor', '/a/toString', '/a/__proto__', '/a/hasOwnProperty', '/list/length'])
+      expect(resolvePointer(doc, tokens(pointer)), pointer).to.equal(undefined);
     expect(resolvePointer([1, 2], tokens('/length'))).to.equal(undefined);
   });
 });

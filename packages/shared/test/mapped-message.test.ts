@@ -59,7 +59,8 @@ function reference(body: Buffer, properties: DeliveryProperties, mapping: Messag
     let value = from;
     for (const token of tokens) {
       if (Array.isArray(value)) value = /^(0|[1-9][0-9]*)$/.test(token) && Number(token) < value.length ? value[Number(token)] : undefined;
-      else if (value !== null && typeof value === 'object') value = Object.prototype.hasOwnProperty.call(value, token) ? (value as Record<string, unknown>)[token] : undefined;
+      else if (value !== null && typeof value === 'object')
+        value = Object.prototype.hasOwnProperty.call(value, token) ? (value as Record<string, unknown>)[token] : undefined;
       else value = undefined;
       if (value === undefined) return undefined;
     }
@@ -72,7 +73,9 @@ function reference(body: Buffer, properties: DeliveryProperties, mapping: Messag
         ? walk(root, source.tokens)
         : source.kind === 'header'
           ? properties.headers?.[source.name]
-          : properties.messageId === null || properties.messageId === '' ? undefined : properties.messageId;
+          : properties.messageId === null || properties.messageId === ''
+            ? undefined
+            : properties.messageId;
     if (value !== undefined) {
       rewritten.id = value;
       break;
@@ -87,7 +90,9 @@ function reference(body: Buffer, properties: DeliveryProperties, mapping: Messag
           const read = (path: { from: string; tokens: readonly string[] }) => walk(path.from === 'body' ? root : change, path.tokens);
           const parts = mapping.sku.map(read);
           // A part the contract would refuse as a SKU is handed over alone, so the contract refuses it.
-          const badPart = parts.findIndex((part) => typeof part !== 'string' || part === '' || part.length > MESSAGE_LIMITS.maxSkuLength || /\p{Cs}/u.test(part));
+          const badPart = parts.findIndex(
+            (part) => typeof part !== 'string' || part === '' || part.length > MESSAGE_LIMITS.maxSkuLength || /\p{Cs}/u.test(part),
+          );
           const ambiguous = parts.slice(0, -1).some((part) => typeof part === 'string' && part.includes(mapping.skuSeparator) && mapping.sku.length > 1);
           const firstBad = badPart === -1 ? (ambiguous ? null : undefined) : parts[badPart];
           const sku = badPart === -1 && !ambiguous ? parts.join(mapping.skuSeparator) : firstBad;
@@ -169,7 +174,9 @@ function randomForeignBody(random: () => number): { body: Buffer; properties: De
 }
 
 function randomEscapedBody(random: () => number): { body: Buffer; properties: DeliveryProperties } {
-  const items = Array.from({ length: Math.floor(random() * 6) }, () => (random() < 0.05 ? randomValue(random) : [random() < 0.05 ? randomValue(random) : `S${randomText(random, 4)}`, randomDelta(random)]));
+  const items = Array.from({ length: Math.floor(random() * 6) }, () =>
+    random() < 0.05 ? randomValue(random) : [random() < 0.05 ? randomValue(random) : `S${randomText(random, 4)}`, randomDelta(random)],
+  );
   const meta: Record<string, unknown> = random() < 0.8 ? { 'id/v2': `m-${randomText(random, 8)}` } : {};
   if (random() < 0.5) meta.kind = random() < 0.1 ? randomValue(random) : 'sale';
   return { body: Buffer.from(JSON.stringify({ meta, data: { 'a~b': items } })), properties: { messageId: random() < 0.5 ? 'from-property' : '' } };
@@ -217,7 +224,16 @@ describe('parseMappedMessage (a declared mapping)', () => {
 
   // The reason names the mapped place, where the contract's shape would say changes[3].delta.
   const details: Array<[string, unknown, Record<string, unknown>, string]> = [
-    ['a string quantity', { eventId: 'e', warehouse: 'W', lines: [1, 2, 3].map(() => ({ product: { sku: 'A' }, qty: 1 })).concat([{ product: { sku: 'A' }, qty: '2' as unknown as number }]) }, {}, 'invalid-delta: /lines/3/qty must be an integer, got "2"'],
+    [
+      'a string quantity',
+      {
+        eventId: 'e',
+        warehouse: 'W',
+        lines: [1, 2, 3].map(() => ({ product: { sku: 'A' }, qty: 1 })).concat([{ product: { sku: 'A' }, qty: '2' as unknown as number }]),
+      },
+      {},
+      'invalid-delta: /lines/3/qty must be an integer, got "2"',
+    ],
     ['no id anywhere', { warehouse: 'W', lines: [] }, {}, 'missing-id: no /eventId and no header x-event-id'],
     ['lines as an object', { eventId: 'e', warehouse: 'W', lines: { product: { sku: 'A' }, qty: 1 } }, {}, 'changes-not-array: /lines is an object'],
     ['no lines', { eventId: 'e', warehouse: 'W' }, {}, 'missing-changes: no /lines'],
@@ -226,12 +242,44 @@ describe('parseMappedMessage (a declared mapping)', () => {
     ['no warehouse', { eventId: 'e', lines: [{ product: { sku: 'A' }, qty: 1 }] }, {}, 'invalid-sku: /warehouse is missing'],
     ['no product', { eventId: 'e', warehouse: 'W', lines: [{ qty: 1 }] }, {}, 'invalid-sku: /lines/0/product/sku is missing'],
     ['an empty SKU', { eventId: 'e', warehouse: 'W', lines: [{ product: { sku: '' }, qty: 1 }] }, {}, 'invalid-sku: /lines/0/product/sku must not be empty'],
-    ['the separator inside the warehouse', { eventId: 'e', warehouse: 'W:1', lines: [{ product: { sku: 'A' }, qty: 1 }] }, {}, 'invalid-sku: /warehouse "W:1" contains the separator ":", so the joined SKU would be ambiguous'],
-    ['a joined SKU past 256', { eventId: 'e', warehouse: 'W'.repeat(200), lines: [{ product: { sku: 'A'.repeat(56) }, qty: 1 }] }, {}, 'invalid-sku: /warehouse + /lines/0/product/sku joined is 257 characters, the limit is 256'],
+    [
+      'the separator inside the warehouse',
+      { eventId: 'e', warehouse: 'W:1', lines: [{ product: { sku: 'A' }, qty: 1 }] },
+      {},
+      'invalid-sku: /warehouse "W:1" contains the separator ":", so the joined SKU would be ambiguous',
+    ],
+    [
+      'a joined SKU past 256',
+      { eventId: 'e', warehouse: 'W'.repeat(200), lines: [{ product: { sku: 'A'.repeat(56) }, qty: 1 }] },
+      {},
+      'invalid-sku: /warehouse + /lines/0/product/sku joined is 257 characters, the limit is 256',
+    ],
     ['no quantity', { eventId: 'e', warehouse: 'W', lines: [{ product: { sku: 'A' } }] }, {}, 'invalid-delta: /lines/0/qty is missing'],
-    ['a quantity past 2^53', { eventId: 'e', warehouse: 'W', lines: [{ product: { sku: 'A' }, qty: 2 ** 60 }] }, {}, `unsafe-delta: /lines/0/qty ${2 ** 60} is outside ±${MAX}`],
-    ['one SKU summing past 2^53', { eventId: 'e', warehouse: 'W', lines: [{ product: { sku: 'A' }, qty: MAX }, { product: { sku: 'A' }, qty: -1 }] }, {}, `unsafe-delta: the deltas for /warehouse + /lines/1/product/sku "W:A" add up (in absolute value) beyond ${MAX}`],
-    ['a numeric reason', { eventId: 'e', warehouse: 'W', lines: [{ product: { sku: 'A' }, qty: 1, reason: 7 }] }, {}, 'invalid-type: /lines/0/reason must be a string, got 7'],
+    [
+      'a quantity past 2^53',
+      { eventId: 'e', warehouse: 'W', lines: [{ product: { sku: 'A' }, qty: 2 ** 60 }] },
+      {},
+      `unsafe-delta: /lines/0/qty ${2 ** 60} is outside ±${MAX}`,
+    ],
+    [
+      'one SKU summing past 2^53',
+      {
+        eventId: 'e',
+        warehouse: 'W',
+        lines: [
+          { product: { sku: 'A' }, qty: MAX },
+          { product: { sku: 'A' }, qty: -1 },
+        ],
+      },
+      {},
+      `unsafe-delta: the deltas for /warehouse + /lines/1/product/sku "W:A" add up (in absolute value) beyond ${MAX}`,
+    ],
+    [
+      'a numeric reason',
+      { eventId: 'e', warehouse: 'W', lines: [{ product: { sku: 'A' }, qty: 1, reason: 7 }] },
+      {},
+      'invalid-type: /lines/0/reason must be a string, got 7',
+    ],
     ['a line that is a number', { eventId: 'e', warehouse: 'W', lines: [5] }, {}, 'invalid-change: /lines/0 must be an object, got 5'],
     ['an array body', ['e'], {}, 'not-an-object: the body must be a JSON object, got an array'],
   ];
@@ -245,16 +293,22 @@ describe('parseMappedMessage (a declared mapping)', () => {
     const body = (sku: string, id = 'e') => Buffer.from(`{"eventId":"${id}","warehouse":"W","lines":[{"product":{"sku":"${sku}"},"qty":1}]}`);
     expect(detailOf(parseMappedMessage(body('A\\ud800'), {}, FOREIGN, OPTIONS))).to.match(/^invalid-sku: \/lines\/0\/product\/sku contains a lone surrogate/);
     expect(detailOf(parseMappedMessage(body('A', 'e\\udc00'), {}, FOREIGN, OPTIONS))).to.match(/^invalid-id: \/eventId contains a lone surrogate/);
-    expect(detailOf(parseMappedMessage(Buffer.from('{"lines":[]}'), { headers: { 'x-event-id': 'h\ud800' } }, FOREIGN, OPTIONS))).to.match(/^invalid-id: header x-event-id contains a lone surrogate/);
+    expect(detailOf(parseMappedMessage(Buffer.from('{"lines":[]}'), { headers: { 'x-event-id': 'h\ud800' } }, FOREIGN, OPTIONS))).to.match(
+      /^invalid-id: header x-event-id contains a lone surrogate/,
+    );
   });
 
   it('keeps the size limit, the UTF-8 check and the JSON errors of the contract', () => {
     expect(detailOf(parseMappedMessage(Buffer.alloc(0), {}, FOREIGN, OPTIONS))).to.match(/^empty-body/);
-    expect(detailOf(parseMappedMessage(Buffer.from('{"eventId":"e"}'), {}, FOREIGN, { maxBytes: 10 }))).to.equal('oversized-body: the body is 15 bytes, the limit is 10');
+    expect(detailOf(parseMappedMessage(Buffer.from('{"eventId":"e"}'), {}, FOREIGN, { maxBytes: 10 }))).to.equal(
+      'oversized-body: the body is 15 bytes, the limit is 10',
+    );
     expect(detailOf(parseMappedMessage(Buffer.from([0x7b, 0xc3, 0x28, 0x7d]), {}, FOREIGN, OPTIONS))).to.match(/^invalid-utf8/);
     expect(detailOf(parseMappedMessage(Buffer.from('{"eventId":'), {}, FOREIGN, OPTIONS))).to.match(/^malformed-json: /);
     const many = { eventId: 'e', warehouse: 'W', lines: Array.from({ length: MESSAGE_LIMITS.maxChanges + 1 }, () => ({ product: { sku: 'A' }, qty: 1 })) };
-    expect(detailOf(foreign(many))).to.equal(`too-many-changes: /lines has ${MESSAGE_LIMITS.maxChanges + 1} entries, the limit is ${MESSAGE_LIMITS.maxChanges}`);
+    expect(detailOf(foreign(many))).to.equal(
+      `too-many-changes: /lines has ${MESSAGE_LIMITS.maxChanges + 1} entries, the limit is ${MESSAGE_LIMITS.maxChanges}`,
+    );
   });
 
   it('returns a reason for 100k nested arrays where the lines should be, and does not throw', () => {
@@ -265,10 +319,26 @@ describe('parseMappedMessage (a declared mapping)', () => {
   });
 
   it('reads keys that need RFC 6901 escapes, [sku, delta] pairs and a type from the root', () => {
-    const body = Buffer.from(JSON.stringify({ meta: { 'id/v2': 'm-1', kind: 'sale' }, data: { 'a~b': [['S1', 2], ['S2', -1]] } }));
+    const body = Buffer.from(
+      JSON.stringify({
+        meta: { 'id/v2': 'm-1', kind: 'sale' },
+        data: {
+          'a~b': [
+            ['S1', 2],
+            ['S2', -1],
+          ],
+        },
+      }),
+    );
     expect(parseMappedMessage(body, {}, ESCAPED, OPTIONS)).to.deep.equal({
       ok: true,
-      message: { id: 'm-1', changes: [{ sku: 'S1', delta: 2, type: 'sale' }, { sku: 'S2', delta: -1, type: 'sale' }] },
+      message: {
+        id: 'm-1',
+        changes: [
+          { sku: 'S1', delta: 2, type: 'sale' },
+          { sku: 'S2', delta: -1, type: 'sale' },
+        ],
+      },
     });
     const noId = Buffer.from(JSON.stringify({ data: { 'a~b': [['S1', '2']] } }));
     expect(detailOf(parseMappedMessage(noId, { messageId: '' }, ESCAPED, OPTIONS))).to.equal('missing-id: no /meta/id~1v2 and no messageId property');
@@ -304,7 +374,8 @@ describe('parseMappedMessage (a declared mapping)', () => {
       const result = expectAsReference(mutate(random, body), properties, FOREIGN);
       reasons.add(result.ok ? 'ok' : result.reason);
     }
-    for (const reason of ['ok', 'malformed-json', 'invalid-utf8', 'invalid-sku', 'invalid-delta', 'missing-id', 'invalid-id']) expect([...reasons]).to.include(reason);
+    for (const reason of ['ok', 'malformed-json', 'invalid-utf8', 'invalid-sku', 'invalid-delta', 'missing-id', 'invalid-id'])
+      expect([...reasons]).to.include(reason);
   });
 
   it('is what the daemon runs when a mapping is declared, and the contract shape when not', () => {

@@ -87,10 +87,18 @@ describe('TALLY_MESSAGE_MAPPING (the declaration)', () => {
     ['an empty separator', { ...EXAMPLE, skuSeparator: '' }, /skuSeparator: expected a string of 1 to 16/],
     ['a separator that is not a string', { ...EXAMPLE, skuSeparator: 1 }, /skuSeparator: expected a string/],
     ['a separator longer than 16', { ...EXAMPLE, skuSeparator: '-'.repeat(17) }, /skuSeparator: expected a string of 1 to 16/],
-    ['a separator with a lone surrogate', `{"id":"/i","changes":"/c","sku":["/w","0/s"],"skuSeparator":"\\ud800","delta":"0/q"}`, /skuSeparator: contains a lone surrogate/],
+    [
+      'a separator with a lone surrogate',
+      `{"id":"/i","changes":"/c","sku":["/w","0/s"],"skuSeparator":"\\ud800","delta":"0/q"}`,
+      /skuSeparator: contains a lone surrogate/,
+    ],
     ['a separator for one SKU path', { ...EXAMPLE, sku: '0/product/sku' }, /skuSeparator: only used when sku lists several paths/],
     ['five SKU paths', { ...EXAMPLE, sku: ['/a', '/b', '/c', '/d', '0/e'] }, /sku: expected a string or a list of 1 to 4/],
-    ['sku and delta both from the root', { ...EXAMPLE, sku: ['/warehouse', '/sku'], delta: '/qty' }, /delta: sku and delta are all read from the body's root.*"0\/qty"/],
+    [
+      'sku and delta both from the root',
+      { ...EXAMPLE, sku: ['/warehouse', '/sku'], delta: '/qty' },
+      /delta: sku and delta are all read from the body's root.*"0\/qty"/,
+    ],
   ];
   for (const [what, declaration, wording] of refused) {
     it(`refuses ${what}`, () => {

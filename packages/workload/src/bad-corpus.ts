@@ -48,9 +48,17 @@ export function foreignBadSample(kind: number, n: number, maxBytes: number): Bad
   const samples: Array<() => BadSample> = [
     () => ({ body: Buffer.from(`{"eventId":"bad-${n}","warehouse":"WH1","lines":[`), reason: 'malformed-json' }),
     () => ({ body: json({ warehouse: `bad-${n}`, lines: [line()] }), reason: 'missing-id', path: '/eventId' }),
-    () => ({ body: json({ eventId: `bad-${n}`, warehouse: 'WH1', lines: [line(), line(), line(), line({ qty: '2' })] }), reason: 'invalid-delta', path: '/lines/3/qty' }),
+    () => ({
+      body: json({ eventId: `bad-${n}`, warehouse: 'WH1', lines: [line(), line(), line(), line({ qty: '2' })] }),
+      reason: 'invalid-delta',
+      path: '/lines/3/qty',
+    }),
     () => ({ body: json({ eventId: `bad-${n}`, warehouse: 'WH1', lines: line() }), reason: 'changes-not-array', path: '/lines' }),
-    () => ({ body: json({ eventId: `bad-${n}`, warehouse: 'WH1', lines: [line({ product: { code: 'A-1' } })] }), reason: 'invalid-sku', path: '/lines/0/product/sku' }),
+    () => ({
+      body: json({ eventId: `bad-${n}`, warehouse: 'WH1', lines: [line({ product: { code: 'A-1' } })] }),
+      reason: 'invalid-sku',
+      path: '/lines/0/product/sku',
+    }),
     () => ({ body: json({ eventId: `bad-${n}`, warehouse: 'WH:1', lines: [line()] }), reason: 'invalid-sku', path: '/warehouse' }),
     () => ({ body: json({ eventId: `bad-${n}`, warehouse: 'WH1', lines: [line({ qty: 2 ** 60 })] }), reason: 'unsafe-delta', path: '/lines/0/qty' }),
     () => ({ body: json({ eventId: `bad-${n}`, warehouse: 'WH1', lines: [line({ reason: 9 })] }), reason: 'invalid-type', path: '/lines/0/reason' }),

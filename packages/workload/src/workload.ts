@@ -149,8 +149,19 @@ export function generateWorkload(partial: Partial<WorkloadOptions> = {}): Worklo
   for (let b = 0; b < bad; b++) {
     const sample = foreign ? foreignBadSample(b, b, o.maxBytes) : badSample(b, b, o.maxBytes);
     badReasons.set(sample.reason, (badReasons.get(sample.reason) ?? 0) + 1);
-    const outsideId = sample.messageId === undefined ? {} : foreign ? { headers: { [FOREIGN_ID_HEADER]: `${o.idPrefix}-${sample.messageId}` } } : { messageId: `${o.idPrefix}-${sample.messageId}` };
-    const publish: Publish = { kind: 'bad', body: sample.body, reason: sample.reason, ...outsideId, ...(sample.path !== undefined ? { path: sample.path } : {}) };
+    const outsideId =
+      sample.messageId === undefined
+        ? {}
+        : foreign
+          ? { headers: { [FOREIGN_ID_HEADER]: `${o.idPrefix}-${sample.messageId}` } }
+          : { messageId: `${o.idPrefix}-${sample.messageId}` };
+    const publish: Publish = {
+      kind: 'bad',
+      body: sample.body,
+      reason: sample.reason,
+      ...outsideId,
+      ...(sample.path !== undefined ? { path: sample.path } : {}),
+    };
     slots.push({ key: random() * o.messages, publish });
   }
 

@@ -75,7 +75,17 @@ describe('workload generator', () => {
     const mapping = parseMessageMapping('TALLY_MESSAGE_MAPPING', JSON.stringify(FOREIGN_SHAPE_MAPPING));
 
     it('states a truth keyed by warehouse:sku equal to what the mapped parse counts, ids in the body and in the header', () => {
-      const w = generateWorkload({ shape: 'foreign', messages: 3_000, skus: 200, seed: 4, duplicateRate: 0.05, badRate: 0.03, minDelta: -2, maxDelta: 4, types: ['sale', 'audit'] });
+      const w = generateWorkload({
+        shape: 'foreign',
+        messages: 3_000,
+        skus: 200,
+        seed: 4,
+        duplicateRate: 0.05,
+        badRate: 0.03,
+        minDelta: -2,
+        maxDelta: 4,
+        types: ['sale', 'audit'],
+      });
       expect(countLikeTally(w.publishes, null, mapping)).to.deep.equal(w.truth);
       expect([...w.truth.keys()].every((sku) => /^WH[1-4]:SKU-\d{6}$/.test(sku))).to.equal(true);
       const headerIds = w.publishes.filter((p) => p.kind === 'good' && p.headers?.['x-event-id'] === p.id).length;

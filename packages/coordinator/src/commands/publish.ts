@@ -51,7 +51,8 @@ function range(flag: string, raw: string | undefined, fallback: [number, number]
 /** --shape: the contract's message shape, or the foreign one FOREIGN_SHAPE_MAPPING reads (the daemon needs that mapping set). */
 function shape(raw: string | undefined): MessageShape {
   if (raw === undefined) return 'contract';
-  if (!(MESSAGE_SHAPES as readonly string[]).includes(raw)) throw new CliUsageError(`--shape: expected one of ${MESSAGE_SHAPES.join(', ')}, got ${JSON.stringify(raw)}`);
+  if (!(MESSAGE_SHAPES as readonly string[]).includes(raw))
+    throw new CliUsageError(`--shape: expected one of ${MESSAGE_SHAPES.join(', ')}, got ${JSON.stringify(raw)}`);
   return raw as MessageShape;
 }
 

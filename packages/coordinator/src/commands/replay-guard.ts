@@ -164,7 +164,12 @@ export function replayVerdict(facts: DeadLetterFacts, reason: string, detail: st
   if (exposure === 'none') return { action: 'replay', exposure, ageMs };
   const safeForMs = policy.markerLifeS * 1000 - Math.min(CLOCK_MARGIN_MS, policy.markerLifeS * 200);
   if (ageMs !== null && ageMs < safeForMs) return { action: 'replay', exposure, ageMs };
-  return { action: policy.force ? 'force' : 'refuse', exposure, ageMs, risk: riskOf(facts, exposure, detail, policy.virtualShards, policy.messageMapping ?? null) };
+  return {
+    action: policy.force ? 'force' : 'refuse',
+    exposure,
+    ageMs,
+    risk: riskOf(facts, exposure, detail, policy.virtualShards, policy.messageMapping ?? null),
+  };
 }
 
 /** Up to this many refused or forced dead letters are listed one by one in the report. */

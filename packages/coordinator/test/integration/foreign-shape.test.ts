@@ -1,12 +1,25 @@
 import { expect } from 'chai';
 import { FOREIGN_ID_HEADER, FOREIGN_SHAPE_MAPPING, foreignBody, generateWorkload, publishAll, type Publish } from '@tally/workload';
 import { BAD_MESSAGE_REASONS } from '@tally/shared';
-import { cleanup, compare, countsOf, drainQueue, drainWithDaemon, runRefusedStart, startDaemon, statsOf, stopDaemon, testSpace, waitForReadyEmpty, AMQP_URL } from './harness.js';
+import {
+  cleanup,
+  compare,
+  countsOf,
+  drainQueue,
+  drainWithDaemon,
+  runRefusedStart,
+  startDaemon,
+  statsOf,
+  stopDaemon,
+  testSpace,
+  waitForReadyEmpty,
+  AMQP_URL,
+} from './harness.js';
 
 /** The variable an operator sets to count the foreign shape, exactly as docs/operations.md and the README write it. */
 const MAPPING_ENV = { TALLY_MESSAGE_MAPPING: JSON.stringify(FOREIGN_SHAPE_MAPPING) };
 
-describe('a message shape of the user\'s own, through TALLY_MESSAGE_MAPPING (integration)', function () {
+describe("a message shape of the user's own, through TALLY_MESSAGE_MAPPING (integration)", function () {
   this.timeout(240_000);
 
   it('counts the foreign shape exactly under warehouse:sku, ids in the body or the header, duplicates caught', async () => {
@@ -41,7 +54,10 @@ describe('a message shape of the user\'s own, through TALLY_MESSAGE_MAPPING (int
       const diff = compare(counts, workload.truth);
       expect(diff.below, 'SKUs below the truth').to.deep.equal([]);
       expect([...diff.excess], 'SKUs above the truth').to.deep.equal([]);
-      expect([...counts.keys()].every((sku) => /^WH[1-4]:SKU-\d{6}$/.test(sku)), 'counted under the joined SKU').to.equal(true);
+      expect(
+        [...counts.keys()].every((sku) => /^WH[1-4]:SKU-\d{6}$/.test(sku)),
+        'counted under the joined SKU',
+      ).to.equal(true);
       expect(workload.truth.size).to.be.greaterThan(1_500);
 
       const stats = await statsOf(space.prefix);
@@ -110,7 +126,11 @@ describe('a message shape of the user\'s own, through TALLY_MESSAGE_MAPPING (int
       await channel.assertQueue(space.queue, { durable: true });
       // Three copies of e-81 (the same header id, even under another messageId property), one e-82, one with no id.
       for (const messageId of [undefined, 'ignored-1', 'ignored-2']) {
-        channel.sendToQueue(space.queue, body, { persistent: true, headers: { [FOREIGN_ID_HEADER]: `${space.queue}-e-81` }, ...(messageId ? { messageId } : {}) });
+        channel.sendToQueue(space.queue, body, {
+          persistent: true,
+          headers: { [FOREIGN_ID_HEADER]: `${space.queue}-e-81` },
+          ...(messageId ? { messageId } : {}),
+        });
       }
       channel.sendToQueue(space.queue, other, { persistent: true, headers: { [FOREIGN_ID_HEADER]: `${space.queue}-e-82` } });
       channel.sendToQueue(space.queue, noId, { persistent: true, messageId: 'a-property-is-not-the-mapped-id' });
