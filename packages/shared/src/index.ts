@@ -11,6 +11,7 @@ export * from './delivery-parser.js';
 export * from './shards.js';
 export * from './keys.js';
 export * from './markers.js';
+export * from './script-replies.js';
 export * from './counters.js';
 export * from './backoff.js';
 export * from './failure-class.js';

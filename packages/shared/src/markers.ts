@@ -37,6 +37,7 @@
  * tests, and the worker tests check that both agree.
  */
 import { hash } from 'node:crypto';
+import { ScriptReply } from './script-replies.js';
 
 /** Recorded as `marker_format` in the layout hash; a prefix with live markers of another format is refused. */
 export const MARKER_FORMAT = 'digest16-buckets-v1';
@@ -218,20 +219,27 @@ export function parseClaim(value: string): { token: string; atMs: number } | nul
   return match === null ? null : { token: match[1]!, atMs: Number(match[2]) };
 }
 
-/** Per part, what a batch script found: the flags it returns, one character per part. */
+/** Per part, what a batch found: a BatchResult's `marked` (batch-protocol.ts). */
 export const PART_NEW = 0;
 export const PART_DONE = 1;
 /** Another daemon's live claim holds it: leave it for later, count nothing now. */
 export const PART_HELD = 2;
 
-/** A script's flags string ('0' new, '1' done, '2' held) as one byte per part. */
+/** claim_markers.lua's flag characters (script-replies.ts), as the part states a BatchResult carries. */
+const CLAIM_FLAG_STATES: ReadonlyMap<string, number> = new Map([
+  [ScriptReply.CLAIM_NEW, PART_NEW],
+  [ScriptReply.CLAIM_DONE, PART_DONE],
+  [ScriptReply.CLAIM_HELD, PART_HELD],
+]);
+
+/** claim_markers.lua's flags string, one character per part, as one part state (PART_*) per part. */
 export function parsePartFlags(flags: string, parts: number): Uint8Array {
   if (flags.length !== parts) throw new Error(`a batch script returned ${flags.length} flags for ${parts} parts`);
   const out = new Uint8Array(parts);
   for (let i = 0; i < parts; i++) {
-    const c = flags.charCodeAt(i) - 48;
-    if (c !== PART_NEW && c !== PART_DONE && c !== PART_HELD) throw new Error(`a batch script returned the flag ${flags[i]} at part ${i}`);
-    out[i] = c;
+    const state = CLAIM_FLAG_STATES.get(flags[i]!);
+    if (state === undefined) throw new Error(`a batch script returned the flag ${flags[i]} at part ${i}`);
+    out[i] = state;
   }
   return out;
 }

@@ -20,8 +20,11 @@ import {
   describeError,
   markerBaseKey,
   markerFilterBits,
+  PART_DONE,
+  PART_NEW,
   receiptKey,
   retryUntilDone,
+  ScriptReply,
   taskDigests,
   type BatchResult,
   type BatchTask,
@@ -135,11 +138,11 @@ async function runAtomicScript(redis: RedisClient, settings: WorkerSettings, tas
     },
   })) as [string, unknown, number];
   const [flags, rawRefusals, replayed] = reply;
-  if (replayed === 0) await hooks.afterCountWrite?.(task);
+  if (replayed !== ScriptReply.ATOMIC_REPLAYED) await hooks.afterCountWrite?.(task);
   if (flags.length !== task.ids.length) throw new Error(`atomic batch: the script returned ${flags.length} flags for ${task.ids.length} parts`);
   const marked = new Uint8Array(task.ids.length);
-  // '1' a duplicate; '2' a part Redis refused to count (listed in the refusals), not a duplicate.
-  for (let i = 0; i < flags.length; i++) marked[i] = flags.charCodeAt(i) === 49 /* '1' */ ? 1 : 0;
+  // A part Redis refused (ATOMIC_REFUSED, listed in the refusals) is not a duplicate: PART_NEW, like a counted one.
+  for (let i = 0; i < flags.length; i++) marked[i] = flags[i] === ScriptReply.ATOMIC_DUPLICATE ? PART_DONE : PART_NEW;
   const refusals = decodeRefusals(rawRefusals, settings.prefix);
   logRefusals(log, task, refusals);
   // Durability of the ack (replica-wait.ts): every part not refused has a
@@ -148,7 +151,7 @@ async function runAtomicScript(redis: RedisClient, settings: WorkerSettings, tas
   const reliedOn: Uint8Array[] = [];
   if (settings.waitReplicas > 0) {
     const digests = taskDigests(task);
-    for (let i = 0; i < flags.length; i++) if (flags[i] !== '2') reliedOn.push(digests[i]!);
+    for (let i = 0; i < flags.length; i++) if (flags[i] !== ScriptReply.ATOMIC_REFUSED) reliedOn.push(digests[i]!);
   }
   if (reliedOn.length > 0) {
     waitTimeouts = await inSpan(batchTracer(), 'tally.wait_replicas', { 'tally.shard': task.vshard, 'tally.replicas': settings.waitReplicas }, () =>

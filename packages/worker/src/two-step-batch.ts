@@ -33,6 +33,7 @@ import {
   parsePartFlags,
   PART_NEW,
   receiptKey,
+  ScriptReply,
   taskDigests,
   WindowGauge,
   type BatchResult,
@@ -57,7 +58,7 @@ export const WRITE_COUNTS = loadScript('write_counts');
 export const OCCUPY_MARKERS = loadScript('occupy_markers');
 
 /** write_counts.lua's reply: outcome, refused parts, refusals (documented in the script). */
-type WriteCountsReply = ['written' | 'receipt' | 'isolate', string, unknown];
+type WriteCountsReply = [typeof ScriptReply.WRITE_WRITTEN | typeof ScriptReply.WRITE_RECEIPT | typeof ScriptReply.WRITE_ISOLATE, string, unknown];
 
 /**
  * Retries an idempotent step until it succeeds: outages wait, they do not
@@ -164,7 +165,7 @@ export async function runTwoStepBatch(
     let reply = await inSpan(tracer, 'tally.write_counts', { 'tally.shard': vshard, 'tally.skus.distinct': sums.size }, () =>
       write(evalshaArgs(WRITE_COUNTS, keys, sumArgv)),
     );
-    if (reply[0] === 'isolate') {
+    if (reply[0] === ScriptReply.WRITE_ISOLATE) {
       // Redis refused one of the sums, and nothing was written: the same
       // write again with each new part as its own all-or-nothing group, so
       // only the parts Redis refuses are left out.
@@ -179,7 +180,7 @@ export async function runTwoStepBatch(
         write(evalshaArgs(WRITE_COUNTS, keys, partArgv)),
       );
     }
-    wroteCounts = reply[0] === 'written';
+    wroteCounts = reply[0] === ScriptReply.WRITE_WRITTEN;
     refusals = decodeRefusals(reply[2], prefix);
     logRefusals(log, task, refusals);
     // A refused part counted nothing: it is not in the window.
@@ -199,8 +200,8 @@ export async function runTwoStepBatch(
   if (claimBatch > 0) {
     const refusedDigests = [...refused].map((i) => digests[i]!);
     // The batch's record turns done in one write; the new parts' digests travel
-    // only when time has moved to a later bucket and the markers must follow (-1).
-    // With counts written, the receipt must still be there (-2 otherwise): see occupy_markers.lua.
+    // only when time has moved to a later bucket and the markers must follow (OCCUPY_NEEDS_DIGESTS).
+    // With counts written, the receipt must still be there (OCCUPY_RECEIPT_GONE otherwise): see occupy_markers.lua.
     const occupyKeys = sums.size > 0 ? [shardKey, receipt] : [shardKey];
     const args = evalshaArgs(OCCUPY_MARKERS, occupyKeys, [...bucketArgs, claimBucket, claimBatch, refusedDigests.length, ...refusedDigests]);
     const moving = (): Buffer[] => {
@@ -218,7 +219,7 @@ export async function runTwoStepBatch(
         () =>
           onSlotConnection(redis, shardKey, async (connection) => {
             const first = await runScript(connection, OCCUPY_MARKERS, args, log);
-            return first === -1 ? runScript(connection, OCCUPY_MARKERS, [...args, ...moving()], log) : first;
+            return first === ScriptReply.OCCUPY_NEEDS_DIGESTS ? runScript(connection, OCCUPY_MARKERS, [...args, ...moving()], log) : first;
           }),
         () => {
           // The counts are written and the markers are not: the crash window
@@ -232,7 +233,7 @@ export async function runTwoStepBatch(
         },
       ),
     );
-    if (occupied === -2) {
+    if (occupied === ScriptReply.OCCUPY_RECEIPT_GONE) {
       // The receipt, and so the counts, are not on the server this step
       // reached: a failover (or a restart without persistence) lost them
       // after they were written. No marker was set; the coordinator reruns

@@ -31,7 +31,7 @@ export async function createMetricsExport(): Promise<MetricsExport> {
       import('@opentelemetry/exporter-prometheus'),
       import('@opentelemetry/sdk-metrics'),
       import('@opentelemetry/resources'),
-      // It imports sdk-metrics too: loaded here, not by daemon.ts's static import of this file.
+      // It imports sdk-metrics too: loaded here, not by runtime.ts's static import of this file.
       import('./local-histograms.js'),
     ]);
   const resource = defaultResource()

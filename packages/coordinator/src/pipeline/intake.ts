@@ -1,0 +1,109 @@
+/**
+ * Where a delivery enters: recorded for its ack, parsed, dead-lettered when
+ * bad (invariants 5 and 6), split into one part per virtual shard, held
+ * behind an earlier copy of its id still in flight (in-flight.ts), or handed
+ * to the shard lanes.
+ */
+import type { ConsumeMessage } from 'amqplib';
+import {
+  formatReason,
+  markerDigest,
+  markerShardOf,
+  deliveryParser,
+  splitByShard,
+  wholeMessagePart,
+  type DeliveryParser,
+  type InjectedBug,
+  type MarkerScope,
+  type TallyConfig,
+} from '@tally/shared';
+import type { ChannelLink, Delivery } from '../delivery.js';
+import type { PendingPart } from '../shard-lanes.js';
+import { timestampToMs } from '../telemetry/metrics.js';
+import type { AckWindow } from './ack-window.js';
+import type { DeadLetters } from './dead-letters.js';
+import type { InFlightMessages } from './in-flight.js';
+import type { Clock, Counters } from './ports.js';
+
+export type IntakeOptions = Pick<TallyConfig, 'virtualShards' | 'acceptTypes' | 'maxMessageBytes' | 'prefetch'> &
+  Partial<Pick<TallyConfig, 'messageMapping'>> & {
+    /**
+     * What one marker stands for, as the prefix's layout records it (not as
+     * TALLY_MARKER_SCOPE asks: every daemon of a prefix must split alike).
+     * `part`: one part per virtual shard of the SKUs; `message`: the whole
+     * message as one part, on its digest's marker shard.
+     */
+    readonly recordedMarkerScope: MarkerScope;
+    /** TALLY_FAULT_BUG=main (config.ts loadFaultInjection): each delivery makes the ack tracker throw. */
+    readonly injectBug?: InjectedBug | null;
+  };
+
+/** The lanes as intake uses them (shard-lanes.ts). */
+export interface LaneEntry {
+  add(vshard: number, part: PendingPart): void;
+  flushAll(): void;
+}
+
+export class Intake {
+  /** The contract's shape, or TALLY_MESSAGE_MAPPING's (null or absent: the contract's): chosen once, at start. */
+  private readonly parseDelivery: DeliveryParser;
+
+  constructor(
+    private readonly options: IntakeOptions,
+    private readonly acks: AckWindow,
+    private readonly counters: Counters,
+    private readonly deadLetters: DeadLetters,
+    private readonly inFlight: InFlightMessages,
+    private readonly lanes: LaneEntry,
+    private readonly clock: Clock,
+  ) {
+    this.parseDelivery = deliveryParser(options.messageMapping ?? null, Object.freeze({ maxBytes: options.maxMessageBytes }));
+  }
+
+  accept(channel: ChannelLink, message: ConsumeMessage): void {
+    const tag = message.fields.deliveryTag;
+    const { counters, options } = this;
+    if (!this.acks.received(channel, tag)) return; // a late delivery from a dead channel: it will be redelivered
+    if (options.injectBug === 'main') this.acks.received(channel, tag); // fault injection: a tag out of sequence
+    counters.add('received');
+
+    const parsed = this.parseDelivery(message.content, message.properties);
+    if (!parsed.ok) {
+      this.deadLetters.send(channel, message, parsed.reason, formatReason(parsed.reason, parsed.detail), message.properties.headers?.traceparent);
+      return;
+    }
+    const digest = markerDigest(parsed.message.id);
+    const parts =
+      options.recordedMarkerScope === 'message'
+        ? wholeMessagePart(parsed.message.changes, markerShardOf(digest, options.virtualShards), options.acceptTypes)
+        : splitByShard(parsed.message.changes, options.virtualShards, options.acceptTypes);
+    if (parts.size === 0) {
+      counters.add('empty');
+      this.acks.finish(channel, tag);
+      return;
+    }
+    const delivery: Delivery = {
+      tag,
+      link: channel,
+      id: parsed.message.id,
+      digest,
+      redelivered: message.fields.redelivered,
+      remaining: parts.size,
+      parts: parts.size,
+      markedParts: 0,
+      waiters: [],
+      receivedAt: this.clock.now(),
+      publishedAt: timestampToMs(message.properties.timestamp),
+      traceparent: message.properties.headers?.traceparent,
+      message,
+      refusal: null,
+    };
+    // Invariant 4: a copy of an id already in flight waits for the first and is settled as a duplicate with it.
+    if (this.inFlight.admit(delivery)) for (const [vshard, changes] of parts) this.lanes.add(vshard, { delivery, changes });
+    // Prefetch credit exhausted: nothing more arrives until something is
+    // acked, so waiting out the batch timers would only add latency.
+    // Counted as the broker counts: finished deliveries that wait for an
+    // earlier one to finish still hold credit until the multiple-ack.
+    if (this.acks.unacked >= options.prefetch) this.lanes.flushAll();
+  }
+}

@@ -1,0 +1,60 @@
+/**
+ * What the delivery pipeline needs from the world, each as narrow as the
+ * pipeline uses it. The daemon passes the real edges (AmqpLink, WorkerPools,
+ * StatsRecorder, ExposureMeter, DaemonMetrics); the unit tests pass fakes,
+ * so every delivery rule runs in-process without a thread or a server.
+ */
+import type { ConsumeMessage } from 'amqplib';
+import type { BatchResult, CounterName, WireBatchTask } from '@tally/shared';
+import type { ChannelLink } from '../delivery.js';
+import type { ExposedPart } from '../exposure-meter.js';
+
+/** Runs one shard batch on the thread that owns the shard (worker-pools.ts). */
+export interface BatchRunner {
+  /** Resolves with the batch's result; a failure rejects, classified as failure-class.ts says. */
+  run(task: WireBatchTask): Promise<BatchResult>;
+  /** True once the threads are being stopped: a batch still retrying is given up and its deliveries stay unacked. */
+  readonly stopped: boolean;
+}
+
+/** Acks on a channel (amqp-link.ts). */
+export interface Acker {
+  /** Acks `upTo`; with `multiple`, every outstanding tag up to it. */
+  ack(channel: ChannelLink, upTo: number, multiple: boolean): void;
+}
+
+/** Publishes a copy to the dead-letter queue (amqp-link.ts). */
+export interface DeadLetterPublisher {
+  /** Resolves once the broker confirmed the copy, with its reason in `x-tally-reason`. */
+  deadLetter(channel: ChannelLink, message: ConsumeMessage, reason: string): Promise<void>;
+}
+
+/** The counters of invariant 9 (stats-recorder.ts). */
+export interface Counters {
+  add(name: CounterName, amount?: number): void;
+}
+
+export interface Clock {
+  /** Monotonic milliseconds: ages, stalls, durations. */
+  now(): number;
+  /** Epoch milliseconds: message ages against their timestamp property, dates in logs. */
+  epochMs(): number;
+}
+
+export const SYSTEM_CLOCK: Clock = Object.freeze({ now: () => performance.now(), epochMs: () => Date.now() });
+
+/** What a crash would cost right now (exposure-meter.ts): the pipeline tells it what moved. */
+export interface Exposure {
+  channelChanged(link: unknown): void;
+  batchReturned(vshard: number): void;
+  batchDone(parts: readonly ExposedPart[]): void;
+  occupied(link: unknown, tag: number, share: number): void;
+  acked(upTo: number): void;
+  ackedOne(tag: number): void;
+}
+
+/** The batch and delivery histograms (telemetry/metrics.ts); absent without TALLY_METRICS_PORT. */
+export interface PipelineMetrics {
+  recordBatch(parts: number, elapsedMs: number, result: BatchResult): void;
+  recordAck(receivedAt: number, publishedAt: number | undefined, wallNow: number, monotonicNow: number): void;
+}

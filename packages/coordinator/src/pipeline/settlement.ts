@@ -1,0 +1,106 @@
+/**
+ * What a shard batch's result means for each of its deliveries, and what a
+ * delivery whose every part is done becomes: acked and counted as counted,
+ * a duplicate or a partial duplicate; dead-lettered `count-refused` when
+ * Redis refused one of its parts; its waiting copies acked as duplicates.
+ */
+import { COUNT_REFUSED, PART_DONE, PART_HELD, type BatchResult, type CountRefusal } from '@tally/shared';
+import type { Delivery } from '../delivery.js';
+import type { PendingPart } from '../shard-lanes.js';
+import type { AckWindow } from './ack-window.js';
+import type { DeadLetters } from './dead-letters.js';
+import type { InFlightMessages } from './in-flight.js';
+import type { Clock, Counters, Exposure, PipelineMetrics } from './ports.js';
+
+/** Puts a part back into its lane after a delay (shard-lanes.ts hold). */
+export type HoldPart = (vshard: number, part: PendingPart, delayMs: number) => void;
+
+export class Settlement {
+  constructor(
+    /** How long a part held by another daemon's claim waits before it is tried again. */
+    private readonly claimRetryMs: number,
+    private readonly counters: Counters,
+    private readonly exposure: Exposure,
+    private readonly metrics: PipelineMetrics | null,
+    private readonly clock: Clock,
+    private readonly acks: AckWindow,
+    private readonly deadLetters: DeadLetters,
+    private readonly inFlight: InFlightMessages,
+    private readonly hold: HoldPart,
+  ) {}
+
+  /** A shard batch returned: count what it reports, then settle each delivery whose last part this was. */
+  batchDone(vshard: number, parts: readonly PendingPart[], result: BatchResult): void {
+    const { counters } = this;
+    counters.add('occupation_failures', result.occupationFailures);
+    counters.add('write_retries', result.writeRetries);
+    counters.add('count_errors', result.refusals.length);
+    counters.add('claim_takeovers', result.claimTakeovers);
+    this.exposure.batchDone(parts.filter((_, i) => result.marked[i] !== PART_HELD).map((part) => part.delivery));
+    for (const refusal of result.refusals) {
+      const delivery = parts[refusal.part]!.delivery;
+      delivery.refusal ??= describeCountRefusal(vshard, refusal);
+    }
+    let held = 0;
+    for (let i = 0; i < parts.length; i++) {
+      const delivery = parts[i]!.delivery;
+      if (result.marked[i] === PART_HELD) {
+        // Another daemon is counting a copy of this message right now: run
+        // this part again shortly; by then it is marked (a duplicate) or its
+        // claim has run out (that daemon died: counted here).
+        held++;
+        this.hold(vshard, parts[i]!, this.claimRetryMs);
+        this.heldByClaim(delivery);
+        continue;
+      }
+      if (result.marked[i] === PART_DONE) delivery.markedParts++;
+      if (--delivery.remaining === 0) this.settle(delivery);
+    }
+    if (held > 0) {
+      counters.add('claim_holds', held);
+      this.acks.scheduleSend();
+    }
+  }
+
+  /**
+   * A delivery waiting for another daemon's claim must not hold back the
+   * acks behind it: the prefetch window would fill and this daemon count
+   * nothing meanwhile. Its copies waiting on it wait as long.
+   */
+  private heldByClaim(delivery: Delivery): void {
+    for (const { link, tag } of [delivery, ...delivery.waiters]) this.acks.heldByClaim(link, tag);
+  }
+
+  /** Every part of a delivery is written and marked: classify it and release its waiters. */
+  private settle(delivery: Delivery): void {
+    const { counters, metrics, acks } = this;
+    this.inFlight.release(delivery);
+    const now = metrics ? this.clock.now() : 0;
+    const wallNow = metrics ? this.clock.epochMs() : 0;
+    metrics?.recordAck(delivery.receivedAt, delivery.publishedAt, wallNow, now);
+    if (delivery.refusal !== null) {
+      // A part Redis refused counted nothing and has no marker; the others are
+      // counted and marked. Dead-lettered, not acked: the replay (after the
+      // key is repaired) counts the refused part once and skips the others by
+      // their markers (within the marker TTL).
+      this.deadLetters.send(delivery.link, delivery.message, COUNT_REFUSED, `${COUNT_REFUSED}: ${delivery.refusal}`, delivery.traceparent);
+    } else if (delivery.markedParts === delivery.parts) counters.add('duplicates');
+    else if (delivery.markedParts === 0) {
+      counters.add('counted');
+      if (delivery.redelivered) counters.add('redelivered_unmarked');
+    } else counters.add('partial_duplicates');
+    if (delivery.refusal === null) acks.finish(delivery.link, delivery.tag);
+    for (const waiter of delivery.waiters) {
+      metrics?.recordAck(waiter.receivedAt, waiter.publishedAt, wallNow, now);
+      counters.add('duplicates');
+      this.exposure.occupied(waiter.link, waiter.tag, 1);
+      acks.finish(waiter.link, waiter.tag);
+    }
+  }
+}
+
+/** The x-tally-reason detail of a refused part: the Redis error, then where it happened. */
+function describeCountRefusal(vshard: number, refusal: CountRefusal): string {
+  const where = refusal.key === '' ? `shard ${vshard}` : `sku ${JSON.stringify(refusal.sku)}, key ${refusal.key}, delta ${refusal.delta}`;
+  return `${refusal.error} (${where})`;
+}

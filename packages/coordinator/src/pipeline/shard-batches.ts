@@ -1,0 +1,114 @@
+/**
+ * Runs one shard batch to its result: the batch's id and span, the task sent
+ * to the owner thread, the retries and the isolation of data failures. What
+ * the result means for each delivery is settlement.ts's job.
+ */
+import { randomUUID } from 'node:crypto';
+import type { Tracer } from '@opentelemetry/api';
+import { describeError, encodeBatchTask, retryUntilDone, RETRY_STOPPED, type BackoffOptions, type BatchResult, type TallyMode } from '@tally/shared';
+import { runIsolating } from '../batch-isolation.js';
+import type { Logger } from '../logger.js';
+import type { PendingPart } from '../shard-lanes.js';
+import { endBatchSpan, failBatchSpan, startBatchSpan } from '../telemetry/batch-span.js';
+import type { BatchRunner, Clock, Exposure, PipelineMetrics } from './ports.js';
+
+export interface ShardBatchOptions {
+  readonly queue: string;
+  readonly mode: TallyMode;
+  /** The retries' backoff; the shared default when absent (tests shorten it). */
+  readonly backoff?: BackoffOptions;
+}
+
+export class ShardBatches {
+  constructor(
+    private readonly options: ShardBatchOptions,
+    private readonly runner: BatchRunner,
+    private readonly exposure: Exposure,
+    private readonly metrics: PipelineMetrics | null,
+    private readonly clock: Clock,
+    private readonly tracer: Tracer,
+    private readonly log: Logger,
+  ) {}
+
+  /**
+   * Runs the batch on its owner thread until it completes; null when it was
+   * given up because the threads stopped (its deliveries stay unacked and go
+   * back to the broker).
+   */
+  async run(vshard: number, parts: readonly PendingPart[]): Promise<BatchResult | null> {
+    const { options, runner, exposure, log } = this;
+    const { span, traceparent } = startBatchSpan(this.tracer, {
+      vshard,
+      queue: options.queue,
+      mode: options.mode,
+      parts: parts.length,
+      traceparents: parts.map((part) => part.delivery.traceparent as string | undefined),
+      distinctSkus: () => new Set(parts.flatMap((part) => part.changes.map(([sku]) => sku))).size,
+    });
+    // Made here, once, not in the thread: every rerun below (a dead thread, a
+    // lost reply) carries the same id and finds the write receipt of an earlier
+    // run, so the counts are never written twice (invariant 12).
+    const batchId = randomUUID();
+    const started = this.clock.now();
+    // A thread that died mid-batch is replaced by piscina. Re-running the
+    // batch is safe: its receipt (same batch id) answers a count write that
+    // already landed, so only the markers are occupied again. A `transient`
+    // or `fatal` failure is retried, visibly; a `data` failure would fail the
+    // same way forever, so it is isolated instead (batch-isolation.ts).
+    const runRange = async (id: string, from: number, to: number): Promise<BatchResult> => {
+      const task = encodeBatchTask(
+        vshard,
+        id,
+        to - from,
+        (i) => ({ id: parts[from + i]!.delivery.id, digest: parts[from + i]!.delivery.digest, changes: parts[from + i]!.changes }),
+        traceparent,
+        // Each part's share of its message, for the threads' window gauge.
+        options.mode === 'two-step' ? Float64Array.from({ length: to - from }, (_, i) => 1 / parts[from + i]!.delivery.parts) : undefined,
+      );
+      const outcome = await retryUntilDone(() => runner.run(task), {
+        // Stopping: the threads were terminated; the deliveries stay unacked and go back to the broker.
+        stopWhen: () => runner.stopped,
+        giveUp: (failureClass) => failureClass === 'data',
+        onAttemptFailed: ({ error, attempt, delayMs, failureClass }) => {
+          failBatchSpan(span, error);
+          log.error(
+            { vshard, batchId: id, attempt, delayMs, failureClass, err: describeError(error), trace_id: traceparent?.slice(3, 35) },
+            'batch failed in its worker thread; retrying',
+          );
+        },
+        ...(options.backoff === undefined ? {} : { backoff: options.backoff }),
+      });
+      if (outcome === RETRY_STOPPED) throw new BatchAbandoned();
+      return outcome;
+    };
+    let result: BatchResult;
+    try {
+      result = await runIsolating(vshard, parts.length, batchId, runRange, (error, id, from, to) => {
+        failBatchSpan(span, error);
+        log.error(
+          { vshard, batchId: id, parts: to - from, failureClass: 'data', err: describeError(error), trace_id: traceparent?.slice(3, 35) },
+          to - from === 1
+            ? 'redis refused a part for its data: its message goes to the dead-letter queue (count-refused)'
+            : 'batch refused for its data; isolating its parts',
+        );
+      });
+    } catch (error) {
+      exposure.batchReturned(vshard);
+      if (!(error instanceof BatchAbandoned)) throw error;
+      span.end();
+      return null;
+    }
+    exposure.batchReturned(vshard);
+    endBatchSpan(span, result);
+    this.metrics?.recordBatch(parts.length, this.clock.now() - started, result);
+    return result;
+  }
+}
+
+/** The threads were stopped while a batch was being retried: it is given up, its deliveries stay unacked. */
+class BatchAbandoned extends Error {
+  constructor() {
+    super('batch abandoned: the worker threads stopped');
+    this.name = 'BatchAbandoned';
+  }
+}
