@@ -51,6 +51,8 @@ const BAD_VALUES: ReadonlyArray<readonly [variable: string, values: readonly str
   ['TALLY_QUEUE_TYPE', ['stream', 'Quorum', 'CLASSIC', 'quorum,classic', 'lazy']],
   ['TALLY_DELIVERY_LIMIT', ['0', '-1', '1001', 'twenty', '2.5']],
   ['TALLY_HEARTBEAT_MS', ['99', '60001', '5s', '1.5']],
+  // The declaration's own refusals are in message-mapping.test.ts.
+  ['TALLY_MESSAGE_MAPPING', ['/eventId', '{}', '{"id":"eventId","changes":"/lines","sku":"0/sku","delta":"0/qty"}']],
 ];
 
 describe('loadConfig', () => {
@@ -78,6 +80,7 @@ describe('loadConfig', () => {
       markerClaimTtlS: 10,
       markerScope: 'part',
       countTtlS: 2_592_000,
+      messageMapping: null,
       acceptTypes: null,
       metricsPort: null,
       metricsHost: '127.0.0.1',
@@ -147,7 +150,7 @@ describe('loadConfig', () => {
       const read = new Set([...source.matchAll(/'(TALLY_[A-Z_]+)'/g)].map((m) => m[1]!));
       const covered = new Set(BAD_VALUES.map(([name]) => name));
       expect([...covered].sort()).to.deep.equal([...read].sort());
-      expect(covered.size).to.equal(30);
+      expect(covered.size).to.equal(32);
     });
 
     it('names the accepted range for integers', () => {
