@@ -30,7 +30,14 @@ describe('batch protocol (the thread boundary)', () => {
       { id: 'weird, "id" {7}\u00e9', changes: [['ü', Number.MAX_SAFE_INTEGER]] },
       { id: 'm-3', changes: [] },
       { id: 'm-4', changes: Array.from({ length: 300 }, (_, i): [string, number] => [`S${i}`, i - 150]) },
-      { id: 'm-5', changes: [['\u{1F600}x', -Number.MAX_SAFE_INTEGER], ['', 3], ['\ud800', 1]] },
+      {
+        id: 'm-5',
+        changes: [
+          ['\u{1F600}x', -Number.MAX_SAFE_INTEGER],
+          ['', 3],
+          ['\ud800', 1],
+        ],
+      },
     ];
     const parts = raw.map((p, i) => ({ ...p, digest: markerDigest(p.id), messageParts: i + 1 }));
     const traceparent = '00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01';
@@ -62,6 +69,22 @@ describe('batch protocol (the thread boundary)', () => {
     }
     const wire = encodeBatchTask(2, 'b', { count: ids.length, digest: (i) => markerDigestText(ids[i]!), changes: () => [['A', 1]], messageParts: () => 1 });
     expect(decodeBatchTask(wire).digests!.map((d) => Buffer.from(d).toString('hex'))).to.deep.equal(ids.map((id) => markerDigest(id).toString('hex')));
+  });
+
+  it('encodes batches larger than any before it, and a small one after, exactly (the reused scratch)', () => {
+    const big = Array.from({ length: 3000 }, (_, i) => ({
+      digest: markerDigest(`m-${i}`),
+      changes: [
+        [`S${i}`, i],
+        ['T', -i],
+      ] as PartChanges,
+    }));
+    const small = [{ digest: markerDigest('m-x'), changes: [['X', 7]] as PartChanges }];
+    for (const parts of [big, small, big]) {
+      const task = decodeBatchTask(encodeBatchTask(1, 'b', wireParts(parts)));
+      expect(task.changes).to.deep.equal(parts.map((p) => p.changes));
+      expect(task.digests!.map((d) => Buffer.from(d).toString('hex'))).to.deep.equal(parts.map((p) => p.digest.toString('hex')));
+    }
   });
 
   it('names a part by its digest in a log line, by its id only in a task a test built', () => {

@@ -81,7 +81,7 @@ describe('ExposureMeter', () => {
     expect(out.totals.get('window_message_ms')).to.equal(undefined);
   });
 
-  it('keeps every unacked tag\'s share when the unacked range outgrows its slots (single acks behind a stalled head)', () => {
+  it("keeps every unacked tag's share when the unacked range outgrows its slots (single acks behind a stalled head)", () => {
     const out = sink();
     const meter = new ExposureMeter(out, () => true, null, SECONDS);
     const live = {};
