@@ -5,6 +5,7 @@ export * from './tls-trust.js';
 export * from './config.js';
 export * from './message.js';
 export * from './shards.js';
+export * from './partitions.js';
 export * from './keys.js';
 export * from './markers.js';
 export * from './script-replies.js';
