@@ -65,12 +65,17 @@ export interface ExposedPart {
   readonly parts: number;
 }
 
+/** One live channel's occupied, unacked deliveries: tags of other channels mean nothing here. */
+interface ChannelExposure {
+  /** Occupied share (in messages) of each unacked delivery tag of the channel. */
+  readonly occupiedByTag: Map<number, number>;
+  ackedThrough: number;
+}
+
 export class ExposureMeter {
-  /** The live channel: tags of other channels mean nothing here. */
-  private link: unknown = null;
-  /** Occupied share (in messages) of each unacked delivery tag of the live channel. */
-  private readonly occupiedByTag = new Map<number, number>();
-  private ackedThrough = 0;
+  /** The live channels (one per partition held; one with a single queue). */
+  private readonly channels = new Map<unknown, ChannelExposure>();
+  /** Summed over the live channels. */
   private occupiedUnacked = 0;
   /** Fractions not yet handed to the sink (the stats hash takes integers). */
   private readonly carry = { loaded: 0, window: 0, occupied: 0 };
@@ -97,11 +102,23 @@ export class ExposureMeter {
     this.settling?.settled(vshard);
   }
 
-  /** A new channel: the old channel's deliveries go back to the broker while their markers are fresh. */
+  /** A new channel: its deliveries are tracked from now on. */
   channelChanged(link: unknown): void {
-    this.link = link;
-    this.occupiedByTag.clear();
-    this.ackedThrough = 0;
+    this.channels.set(link, { occupiedByTag: new Map(), ackedThrough: 0 });
+  }
+
+  /** A channel is gone: its deliveries go back to the broker while their markers are fresh. */
+  channelClosed(link: unknown): void {
+    const channel = this.channels.get(link);
+    if (channel === undefined) return;
+    this.channels.delete(link);
+    for (const share of channel.occupiedByTag.values()) this.occupiedUnacked -= share;
+    this.settleDrift();
+  }
+
+  /** Floating-point sums drift; no occupied delivery anywhere is exactly zero. */
+  private settleDrift(): void {
+    for (const channel of this.channels.values()) if (channel.occupiedByTag.size > 0) return;
     this.occupiedUnacked = 0;
   }
 
@@ -112,31 +129,34 @@ export class ExposureMeter {
 
   /** A whole delivery settled without a batch of its own (a copy that waited for its first). */
   occupied(link: unknown, tag: number, share: number): void {
-    if (link !== this.link || tag <= this.ackedThrough) return;
-    this.occupiedByTag.set(tag, (this.occupiedByTag.get(tag) ?? 0) + share);
+    const channel = this.channels.get(link);
+    if (channel === undefined || tag <= channel.ackedThrough) return;
+    channel.occupiedByTag.set(tag, (channel.occupiedByTag.get(tag) ?? 0) + share);
     this.occupiedUnacked += share;
   }
 
-  /** Every tag up to `upTo` is acked on the live channel. */
-  acked(upTo: number): void {
-    for (let tag = this.ackedThrough + 1; tag <= upTo; tag++) {
-      const share = this.occupiedByTag.get(tag);
+  /** Every tag up to `upTo` is acked on the channel `link`. */
+  acked(link: unknown, upTo: number): void {
+    const channel = this.channels.get(link);
+    if (channel === undefined) return;
+    for (let tag = channel.ackedThrough + 1; tag <= upTo; tag++) {
+      const share = channel.occupiedByTag.get(tag);
       if (share === undefined) continue;
-      this.occupiedByTag.delete(tag);
+      channel.occupiedByTag.delete(tag);
       this.occupiedUnacked -= share;
     }
-    this.ackedThrough = Math.max(this.ackedThrough, upTo);
-    // Floating-point sums drift; an empty map is exactly zero.
-    if (this.occupiedByTag.size === 0) this.occupiedUnacked = 0;
+    channel.ackedThrough = Math.max(channel.ackedThrough, upTo);
+    if (channel.occupiedByTag.size === 0) this.settleDrift();
   }
 
   /** One tag above the contiguous run was acked on its own (behind a stalled head). */
-  ackedOne(tag: number): void {
-    const share = this.occupiedByTag.get(tag);
-    if (share === undefined) return;
-    this.occupiedByTag.delete(tag);
+  ackedOne(link: unknown, tag: number): void {
+    const channel = this.channels.get(link);
+    const share = channel?.occupiedByTag.get(tag);
+    if (channel === undefined || share === undefined) return;
+    channel.occupiedByTag.delete(tag);
     this.occupiedUnacked -= share;
-    if (this.occupiedByTag.size === 0) this.occupiedUnacked = 0;
+    if (channel.occupiedByTag.size === 0) this.settleDrift();
   }
 
   /** Integrates loaded time and the two figures at risk over it since the last sample. */

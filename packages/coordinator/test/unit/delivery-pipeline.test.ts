@@ -175,6 +175,7 @@ class FakeClock implements Clock {
 
 const NO_EXPOSURE: Exposure = {
   channelChanged: () => {},
+  channelClosed: () => {},
   batchReturned: () => {},
   batchDone: () => {},
   occupied: () => {},

@@ -31,10 +31,10 @@ describe('ExposureMeter', () => {
     meter.sample(1000);
     expect(out.totals.get('loaded_ms')).to.equal(1000);
     expect(out.totals.get('occupied_unacked_message_ms')).to.equal(1500);
-    meter.acked(2);
+    meter.acked(link, 2);
     meter.sample(2000);
     expect(out.totals.get('occupied_unacked_message_ms')).to.equal(2000);
-    meter.acked(3);
+    meter.acked(link, 3);
     loaded = false;
     meter.sample(3000);
     expect(out.totals.get('loaded_ms'), 'time under light load is left out').to.equal(2000);
@@ -72,6 +72,7 @@ describe('ExposureMeter', () => {
     const old = {};
     const live = {};
     meter.channelChanged(old);
+    meter.channelClosed(old);
     meter.channelChanged(live);
     meter.sample(0);
     meter.batchDone([{ link: old, tag: 1, parts: 1 }]);
@@ -132,7 +133,7 @@ describe('ExposureMeter', () => {
     meter.batchDone(Array.from({ length: 100 }, (_, i) => ({ link, tag: i + 1, parts: 1 })));
     meter.sample(3000);
     expect(out.totals.get('occupied_unacked_message_ms')).to.equal(200_000);
-    meter.acked(100);
+    meter.acked(link, 100);
     meter.sample(4000);
     expect(out.totals.get('occupied_unacked_message_ms')).to.equal(200_000);
     expect(out.totals.get('loaded_ms')).to.equal(4000);
