@@ -1,0 +1,178 @@
+/**
+ * Partitioned queues (TALLY_PARTITIONS=8) consumed by several real daemons:
+ * exact counts with true duplicates and bad messages, and a churn (a SIGKILL,
+ * a daemon joining, one stopping cleanly) after which every partition has a
+ * consumer again within the stated time and the partitions are balanced.
+ */
+import { setTimeout as sleep } from 'node:timers/promises';
+import { expect } from 'chai';
+import amqp from 'amqplib';
+import { generateWorkload, publishAll, type Workload } from '@tally/workload';
+import { partitionQueues, type TallyMode } from '@tally/shared';
+import { resetNamespace } from '@tally/testkit';
+import { listDaemons, type LiveDaemon } from '../../src/heartbeat.js';
+import {
+  compare,
+  countsOf,
+  killDaemon,
+  startDaemon,
+  statsOf,
+  stopDaemon,
+  testSpace,
+  withRedis,
+  AMQP_URL,
+  REDIS_URL,
+  type DaemonProcess,
+  type TestSpace,
+} from './harness.js';
+import { until } from './fleet-helpers.js';
+import { largestBatchUnits, partsById } from './crash-window.js';
+
+const PARTITIONS = 8;
+const HEARTBEAT_MS = 500;
+const BATCH_SIZE = 100;
+const VSHARDS = 16;
+/** The stated handoff time: a dead daemon's key expires after 3 beats, the others move at their next one. */
+const HANDOFF_LIMIT_MS = 4 * HEARTBEAT_MS + 2_000;
+
+function partitionedSpace(label: string, mode: TallyMode): TestSpace {
+  return testSpace(label, {
+    TALLY_MODE: mode,
+    TALLY_PARTITIONS: String(PARTITIONS),
+    TALLY_HEARTBEAT_MS: String(HEARTBEAT_MS),
+    TALLY_WORKERS: '1',
+    TALLY_BATCH_SIZE: String(BATCH_SIZE),
+    TALLY_PREFETCH: '200',
+  });
+}
+
+async function queueDepths(queue: string): Promise<Array<{ messageCount: number; consumerCount: number }>> {
+  const connection = await amqp.connect(AMQP_URL);
+  try {
+    const channel = await connection.createChannel();
+    const out = [];
+    for (const name of partitionQueues(queue, PARTITIONS)) out.push(await channel.checkQueue(name));
+    return out;
+  } finally {
+    await connection.close().catch(() => {});
+  }
+}
+
+async function liveDaemons(prefix: string): Promise<LiveDaemon[]> {
+  return withRedis((redis) => listDaemons([redis], prefix));
+}
+
+/** Every partition held by exactly one live, not-leaving daemon, and every queue with a consumer. */
+async function everyPartitionHeld(space: TestSpace, daemons: number): Promise<LiveDaemon[] | undefined> {
+  const live = (await liveDaemons(space.prefix)).filter((d) => !d.leaving && d.consuming);
+  if (live.length !== daemons) return undefined;
+  const held = live.flatMap((d) => d.partitions).sort((a, b) => a - b);
+  if (held.join(',') !== Array.from({ length: PARTITIONS }, (_, p) => p).join(',')) return undefined;
+  const depths = await queueDepths(space.queue);
+  return depths.every((q) => q.consumerCount >= 1) ? live : undefined;
+}
+
+async function drained(space: TestSpace): Promise<void> {
+  await until('every partition drained', async () => ((await queueDepths(space.queue)).every((q) => q.messageCount === 0) ? true : undefined), 120_000);
+}
+
+function workloadFor(space: TestSpace, messages: number, seed: number): Workload {
+  return generateWorkload({ messages, skus: 400, seed, duplicateRate: 0.03, badRate: 0.01, idPrefix: space.queue, maxChanges: 6, maxDelta: 9 });
+}
+
+describe('partitioned queues (integration)', function () {
+  this.timeout(300_000);
+
+  for (const mode of ['atomic', 'two-step'] as TallyMode[]) {
+    it(`${mode}: 8 partitions, 3 daemons, duplicates and bad messages: exact, balanced, each id on one partition`, async () => {
+      const space = partitionedSpace(`part-exact-${mode}`, mode);
+      const daemons: DaemonProcess[] = [];
+      const started = performance.now();
+      try {
+        for (let i = 0; i < 3; i++) daemons.push(await startDaemon(space.env));
+        const live = await until('8 partitions over 3 daemons', () => everyPartitionHeld(space, 3), 30_000);
+        for (const d of live) expect(d.partitions.length, d.id).to.be.within(2, 3);
+        const workload = workloadFor(space, 3_000, 71);
+        await publishAll(workload.publishes, { url: AMQP_URL, queue: space.queue, partitions: PARTITIONS });
+        await drained(space);
+        await until('every delivery acked', async () => ((await liveDaemons(space.prefix)).every((d) => d.in_flight === 0) ? true : undefined), 30_000);
+        for (const d of daemons) expect((await stopDaemon(d)).code).to.equal(0);
+        const check = compare(workload.truth, await countsOf(space.prefix, VSHARDS));
+        expect(check.exact, `SKUs off their truth: ${check.below.length} below, ${check.excess.size} above`).to.equal(true);
+        const stats = await statsOf(space.prefix);
+        expect(stats.dead_lettered).to.equal(workload.bad);
+        expect(stats.received).to.equal(workload.publishes.length);
+        expect((stats.duplicates ?? 0) + (stats.partial_duplicates ?? 0)).to.equal(workload.duplicates);
+        // Consistent hashing spread the ids: every partition got some.
+        const consumedPerDaemon = daemons.map((d) => d.logs.filter((l) => l.includes('partition subscribed')).length);
+        expect(consumedPerDaemon.reduce((a, b) => a + b, 0)).to.be.at.least(PARTITIONS);
+        console.log(`      ${mode} exact: ${workload.publishes.length} messages, ${((performance.now() - started) / 1000).toFixed(1)} s`);
+      } finally {
+        for (const d of daemons) if (d.child.exitCode === null && d.child.signalCode === null) await killDaemon(d);
+        await resetNamespace({ amqpUrl: AMQP_URL, redisUrl: REDIS_URL, queue: space.queue, prefix: space.prefix, partitions: PARTITIONS });
+      }
+    });
+  }
+
+  for (const mode of ['atomic', 'two-step'] as TallyMode[]) {
+    it(`${mode}: SIGKILL one of 3, start a 4th, stop one cleanly: every partition consumed again in time, ${mode === 'atomic' ? 'exact' : 'lost 0, overcount within one batch per shard'}, balanced`, async () => {
+      const space = partitionedSpace(`part-churn-${mode}`, mode);
+      const daemons: DaemonProcess[] = [];
+      const started = performance.now();
+      try {
+        for (let i = 0; i < 3; i++) daemons.push(await startDaemon(space.env));
+        await until('8 partitions over 3 daemons', () => everyPartitionHeld(space, 3), 30_000);
+        const workload = workloadFor(space, 4_000, 83);
+        // Published in four slices around the three events, so each one happens with deliveries in flight.
+        const slices = [0, 1, 2, 3].map((i) => workload.publishes.slice((i * workload.publishes.length) / 4, ((i + 1) * workload.publishes.length) / 4));
+        await publishAll(slices[0]!, { url: AMQP_URL, queue: space.queue, partitions: PARTITIONS });
+        await sleep(300);
+
+        const handoffs: Record<string, number> = {};
+        const timeHandoff = async (what: string, daemonsAfter: number) => {
+          const at = performance.now();
+          await until(`${what}: every partition consumed again`, () => everyPartitionHeld(space, daemonsAfter), 30_000, 100);
+          handoffs[what] = Math.round(performance.now() - at);
+        };
+
+        await killDaemon(daemons[0]!);
+        const publishing = publishAll(slices[1]!, { url: AMQP_URL, queue: space.queue, partitions: PARTITIONS });
+        await timeHandoff('sigkill', 2);
+        await publishing;
+
+        daemons.push(await startDaemon(space.env));
+        await publishAll(slices[2]!, { url: AMQP_URL, queue: space.queue, partitions: PARTITIONS });
+        await timeHandoff('join', 3);
+
+        const stopping = stopDaemon(daemons[1]!);
+        await publishAll(slices[3]!, { url: AMQP_URL, queue: space.queue, partitions: PARTITIONS });
+        expect((await stopping).code).to.equal(0);
+        await timeHandoff('clean stop', 2);
+
+        for (const [what, ms] of Object.entries(handoffs)) expect(ms, `${what} handoff ms`).to.be.below(HANDOFF_LIMIT_MS);
+        const live = await until('balanced', () => everyPartitionHeld(space, 2), 10_000);
+        for (const d of live) expect(d.partitions.length, `${d.id} holds more than ⌈8/2⌉`).to.be.at.most(Math.ceil(PARTITIONS / 2));
+
+        await drained(space);
+        await until('every delivery acked', async () => ((await liveDaemons(space.prefix)).every((d) => d.in_flight === 0) ? true : undefined), 30_000);
+        for (const d of daemons.slice(2)) expect((await stopDaemon(d)).code).to.equal(0);
+
+        const check = compare(workload.truth, await countsOf(space.prefix, VSHARDS));
+        expect(check.missingUnits, 'lost (no loss in either mode)').to.equal(0);
+        if (mode === 'atomic') expect(check.exact, `atomic: exact (${check.excessUnits} over)`).to.equal(true);
+        else {
+          const parts = partsById(workload.publishes, VSHARDS);
+          const bound = Array.from({ length: VSHARDS }, (_, v) => largestBatchUnits(parts, v, BATCH_SIZE)).reduce((a, b) => a + b, 0);
+          expect(check.excessUnits, 'two-step overcount: one SIGKILL, at most one batch per shard').to.be.at.most(bound);
+          console.log(`      two-step overcount ${check.excessUnits} units (bound ${bound})`);
+        }
+        const stats = await statsOf(space.prefix);
+        expect(stats.dead_lettered).to.be.at.least(workload.bad);
+        console.log(`      ${mode} churn: handoffs ${JSON.stringify(handoffs)} ms, ${((performance.now() - started) / 1000).toFixed(1)} s`);
+      } finally {
+        for (const d of daemons) if (d.child.exitCode === null && d.child.signalCode === null) await killDaemon(d);
+        await resetNamespace({ amqpUrl: AMQP_URL, redisUrl: REDIS_URL, queue: space.queue, prefix: space.prefix, partitions: PARTITIONS });
+      }
+    });
+  }
+});
