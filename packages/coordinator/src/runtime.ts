@@ -243,6 +243,7 @@ export async function openRuntime(context: RuntimeContext): Promise<{ runtime: R
     laneDepths: () => pipeline?.laneDepths() ?? [],
     oldestUnackedAgeMs: () => pipeline?.oldestUnackedAgeMs() ?? null,
     link: () => link,
+    channels: () => pipeline?.channels() ?? [],
   });
   if (telemetry !== null) closeSteps.add({ name: 'closing the metrics endpoint', timeoutMs: 500, run: () => closeTelemetry(telemetry) });
   checkpoint();
@@ -358,6 +359,7 @@ interface LiveFigures {
   laneDepths(): number[];
   oldestUnackedAgeMs(): number | null;
   link(): AmqpLink | null;
+  channels(): ReturnType<DeliveryPipeline['channels']>;
 }
 
 /** Metrics and the HTTP endpoint, when TALLY_METRICS_PORT is set. */
@@ -384,6 +386,9 @@ async function startTelemetry(
       connections: () => ({ amqp: (live.link()?.current ?? null) !== null, redis: redis.status === 'ready' }),
       // The one source of this figure, also in the heartbeat and /readyz's stall: the AckTracker's lowest unacked tag.
       oldestUnackedAgeSeconds: () => (live.oldestUnackedAgeMs() ?? 0) / 1000,
+      ...(config.partitions > 1
+        ? { partitions: { configured: config.partitions, held: () => live.link()?.partitionsHeld ?? [], channels: () => live.channels() } }
+        : {}),
       redisRefusals: health,
     },
     histograms,

@@ -25,7 +25,9 @@ import {
   type DaemonProcess,
   type TestSpace,
 } from './harness.js';
-import { until } from './fleet-helpers.js';
+import { tallyCli, until } from './fleet-helpers.js';
+import { metricsText, sample } from './runtime-probes.js';
+import type { StatusReport } from '../../src/commands/status.js';
 import { largestBatchUnits, partsById } from './crash-window.js';
 
 const PARTITIONS = 8;
@@ -89,9 +91,30 @@ describe('partitioned queues (integration)', function () {
       const daemons: DaemonProcess[] = [];
       const started = performance.now();
       try {
-        for (let i = 0; i < 3; i++) daemons.push(await startDaemon(space.env));
+        daemons.push(await startDaemon({ ...space.env, TALLY_METRICS_PORT: '0' }));
+        for (let i = 1; i < 3; i++) daemons.push(await startDaemon(space.env));
         const live = await until('8 partitions over 3 daemons', () => everyPartitionHeld(space, 3), 30_000);
         for (const d of live) expect(d.partitions.length, d.id).to.be.within(2, 3);
+        // tally status: each partition, its depth, its one holder.
+        const status = JSON.parse((await tallyCli(space.env, 'status', '--json')).stdout) as StatusReport;
+        expect(status.partitions.map((p) => p.queue)).to.deep.equal(partitionQueues(space.queue, PARTITIONS));
+        for (const p of status.partitions) {
+          expect(p.held_by, `partition ${p.partition}`).to.have.length(1);
+          expect(p.depth).to.equal(0);
+          expect(p.consumers).to.be.at.least(1);
+        }
+        expect(status.layout?.partitions).to.equal(PARTITIONS);
+        // /metrics: the first daemon's partitions, one labelled series each.
+        const port = Number((JSON.parse(await daemons[0]!.waitForLog('http endpoint listening')) as { port: number }).port);
+        const first = live.find((d) => d.pid === daemons[0]!.child.pid)!;
+        const text = await metricsText(port);
+        expect(sample(text, 'tally_partitions_held')).to.equal(first.partitions.length);
+        expect(sample(text, 'tally_partitions_configured')).to.equal(PARTITIONS);
+        for (const p of first.partitions) {
+          expect(sample(text, 'tally_partition_held', { partition: String(p) }), `partition ${p}`).to.equal(1);
+          expect(sample(text, 'tally_deliveries_in_flight', { partition: String(p) })).to.equal(0);
+          expect(sample(text, 'tally_oldest_unacked_age_seconds', { partition: String(p) })).to.equal(0);
+        }
         const workload = workloadFor(space, 3_000, 71);
         await publishAll(workload.publishes, { url: AMQP_URL, queue: space.queue, partitions: PARTITIONS });
         await drained(space);
