@@ -15,6 +15,7 @@ import {
   compare,
   countsOf,
   killDaemon,
+  runRefusedStart,
   startDaemon,
   statsOf,
   stopDaemon,
@@ -136,6 +137,48 @@ describe('partitioned queues (integration)', function () {
       }
     });
   }
+
+  it('quorum partition queues: exact over 2 daemons, and a clean stop hands its partitions to the other (quorum SAC activates at the cancel)', async () => {
+    const space = partitionedSpace('part-quorum', 'two-step');
+    const env = { ...space.env, TALLY_QUEUE_TYPE: 'quorum' };
+    const daemons: DaemonProcess[] = [];
+    try {
+      for (let i = 0; i < 2; i++) daemons.push(await startDaemon(env));
+      await until('8 quorum partitions over 2 daemons', () => everyPartitionHeld(space, 2), 30_000);
+      const workload = workloadFor(space, 2_000, 97);
+      const half = workload.publishes.length / 2;
+      await publishAll(workload.publishes.slice(0, half), { url: AMQP_URL, queue: space.queue, partitions: PARTITIONS });
+      const stopping = stopDaemon(daemons[0]!);
+      await publishAll(workload.publishes.slice(half), { url: AMQP_URL, queue: space.queue, partitions: PARTITIONS });
+      expect((await stopping).code).to.equal(0);
+      const [alone] = await until('one daemon holds all 8', () => everyPartitionHeld(space, 1), 15_000);
+      expect(alone!.partitions).to.have.length(PARTITIONS);
+      await drained(space);
+      await until('every delivery acked', async () => ((await liveDaemons(space.prefix)).every((d) => d.in_flight === 0) ? true : undefined), 30_000);
+      expect((await stopDaemon(daemons[1]!)).code).to.equal(0);
+      const check = compare(workload.truth, await countsOf(space.prefix, VSHARDS));
+      expect(check.exact, `${check.below.length} below, ${check.excess.size} above`).to.equal(true);
+      expect((await statsOf(space.prefix)).dead_lettered).to.equal(workload.bad);
+    } finally {
+      for (const d of daemons) if (d.child.exitCode === null && d.child.signalCode === null) await killDaemon(d);
+      await resetNamespace({ amqpUrl: AMQP_URL, redisUrl: REDIS_URL, queue: space.queue, prefix: space.prefix, partitions: PARTITIONS });
+    }
+  });
+
+  it('refuses a TALLY_PARTITIONS other than the one recorded for the prefix, with one line naming it', async () => {
+    const space = partitionedSpace('part-refuse', 'atomic');
+    try {
+      const daemon = await startDaemon(space.env);
+      expect((await stopDaemon(daemon)).code).to.equal(0);
+      const refused = await runRefusedStart({ ...space.env, TALLY_PARTITIONS: '4' });
+      expect(refused.code).to.not.equal(0);
+      expect(refused.fatalCode).to.equal('TALLY_PARTITIONS_MISMATCH');
+      expect(refused.stderrLines).to.have.length(1);
+      expect(refused.stderrLines[0]).to.include('TALLY_PARTITIONS=4').and.include('8 partitions');
+    } finally {
+      await resetNamespace({ amqpUrl: AMQP_URL, redisUrl: REDIS_URL, queue: space.queue, prefix: space.prefix, partitions: PARTITIONS });
+    }
+  });
 
   for (const mode of ['atomic', 'two-step'] as TallyMode[]) {
     it(`${mode}: SIGKILL one of 3, start a 4th, stop one cleanly: every partition consumed again in time, ${mode === 'atomic' ? 'exact' : 'lost 0, overcount within one batch per shard'}, balanced`, async () => {
