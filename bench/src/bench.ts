@@ -11,6 +11,7 @@ import { runProfile, summarizeProfiles } from './profile-run.js';
 import { renderSteadyTable, renderSummaryTable } from './render-table.js';
 import { runBench } from './run-bench.js';
 import { runScaleOut } from './scale-out-run.js';
+import { runShapeCost } from './shape-cost-run.js';
 import { writeResults } from './write-results.js';
 
 const RESULTS = fileURLToPath(new URL('../../results', import.meta.url));
@@ -50,6 +51,9 @@ try {
       break;
     case 'scale-out':
       process.exitCode = await runScaleOut(options, options.outDir ?? (options.quick ? `${RESULTS}/quick` : RESULTS), log);
+      break;
+    case 'shape-cost':
+      process.exitCode = await runShapeCost(options, options.outDir ?? (options.quick ? `${RESULTS}/quick` : RESULTS), log);
       break;
     case 'run': {
       const { results, exitCode } = await runBench(options, log);

@@ -177,7 +177,7 @@ export async function fillMarkers(redis: Redis, plan: FillPlan): Promise<FillRep
   for (const b of plan.population.buckets) {
     const counts = subBucketCounts(b.markers, b.subBuckets, random);
     const tail = randomBytes(10);
-    const blocks = (plan.filterBits ?? 0) > 0 ? filterBlocksFor(b.subBuckets, plan.filterBits!) : 0;
+    const blocks = (plan.filterBits ?? 0) > 0 ? filterBlocksFor(b.sizedFor, plan.filterBits!) : 0;
     const base = markerBaseKey(plan.prefix, b.vshard);
     // Its filter first, sized and expiring as openBucket makes it: the calls below set its bits (one connection: in order).
     if (blocks > 0)

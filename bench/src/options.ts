@@ -6,7 +6,7 @@
 import { parseArgs } from 'node:util';
 import { CONTENDERS, type ContenderName, type SweepName } from './results.js';
 
-export type BenchCommand = 'run' | 'profile' | 'summarize-profiles' | 'scale-out' | 'help';
+export type BenchCommand = 'run' | 'profile' | 'summarize-profiles' | 'scale-out' | 'shape-cost' | 'help';
 
 export interface BenchOptions {
   readonly command: BenchCommand;
@@ -112,6 +112,8 @@ export const USAGE = `usage: pnpm bench [--quick] [flags]
                                                     steady-state.md/.json (no latency runs or sweeps unless asked for)
        pnpm bench --profile [--profile-dir DIR]      drain once with Tally under --cpu-prof and summarize
        pnpm bench --summarize-profiles DIR          summarize existing .cpuprofile files
+       pnpm bench --shape-cost [--quick]            a mapped message shape (TALLY_MESSAGE_MAPPING) against the contract's:
+                                                    parse + split in process, then daemon CPU per message, drain pairs
        pnpm bench --scale-out [--quick]             Tally atomic on a standalone Redis vs a 3-master cluster,
                                                     1, 2, 3 daemons (quick: 1, 2) on one queue, pair by pair
                   [--redis-figures]                 then ceiling, two-step, atomic drains on both: Redis B and CPU µs
@@ -174,6 +176,7 @@ export function parseBenchArgs(argv: readonly string[], env: Readonly<Record<str
         help: { type: 'boolean', short: 'h' },
         profile: { type: 'boolean' },
         'scale-out': { type: 'boolean' },
+        'shape-cost': { type: 'boolean' },
         'steady-state': { type: 'boolean' },
         'steady-rate': { type: 'string' },
         warmup: { type: 'string' },
@@ -224,7 +227,9 @@ export function parseBenchArgs(argv: readonly string[], env: Readonly<Record<str
         ? 'profile'
         : v['scale-out']
           ? 'scale-out'
-          : 'run';
+          : v['shape-cost']
+            ? 'shape-cost'
+            : 'run';
   for (const flag of ['redis-figures', 'cluster-replicas'] as const)
     if (v[flag] !== undefined && command !== 'scale-out') throw new BenchUsageError(`--${flag} goes with --scale-out`);
   if (steadyState && command !== 'run') throw new BenchUsageError('--steady-state goes with a plain run (not --profile, --scale-out or --summarize-profiles)');

@@ -14,7 +14,7 @@ import { runDrain } from './drain.js';
 import { runLatency } from './latency-run.js';
 import { runMarkerTtlSweep } from './marker-ttl-sweep.js';
 import { workloadShape, type BenchOptions } from './options.js';
-import { parseInfo } from '@tally/shared';
+import { messageMarkerShards, parseInfo } from '@tally/shared';
 import { startPrivateRedis, type PrivateRedis } from '@tally/testkit';
 import {
   summarize,
@@ -27,7 +27,7 @@ import {
 } from './results.js';
 import { median } from './stats.js';
 import { steadyPrepare } from './steady-state.js';
-import { evenShares, partsPerMessageByShard } from './steady-population.js';
+import { partsPerMessageByShard } from './steady-population.js';
 import type { Change, TallyMode } from '@tally/shared';
 import { generateWorkload, type Workload, type WorkloadOptions } from '@tally/workload';
 
@@ -84,11 +84,13 @@ export async function runBench(options: BenchOptions, log: (line: string) => voi
         : undefined;
     if (warmup) log(`warm-up: ${warmup.publishes.length} deliveries drained by every contender before its measured window`);
     // The workload's parts per message on each virtual shard: the steady-state population has the same spread.
-    // Message-scoped markers: one per message, spread evenly by digest.
+    // Message-scoped markers: one per message, spread evenly by digest over the marker shards.
     const shares = !options.steadyState
       ? []
       : options.tallyEnv.TALLY_MARKER_SCOPE === 'message'
-        ? evenShares(1, ctx.virtualShards)
+        ? Array.from({ length: ctx.virtualShards }, (_, vshard) =>
+            vshard < messageMarkerShards(ctx.virtualShards) ? 1 / messageMarkerShards(ctx.virtualShards) : 0,
+          )
         : partsPerMessageByShard(
             workload.publishes.filter((p) => p.kind === 'good').map((p) => (JSON.parse(p.body.toString('utf8')) as { changes: Change[] }).changes),
             ctx.virtualShards,

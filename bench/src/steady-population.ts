@@ -30,6 +30,8 @@ export interface PopulationInput {
   readonly partsPerMessageByShard: readonly number[];
   /** The server's clock, seconds (fractional). */
   readonly nowS: number;
+  /** Markers per hash a bucket is sized for (markersPerSubBucket: 64, or far more for a filtered bucket). */
+  readonly markersPerHash?: number;
 }
 
 export interface BucketPopulation {
@@ -41,6 +43,8 @@ export interface BucketPopulation {
   readonly subBuckets: number;
   /** Epoch seconds at which its hashes expire (EXPIREAT). */
   readonly expiresAt: number;
+  /** The markers the bucket before it received, which openBucket sized it (and its filter) for. */
+  readonly sizedFor: number;
 }
 
 export interface Population {
@@ -71,7 +75,14 @@ export function steadyPopulation(input: PopulationInput): Population {
       const markers = bucket === current ? Math.round(full[vshard]! * fraction) : full[vshard]!;
       // Every bucket was opened while the bucket before it was full (steady state); a shard with no parts has no marker anywhere.
       if (full[vshard] === 0) continue;
-      buckets.push({ vshard, bucket, markers, subBuckets: subBucketsAfter(full[vshard]!, 1), expiresAt: bucketExpiresAt(bucket, width, markerTtlS) });
+      buckets.push({
+        vshard,
+        bucket,
+        markers,
+        subBuckets: subBucketsAfter(full[vshard]!, 1, input.markersPerHash),
+        expiresAt: bucketExpiresAt(bucket, width, markerTtlS),
+        sizedFor: full[vshard]!,
+      });
       total += markers;
     }
   }

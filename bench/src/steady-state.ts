@@ -7,7 +7,7 @@
  */
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Redis } from 'ioredis';
-import { DEFAULTS, defaultBucketWidthS, markerFilterBits, markerFormatOf, type TallyMode } from '@tally/shared';
+import { DEFAULTS, defaultBucketWidthS, markerFilterBits, markerFormatOf, markersPerSubBucket, type MarkerScope, type TallyMode } from '@tally/shared';
 import type { BenchContext } from './context.js';
 import { fillMarkers, serverNowS, writeLayout } from './marker-fill.js';
 import { sampleMemory } from './redis-nodes.js';
@@ -50,6 +50,11 @@ export function markerSettings(tallyEnv: Readonly<Record<string, string>>): { ma
   };
 }
 
+/** The marker scope the bench's daemons lay a new prefix out with (--tally-env TALLY_MARKER_SCOPE). */
+function scopeOf(tallyEnv: Readonly<Record<string, string>>): MarkerScope {
+  return tallyEnv.TALLY_MARKER_SCOPE === 'message' ? 'message' : 'part';
+}
+
 export function steadyPrepare(ctx: BenchContext<Redis>, plan: SteadyPlan): (prefix: string) => Promise<Omit<SteadyFillRecord, 'layoutFound'>> {
   return async (prefix) => {
     const settings = markerSettings(ctx.tallyEnv);
@@ -60,6 +65,7 @@ export function steadyPrepare(ctx: BenchContext<Redis>, plan: SteadyPlan): (pref
         bucketWidthS: settings.bucketWidthS,
         partsPerMessageByShard: plan.shares,
         nowS,
+        markersPerHash: markersPerSubBucket(markerFilterBits(scopeOf(ctx.tallyEnv))),
       });
     let nowS = await serverNowS(ctx.redis);
     const waitS = waitForBucketS(nowS, settings.bucketWidthS, populationAt(nowS).totalMarkers * FILL_S_PER_MARKER + plan.drainBudgetS);
@@ -75,11 +81,10 @@ export function steadyPrepare(ctx: BenchContext<Redis>, plan: SteadyPlan): (pref
       mode: plan.mode,
       bucketS: settings.bucketWidthS,
       subBuckets: settings.initialSubBuckets,
-      format: markerFormatOf(ctx.tallyEnv.TALLY_MARKER_SCOPE === 'message' ? 'message' : 'part'),
+      format: markerFormatOf(scopeOf(ctx.tallyEnv)),
     });
     const before = (await sampleMemory(ctx.nodes)).masters;
-    const scope = ctx.tallyEnv.TALLY_MARKER_SCOPE === 'message' ? 'message' : 'part';
-    const filled = await fillMarkers(ctx.redis, { prefix, population, seed: plan.seed, filterBits: markerFilterBits(scope) });
+    const filled = await fillMarkers(ctx.redis, { prefix, population, seed: plan.seed, filterBits: markerFilterBits(scopeOf(ctx.tallyEnv)) });
     const after = (await sampleMemory(ctx.nodes)).masters;
     const subs = population.buckets.map((b) => b.subBuckets);
     ctx.log(

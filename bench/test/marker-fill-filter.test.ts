@@ -7,7 +7,7 @@
  */
 import { expect } from 'chai';
 import { Redis } from 'ioredis';
-import { filterBlocksFor, filterSlotOf, markerBucketKey, markerFilterBits, markerMetaKey, MESSAGE_MARKER_FORMAT } from '@tally/shared';
+import { filterBlocksFor, filterSlotOf, markerBucketKey, markerFilterBits, markerMetaKey, markersPerSubBucket, MESSAGE_MARKER_FORMAT } from '@tally/shared';
 import { startPrivateRedis, type PrivateRedis } from '@tally/testkit';
 import { fillMarkers, serverNowS, writeLayout } from '../src/marker-fill.js';
 import { steadyPopulation } from '../src/steady-population.js';
@@ -28,14 +28,21 @@ describe('steady-state marker fill with filters (message-scoped markers, private
   });
 
   it("sets every filled digest's bits in its bucket's filter, sized and expiring as openBucket makes it", async () => {
-    const population = steadyPopulation({ rate: 4, markerTtlS: 600, bucketWidthS: 300, partsPerMessageByShard: [0.5, 0.5], nowS: await serverNowS(redis) });
+    const population = steadyPopulation({
+      rate: 4,
+      markerTtlS: 600,
+      bucketWidthS: 300,
+      partsPerMessageByShard: [0.5, 0.5],
+      nowS: await serverNowS(redis),
+      markersPerHash: markersPerSubBucket(12),
+    });
     await writeLayout(redis, { prefix, virtualShards: 16, mode: 'atomic', bucketS: 300, subBuckets: 256, format: MESSAGE_MARKER_FORMAT });
     const bits = markerFilterBits('message');
     await fillMarkers(redis, { prefix, population, seed: 3, filterBits: bits });
     let checked = 0;
     for (const b of population.buckets) {
       const meta = markerMetaKey(prefix, b.vshard, b.bucket);
-      const blocks = filterBlocksFor(b.subBuckets, bits);
+      const blocks = filterBlocksFor(b.sizedFor, bits);
       expect(await redis.hget(meta, 'f')).to.equal(String(blocks));
       const filterKey = `${prefix}mk:{${b.vshard}}:${b.bucket}:f`;
       expect(await redis.strlen(filterKey), 'sized as openBucket sizes it').to.equal(blocks * 4);

@@ -36,6 +36,9 @@ const HELP = Object.freeze({
   --messages N (10000)  --skus N (1000)  --changes MIN-MAX (1-8)  --deltas MIN-MAX (1-9)
   --duplicate-rate R (0.02)  --bad-rate R (0)  --types a,b  --zipf S (0)  --seed N
   --id-prefix P  --truth FILE (write the expected counts as JSON)
+  --shape contract|foreign (contract): foreign publishes {"eventId","warehouse","lines":[{"product":{"sku"},"qty","reason"}]},
+    a tenth with the id in the x-event-id header, its truth keyed <warehouse>:<sku>; the daemon reads it with
+    TALLY_MESSAGE_MAPPING set as the README's example (docs/operations.md)
   with tracing on (OTEL_* as for the daemon) each message gets a producer span and its traceparent header`,
   dead: `usage: tally dead list [--json] [--reason CODE] [--limit N]
        tally dead replay [--reason CODE] [--limit N] [--force] [--json]
@@ -147,6 +150,7 @@ async function main(argv: string[]): Promise<void> {
         zipf: { type: 'string' },
         'id-prefix': { type: 'string' },
         truth: { type: 'string' },
+        shape: { type: 'string' },
       },
       strict: true,
     });

@@ -53,6 +53,7 @@ if (tracing)
     },
     'tracing on',
   );
+if (config.messageMapping !== null) log.info({ mapping: config.messageMapping.declared }, 'messages read through TALLY_MESSAGE_MAPPING');
 const onBug = exitOnBug(log);
 const daemon = new Daemon(config, log, { onBug, injectBug: faults.bug });
 

@@ -3,6 +3,7 @@ import { availableParallelism } from 'node:os';
 import { validateAmqpNodes } from './broker-nodes.js';
 import { ConfigError } from './errors.js';
 import type { MarkerScope } from './markers.js';
+import { parseMessageMapping, type MessageMapping } from './message-mapping.js';
 
 export type TallyMode = 'two-step' | 'atomic';
 
@@ -72,6 +73,12 @@ export interface TallyConfig {
    */
   readonly markerScope: MarkerScope;
   readonly countTtlS: number;
+  /**
+   * TALLY_MESSAGE_MAPPING: where a message in the user's own shape keeps its
+   * id, changes, SKU, delta and type (message-mapping.ts). null: the
+   * contract's shape, read by its JSON.parse-free fast path.
+   */
+  readonly messageMapping: MessageMapping | null;
   /** null accepts every change type. */
   readonly acceptTypes: ReadonlySet<string> | null;
   /** null: no metrics endpoint. */
@@ -342,6 +349,18 @@ function acceptTypes(env: Env, name: string): ReadonlySet<string> | null {
 }
 
 /**
+ * TALLY_MESSAGE_MAPPING: one JSON object, so that the whole declaration is
+ * one value (set together, refused together) and a JSON Pointer may hold any
+ * character (a comma, a space) without a quoting rule of Tally's own. In a
+ * systemd EnvironmentFile it goes inside single quotes, which keep its
+ * double quotes as they are (docs/operations.md).
+ */
+function messageMapping(env: Env, name: string): MessageMapping | null {
+  const raw = read(env, name);
+  return raw === undefined ? null : parseMessageMapping(name, raw);
+}
+
+/**
  * An IP literal (v4 or v6, `::` for every interface) or a host name. Bound by
  * node:http as given; a name that does not resolve fails the start there.
  */
@@ -402,6 +421,7 @@ export function loadConfig(env: Env = process.env): TallyConfig {
     markerClaimTtlS: integer(env, 'TALLY_MARKER_CLAIM_TTL_S', DEFAULTS.markerClaimTtlS, LIMITS.markerClaimTtlS),
     markerScope: markerScope(env, 'TALLY_MARKER_SCOPE'),
     countTtlS: integer(env, 'TALLY_COUNT_TTL_S', DEFAULTS.countTtlS, LIMITS.countTtlS),
+    messageMapping: messageMapping(env, 'TALLY_MESSAGE_MAPPING'),
     acceptTypes: acceptTypes(env, 'TALLY_ACCEPT_TYPES'),
     metricsPort: metricsPortRaw === undefined ? null : integer(env, 'TALLY_METRICS_PORT', 0, LIMITS.metricsPort),
     metricsHost: host(env, 'TALLY_METRICS_HOST', DEFAULTS.metricsHost),

@@ -69,15 +69,33 @@ export function markerFormatOf(scope: MarkerScope): string {
 }
 
 /**
+ * Message scope: how many of the virtual shards take messages (their lanes,
+ * threads and marker hashes): at most four. A batch's count increments are
+ * one per distinct SKU, so the larger a lane's batches the fewer per
+ * message: with the default prefetch of 2,000 spread over 16 lanes a batch
+ * held about 125 messages and 2.2 increments per message on the bench's
+ * workload (3,000 SKUs, Zipf 1), over 4 lanes about 500 and 1.5. Four lanes
+ * still keep four batches in flight, and four threads, which do a message's
+ * aggregation in a few microseconds, are more than one Redis needs.
+ * Derived from the prefix's recorded virtual shards, so every daemon agrees.
+ */
+export const MESSAGE_MARKER_SHARDS = 4;
+
+export function messageMarkerShards(virtualShards: number): number {
+  return Math.min(MESSAGE_MARKER_SHARDS, virtualShards);
+}
+
+/**
  * Message scope: the virtual shard whose lane, thread and marker hashes
- * take a message, from the digest's last four bytes. Not from its first two:
- * those pick the sub-bucket inside the shard, and a shard taken from the
- * same bytes would use only every virtual-shards-th sub-bucket.
+ * take a message (one of the first messageMarkerShards), from the digest's
+ * last four bytes. Not from its first two: those pick the sub-bucket inside
+ * the shard, and a shard taken from the same bytes would use only some of
+ * the sub-buckets.
  */
 export function markerShardOf(digest: Uint8Array, virtualShards: number): number {
   const at = MARKER_DIGEST_BYTES - 4;
   const word = ((digest[at]! << 24) | (digest[at + 1]! << 16) | (digest[at + 2]! << 8) | digest[at + 3]!) >>> 0;
-  return word % virtualShards;
+  return word % messageMarkerShards(virtualShards);
 }
 
 /**
@@ -93,9 +111,13 @@ export function markerFilterBits(scope: MarkerScope | undefined): number {
   return scope === 'message' ? 12 : 0;
 }
 
-/** The 32-bit blocks of a bucket's filter (marker_buckets.lua openBucket): room for twice the markers its sub-buckets are sized for. */
-export function filterBlocksFor(subBuckets: number, filterBits: number): number {
-  return Math.max(64, Math.ceil((subBuckets * 64 * 2 * filterBits) / 32));
+/**
+ * The 32-bit blocks of a bucket's filter (marker_buckets.lua openBucket):
+ * room for twice the markers it expects, the bucket before's (or, when that
+ * one is unknown, the initial sub-buckets' worth at 64 each).
+ */
+export function filterBlocksFor(expectedMarkers: number, filterBits: number): number {
+  return Math.max(64, Math.ceil((Math.max(1, expectedMarkers) * 2 * filterBits) / 32));
 }
 
 /** A digest's filter block and its bits in the block (marker_buckets.lua blockOf, bitsOf), for tools that lay markers out. */
@@ -136,6 +158,21 @@ export function isPowerOfTwo(n: number): boolean {
 
 /** Markers per hash a new bucket is sized for: half the listpack limit, so a rate that doubles within a bucket still fits. */
 export const MARKERS_PER_SUB_BUCKET = 64;
+/**
+ * Markers per hash a filtered bucket is sized for (message-scoped markers).
+ * The filter spares the lookups, so the hashes serve the writes: with 64 per
+ * hash each message's marker landed in a hash of its own, one HSET per
+ * message; with 16,384 a batch of 500 messages falls into a few dozen
+ * hashes. They are hashtables past 128 fields (about 70 bytes per marker
+ * against 23), which one marker per message affords, and one frees in
+ * about a millisecond when it expires.
+ */
+export const FILTERED_MARKERS_PER_SUB_BUCKET = 16_384;
+
+/** Markers per hash for a bucket with or without a filter (marker_buckets.lua openBucket). */
+export function markersPerSubBucket(filterBits: number): number {
+  return filterBits > 0 ? FILTERED_MARKERS_PER_SUB_BUCKET : MARKERS_PER_SUB_BUCKET;
+}
 export const MAX_SUB_BUCKETS = 65_536;
 
 /**
@@ -144,10 +181,10 @@ export const MAX_SUB_BUCKETS = 65_536;
  * or `initial` when that bucket is unknown (the first of a shard, or after an
  * idle spell longer than its life).
  */
-export function subBucketsAfter(previousMarkers: number | null, initial: number): number {
+export function subBucketsAfter(previousMarkers: number | null, initial: number, perHash: number = MARKERS_PER_SUB_BUCKET): number {
   if (previousMarkers === null) return initial;
   let subs = 1;
-  while (subs < MAX_SUB_BUCKETS && subs * MARKERS_PER_SUB_BUCKET < previousMarkers) subs *= 2;
+  while (subs < MAX_SUB_BUCKETS && subs * perHash < previousMarkers) subs *= 2;
   return subs;
 }
 

@@ -1,7 +1,18 @@
 import { randomUUID } from 'node:crypto';
 import { expect } from 'chai';
 import type { Redis } from 'ioredis';
-import { filterBlocksFor, filterSlotOf, markerDigest, markerFilterBits, markerShardOf, type BatchTask, type WorkerSettings } from '@tally/shared';
+import {
+  filterBlocksFor,
+  filterSlotOf,
+  markerDigest,
+  markerFilterBits,
+  markerMetaKey,
+  markersPerSubBucket,
+  markerShardOf,
+  subBucketsAfter,
+  type BatchTask,
+  type WorkerSettings,
+} from '@tally/shared';
 import { createRedisClient } from '@tally/runtime';
 import { startPrivateRedis, testWorkerSettings, type PrivateRedis } from '@tally/testkit';
 import { runAtomicBatch } from '../src/atomic-batch.js';
@@ -10,7 +21,7 @@ import { runTwoStepBatch } from '../src/two-step-batch.js';
 
 const quiet: BatchLog = { warn() {}, error() {} };
 const SHARDS = 16;
-const SHARD = 9;
+const SHARD = 3;
 
 /** `count` whole messages of marker shard SHARD, ids from `from` on. */
 function messages(label: string, from: number, count: number): BatchTask & { ids: string[] } {
@@ -92,12 +103,33 @@ for (const mode of ['two-step', 'atomic'] as const) {
       const [filterKey] = await admin.keys(`${settings.prefix}mk:*:f`);
       const meta = filterKey!.replace(/:f$/, ':m');
       const blocks = Number(await admin.hget(meta, 'f'));
-      expect(blocks).to.equal(filterBlocksFor(settings.markerSubBuckets, markerFilterBits('message')));
+      // A first bucket (none before it) expects its initial sub-buckets' worth of markers at 64 each.
+      expect(blocks).to.equal(filterBlocksFor(settings.markerSubBuckets * 64, markerFilterBits('message')));
       const filter = (await admin.getBuffer(filterKey!))!;
       for (const id of batch.ids) {
         const { block, bits } = filterSlotOf(markerDigest(id), blocks);
         expect((filter.readUInt32BE(block * 4) & bits) >>> 0, id).to.equal(bits);
       }
+    });
+
+    it('sizes a filtered bucket for large hashes (the filter spares the lookups) and its filter for the bucket before', async function () {
+      // 2 s buckets: wait for the start of one, fill it, then write into the next.
+      settings = { ...settings, markerTtlS: 4, markerBucketS: 2 };
+      const width = settings.markerBucketS;
+      const nowS = async () => Number((await admin.time())[0]);
+      while ((await nowS()) % width !== 0) await new Promise((resolve) => setTimeout(resolve, 50));
+      const first = Math.floor((await nowS()) / width);
+      for (let b = 0; b < 6; b++) await run(messages('size', b * 10_000, 500));
+      expect(Math.floor((await nowS()) / width), 'the fill stayed in one bucket').to.equal(first);
+      const written = Number(await admin.hget(markerMetaKey(settings.prefix, SHARD, first), 'n'));
+      expect(written).to.equal(3_000);
+      while (Math.floor((await nowS()) / width) === first) await new Promise((resolve) => setTimeout(resolve, 50));
+      await run(messages('size-next', 0, 10));
+      const next = markerMetaKey(settings.prefix, SHARD, first + 1);
+      const subs = Number(await admin.hget(next, 's'));
+      expect(subs, 'sized at 16,384 markers per hash: one hash for 3,000').to.equal(subBucketsAfter(3_000, settings.markerSubBuckets, markersPerSubBucket(12)));
+      expect(subs, 'not at 64 per hash').to.be.below(subBucketsAfter(3_000, settings.markerSubBuckets));
+      expect(Number(await admin.hget(next, 'f'))).to.equal(filterBlocksFor(3_000, markerFilterBits('message')));
     });
 
     it('reads every hash of a bucket whose filter key is gone (deleted by hand): still no duplicate counted twice', async () => {

@@ -33,6 +33,7 @@ export async function publishAll(publishes: readonly Publish[], options: Publish
         contentType: 'application/json',
         timestamp: Date.now(),
         ...(publish.messageId !== undefined ? { messageId: publish.messageId } : {}),
+        ...(publish.headers !== undefined ? { headers: publish.headers } : {}),
       });
       published++;
       if (!ok || published % every === 0) {

@@ -4,10 +4,21 @@
  * far apart), and bad messages with the reason Tally must give each.
  */
 import type { BadMessageReason } from '@tally/shared';
-import { badSample } from './bad-corpus.js';
+import { badSample, foreignBadSample } from './bad-corpus.js';
+import { FOREIGN_ID_HEADER, foreignBody, foreignSku, WAREHOUSES } from './foreign-shape.js';
 import { randomInt, seededRandom, zipfPicker } from './random.js';
 
+/**
+ * `contract`: the documented `{"id", "changes": [{"sku", "delta", "type"}]}`.
+ * `foreign`: a shape of the user's own, read through FOREIGN_SHAPE_MAPPING
+ * (foreign-shape.ts): `{"eventId", "warehouse", "lines": [{"product": {"sku"},
+ * "qty", "reason"}]}`, counted under the SKU `<warehouse>:<sku>`.
+ */
+export type MessageShape = 'contract' | 'foreign';
+export const MESSAGE_SHAPES: readonly MessageShape[] = Object.freeze(['contract', 'foreign']);
+
 export interface WorkloadOptions {
+  readonly shape: MessageShape;
   readonly messages: number;
   readonly skus: number;
   readonly minChanges: number;
@@ -27,7 +38,10 @@ export interface WorkloadOptions {
   readonly zipf: number;
   /** Prefix of message ids, so runs do not collide in Redis. */
   readonly idPrefix: string;
-  /** Share of good messages that carry their id in the AMQP messageId property instead of the body. */
+  /**
+   * Share of good messages that carry their id outside the body instead: the
+   * AMQP messageId property (contract shape), the x-event-id header (foreign).
+   */
   readonly idInPropertyShare: number;
   /** Share of duplicates published right after their original (likely the same batch). */
   readonly nearDuplicateShare: number;
@@ -35,6 +49,7 @@ export interface WorkloadOptions {
 }
 
 export const WORKLOAD_DEFAULTS: WorkloadOptions = Object.freeze({
+  shape: 'contract' as MessageShape,
   messages: 10_000,
   skus: 1_000,
   minChanges: 1,
@@ -59,9 +74,13 @@ export interface Publish {
   readonly kind: PublishKind;
   readonly body: Buffer;
   readonly messageId?: string;
+  /** AMQP headers to publish with (the foreign shape's id header). */
+  readonly headers?: Readonly<Record<string, string>>;
   /** The id Tally will see (good and duplicate). */
   readonly id?: string;
   readonly reason?: BadMessageReason;
+  /** Under a mapping: the mapped path the dead letter's reason must name (`/lines/0/qty`). */
+  readonly path?: string;
 }
 
 export interface Workload {
@@ -87,9 +106,12 @@ export function generateWorkload(partial: Partial<WorkloadOptions> = {}): Worklo
   type Slot = { key: number; publish: Publish };
   const slots: Slot[] = [];
   const good: Publish[] = [];
+  const foreign = o.shape === 'foreign';
   for (let n = 0; n < o.messages; n++) {
     const id = `${o.idPrefix}-${n}`;
     const count = randomInt(random, o.minChanges, o.maxChanges);
+    // The foreign shape: one warehouse per message, part of each change's SKU.
+    const warehouse = foreign ? WAREHOUSES[Math.floor(random() * WAREHOUSES.length)]! : '';
     const changes: Array<{ sku: string; delta: number; type?: string }> = [];
     for (let c = 0; c < count; c++) {
       const sku = skuName(pickSku());
@@ -97,11 +119,18 @@ export function generateWorkload(partial: Partial<WorkloadOptions> = {}): Worklo
       const type = o.types.length > 0 ? o.types[Math.floor(random() * o.types.length)] : undefined;
       changes.push(type === undefined ? { sku, delta } : { sku, delta, type });
       const accepted = o.acceptTypes === null || (type !== undefined && o.acceptTypes.has(type));
-      if (accepted && delta !== 0) truth.set(sku, (truth.get(sku) ?? 0) + delta);
+      const counted = foreign ? foreignSku(warehouse, sku) : sku;
+      if (accepted && delta !== 0) truth.set(counted, (truth.get(counted) ?? 0) + delta);
     }
-    const inProperty = random() < o.idInPropertyShare;
-    const body = Buffer.from(JSON.stringify(inProperty ? { changes } : { id, changes }));
-    const publish: Publish = inProperty ? { kind: 'good', body, id, messageId: id } : { kind: 'good', body, id };
+    const outside = random() < o.idInPropertyShare;
+    let publish: Publish;
+    if (foreign) {
+      const body = foreignBody(outside ? null : id, warehouse, changes);
+      publish = outside ? { kind: 'good', body, id, headers: { [FOREIGN_ID_HEADER]: id } } : { kind: 'good', body, id };
+    } else {
+      const body = Buffer.from(JSON.stringify(outside ? { changes } : { id, changes }));
+      publish = outside ? { kind: 'good', body, id, messageId: id } : { kind: 'good', body, id };
+    }
     good.push(publish);
     slots.push({ key: n, publish });
   }
@@ -118,11 +147,21 @@ export function generateWorkload(partial: Partial<WorkloadOptions> = {}): Worklo
   const bad = Math.round(o.messages * o.badRate);
   const badReasons = new Map<BadMessageReason, number>();
   for (let b = 0; b < bad; b++) {
-    const sample = badSample(b, b, o.maxBytes);
+    const sample = foreign ? foreignBadSample(b, b, o.maxBytes) : badSample(b, b, o.maxBytes);
     badReasons.set(sample.reason, (badReasons.get(sample.reason) ?? 0) + 1);
-    const publish: Publish = sample.messageId
-      ? { kind: 'bad', body: sample.body, reason: sample.reason, messageId: `${o.idPrefix}-${sample.messageId}` }
-      : { kind: 'bad', body: sample.body, reason: sample.reason };
+    const outsideId =
+      sample.messageId === undefined
+        ? {}
+        : foreign
+          ? { headers: { [FOREIGN_ID_HEADER]: `${o.idPrefix}-${sample.messageId}` } }
+          : { messageId: `${o.idPrefix}-${sample.messageId}` };
+    const publish: Publish = {
+      kind: 'bad',
+      body: sample.body,
+      reason: sample.reason,
+      ...outsideId,
+      ...(sample.path !== undefined ? { path: sample.path } : {}),
+    };
     slots.push({ key: random() * o.messages, publish });
   }
 

@@ -1,15 +1,21 @@
 import { expect } from 'chai';
-import { parseMessage, splitByShard } from '@tally/shared';
-import { badSample } from '../src/bad-corpus.js';
+import { deliveryParser, parseMessage, parseMessageMapping, splitByShard, type MessageMapping } from '@tally/shared';
+import { badSample, foreignBadSample } from '../src/bad-corpus.js';
+import { FOREIGN_SHAPE_MAPPING } from '../src/foreign-shape.js';
 import { generateWorkload } from '../src/workload.js';
 import { zipfPicker, seededRandom } from '../src/random.js';
 
 /** Recomputes the truth from the published bodies the way the daemon would count them. */
-function countLikeTally(publishes: ReturnType<typeof generateWorkload>['publishes'], acceptTypes: ReadonlySet<string> | null): Map<string, number> {
+function countLikeTally(
+  publishes: ReturnType<typeof generateWorkload>['publishes'],
+  acceptTypes: ReadonlySet<string> | null,
+  mapping: MessageMapping | null = null,
+): Map<string, number> {
   const seen = new Set<string>();
   const counts = new Map<string, number>();
+  const parse = deliveryParser(mapping, { maxBytes: 65_536 });
   for (const p of publishes) {
-    const parsed = parseMessage(p.body, p.messageId, { maxBytes: 65_536 });
+    const parsed = parse(p.body, { messageId: p.messageId, headers: p.headers });
     if (!parsed.ok || seen.has(parsed.message.id)) continue;
     seen.add(parsed.message.id);
     for (const part of splitByShard(parsed.message.changes, 16, acceptTypes).values()) {
@@ -63,6 +69,44 @@ describe('workload generator', () => {
       expect(parsed.ok, `sample ${kind}`).to.equal(false);
       if (!parsed.ok) expect(parsed.reason, `sample ${kind}`).to.equal(sample.reason);
     }
+  });
+
+  describe('the foreign shape', () => {
+    const mapping = parseMessageMapping('TALLY_MESSAGE_MAPPING', JSON.stringify(FOREIGN_SHAPE_MAPPING));
+
+    it('states a truth keyed by warehouse:sku equal to what the mapped parse counts, ids in the body and in the header', () => {
+      const w = generateWorkload({
+        shape: 'foreign',
+        messages: 3_000,
+        skus: 200,
+        seed: 4,
+        duplicateRate: 0.05,
+        badRate: 0.03,
+        minDelta: -2,
+        maxDelta: 4,
+        types: ['sale', 'audit'],
+      });
+      expect(countLikeTally(w.publishes, null, mapping)).to.deep.equal(w.truth);
+      expect([...w.truth.keys()].every((sku) => /^WH[1-4]:SKU-\d{6}$/.test(sku))).to.equal(true);
+      const headerIds = w.publishes.filter((p) => p.kind === 'good' && p.headers?.['x-event-id'] === p.id).length;
+      expect(headerIds, 'about a tenth carry their id in the header').to.be.within(200, 400);
+      expect(countLikeTally(w.publishes, null), 'the contract parse counts none of it').to.deep.equal(new Map());
+      const accept = new Set(['sale']);
+      const typed = generateWorkload({ shape: 'foreign', messages: 1_000, seed: 5, types: ['sale', 'audit'], acceptTypes: accept });
+      expect(countLikeTally(typed.publishes, accept, mapping)).to.deep.equal(typed.truth);
+    });
+
+    it('gives every bad sample the reason the mapped parse gives it, naming its mapped path', () => {
+      const parse = deliveryParser(mapping, { maxBytes: 4_096 });
+      for (let kind = 0; kind < 30; kind++) {
+        const sample = foreignBadSample(kind, kind, 4_096);
+        const parsed = parse(sample.body, { headers: sample.messageId === undefined ? {} : { 'x-event-id': sample.messageId } });
+        expect(parsed.ok, `sample ${kind}`).to.equal(false);
+        if (parsed.ok) continue;
+        expect(parsed.reason, `sample ${kind}: ${parsed.detail}`).to.equal(sample.reason);
+        if (sample.path !== undefined) expect(parsed.detail, `sample ${kind}`).to.include(sample.path);
+      }
+    });
   });
 
   it('skews SKU popularity with zipf and stays uniform at 0', () => {

@@ -51,7 +51,7 @@ export async function deadList(flags: DeadFlags, config: Pick<TallyConfig, 'amqp
  */
 export async function deadReplay(
   flags: DeadFlags,
-  config: Pick<TallyConfig, 'amqpUrl' | 'deadLetterQueue' | 'queue' | 'prefix' | 'markerTtlS' | 'virtualShards'>,
+  config: Pick<TallyConfig, 'amqpUrl' | 'deadLetterQueue' | 'queue' | 'prefix' | 'markerTtlS' | 'virtualShards'> & Partial<Pick<TallyConfig, 'messageMapping'>>,
   redis: RedisClient,
 ): Promise<ReplayReport> {
   const reason = parseReasonFlag(flags.reason);
@@ -68,6 +68,7 @@ export async function deadReplay(
       markerLifeS: markerLifeS(config.markerTtlS, bucketS === null ? null : Number(bucketS)),
       force: flags.force === true,
       virtualShards: Number.isSafeInteger(recordedShards) && recordedShards > 0 ? recordedShards : config.virtualShards,
+      messageMapping: config.messageMapping ?? null,
     },
     onForced: async () => {
       await redis.hincrby(statsKey(config.prefix), FORCED_REPLAYS, 1);

@@ -1,7 +1,7 @@
 import { writeFile } from 'node:fs/promises';
 import { context, propagation, SpanKind, trace, type Tracer } from '@opentelemetry/api';
 import { connectAnyNode } from '../broker-connect.js';
-import { generateWorkload, publishTarget, WORKLOAD_DEFAULTS, type Publish, type WorkloadOptions } from '@tally/workload';
+import { generateWorkload, publishTarget, MESSAGE_SHAPES, WORKLOAD_DEFAULTS, type MessageShape, type Publish, type WorkloadOptions } from '@tally/workload';
 import { CliUsageError, redactUrl, type TallyConfig } from '@tally/shared';
 import {
   ATTR_MESSAGING_DESTINATION_NAME,
@@ -26,6 +26,7 @@ export interface PublishFlags {
   readonly 'id-prefix'?: string;
   readonly deltas?: string;
   readonly truth?: string;
+  readonly shape?: string;
 }
 
 function number(flag: string, raw: string | undefined, fallback: number, min: number, max: number, integer = true): number {
@@ -47,11 +48,20 @@ function range(flag: string, raw: string | undefined, fallback: [number, number]
   return [low, high];
 }
 
+/** --shape: the contract's message shape, or the foreign one FOREIGN_SHAPE_MAPPING reads (the daemon needs that mapping set). */
+function shape(raw: string | undefined): MessageShape {
+  if (raw === undefined) return 'contract';
+  if (!(MESSAGE_SHAPES as readonly string[]).includes(raw))
+    throw new CliUsageError(`--shape: expected one of ${MESSAGE_SHAPES.join(', ')}, got ${JSON.stringify(raw)}`);
+  return raw as MessageShape;
+}
+
 export function workloadFromFlags(flags: PublishFlags, config: Pick<TallyConfig, 'acceptTypes' | 'maxMessageBytes'>): WorkloadOptions {
   const [minChanges, maxChanges] = range('changes', flags.changes, [1, 8], 1, 10_000);
   const [minDelta, maxDelta] = range('deltas', flags.deltas, [1, 9], -1_000_000, 1_000_000);
   return {
     ...WORKLOAD_DEFAULTS,
+    shape: shape(flags.shape),
     messages: number('messages', flags.messages, 10_000, 1, 100_000_000),
     skus: number('skus', flags.skus, 1_000, 1, 10_000_000),
     minChanges,
@@ -105,14 +115,14 @@ export async function publishWorkload(
           ...(publish.id !== undefined ? { [ATTR_MESSAGING_MESSAGE_ID]: publish.id } : {}),
         },
       });
-      const headers: Record<string, string> = {};
+      const headers: Record<string, string> = { ...publish.headers };
       if (span.isRecording()) propagation.inject(trace.setSpan(context.active(), span), headers);
       const ok = target.send(publish, {
         persistent: true,
         contentType: 'application/json',
         timestamp: Date.now(),
         ...(publish.messageId !== undefined ? { messageId: publish.messageId } : {}),
-        ...(headers.traceparent !== undefined ? { headers } : {}),
+        ...(Object.keys(headers).length > 0 ? { headers } : {}),
       });
       span.end();
       published++;
@@ -162,6 +172,7 @@ export async function publishCommand(
     duplicates: workload.duplicates,
     bad: workload.bad,
     skus: workload.truth.size,
+    shape: options.shape,
     seed: options.seed,
     idPrefix: options.idPrefix,
     seconds: Number(seconds.toFixed(2)),

@@ -28,7 +28,7 @@
  *   smaller of the two is taken: a CLI run with another TALLY_MARKER_TTL_S
  *   than the daemons' errs on the side of refusing.
  */
-import { BAD_MESSAGE_REASONS, COUNT_REFUSED, DEAD_AT_HEADER, parseMessage, shardOf } from '@tally/shared';
+import { BAD_MESSAGE_REASONS, COUNT_REFUSED, DEAD_AT_HEADER, deliveryParser, shardOf, type MessageMapping } from '@tally/shared';
 
 /** What a replay of a dead letter could count a second time. */
 export type Exposure = 'none' | 'whole' | 'other-parts';
@@ -120,9 +120,10 @@ export function refusedShardOf(detail: string, virtualShards: number): number | 
  * but the refused shard's for `other-parts` (all of them when the refused
  * shard cannot be read: an upper bound). null when the body does not parse.
  */
-export function riskOf(facts: DeadLetterFacts, exposure: Exposure, detail: string, virtualShards: number): Risk | null {
+export function riskOf(facts: DeadLetterFacts, exposure: Exposure, detail: string, virtualShards: number, mapping: MessageMapping | null = null): Risk | null {
   if (exposure === 'none') return { countedShards: [], changes: 0, units: 0 };
-  const parsed = parseMessage(facts.content, facts.properties.messageId, { maxBytes: Number.MAX_SAFE_INTEGER });
+  // Read as the daemons read it: through TALLY_MESSAGE_MAPPING when one is declared.
+  const parsed = deliveryParser(mapping, { maxBytes: Number.MAX_SAFE_INTEGER })(facts.content, facts.properties);
   if (!parsed.ok) return null;
   const refused = exposure === 'other-parts' ? refusedShardOf(detail, virtualShards) : null;
   const shards = new Set<number>();
@@ -144,6 +145,8 @@ export interface ReplayPolicy {
   readonly force: boolean;
   readonly nowMs: number;
   readonly virtualShards: number;
+  /** TALLY_MESSAGE_MAPPING, so that a mapped body's parts are found; null or absent: the contract's shape. */
+  readonly messageMapping?: MessageMapping | null;
 }
 
 export type ReplayVerdict =
@@ -161,7 +164,12 @@ export function replayVerdict(facts: DeadLetterFacts, reason: string, detail: st
   if (exposure === 'none') return { action: 'replay', exposure, ageMs };
   const safeForMs = policy.markerLifeS * 1000 - Math.min(CLOCK_MARGIN_MS, policy.markerLifeS * 200);
   if (ageMs !== null && ageMs < safeForMs) return { action: 'replay', exposure, ageMs };
-  return { action: policy.force ? 'force' : 'refuse', exposure, ageMs, risk: riskOf(facts, exposure, detail, policy.virtualShards) };
+  return {
+    action: policy.force ? 'force' : 'refuse',
+    exposure,
+    ageMs,
+    risk: riskOf(facts, exposure, detail, policy.virtualShards, policy.messageMapping ?? null),
+  };
 }
 
 /** Up to this many refused or forced dead letters are listed one by one in the report. */

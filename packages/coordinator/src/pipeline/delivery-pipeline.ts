@@ -41,7 +41,7 @@ export type PipelineOptions = Pick<
   TallyConfig,
   'queue' | 'mode' | 'virtualShards' | 'acceptTypes' | 'maxMessageBytes' | 'prefetch' | 'stallMs' | 'batchSize' | 'batchMaxChanges' | 'batchWaitMs'
 > &
-  Pick<IntakeOptions, 'recordedMarkerScope' | 'injectBug'> & {
+  Pick<IntakeOptions, 'recordedMarkerScope' | 'injectBug' | 'messageMapping'> & {
     /** CLAIM_RETRY_MS by default. */
     readonly claimRetryMs?: number;
     /** The backoff of batch and dead-letter retries; the shared default when absent (tests shorten it). */

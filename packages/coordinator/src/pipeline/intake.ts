@@ -9,9 +9,10 @@ import {
   formatReason,
   markerDigest,
   markerShardOf,
-  parseMessage,
+  deliveryParser,
   splitByShard,
   wholeMessagePart,
+  type DeliveryParser,
   type InjectedBug,
   type MarkerScope,
   type TallyConfig,
@@ -24,17 +25,18 @@ import type { DeadLetters } from './dead-letters.js';
 import type { InFlightMessages } from './in-flight.js';
 import type { Clock, Counters } from './ports.js';
 
-export type IntakeOptions = Pick<TallyConfig, 'virtualShards' | 'acceptTypes' | 'maxMessageBytes' | 'prefetch'> & {
-  /**
-   * What one marker stands for, as the prefix's layout records it (not as
-   * TALLY_MARKER_SCOPE asks: every daemon of a prefix must split alike).
-   * `part`: one part per virtual shard of the SKUs; `message`: the whole
-   * message as one part, on its digest's marker shard.
-   */
-  readonly recordedMarkerScope: MarkerScope;
-  /** TALLY_FAULT_BUG=main (config.ts loadFaultInjection): each delivery makes the ack tracker throw. */
-  readonly injectBug?: InjectedBug | null;
-};
+export type IntakeOptions = Pick<TallyConfig, 'virtualShards' | 'acceptTypes' | 'maxMessageBytes' | 'prefetch'> &
+  Partial<Pick<TallyConfig, 'messageMapping'>> & {
+    /**
+     * What one marker stands for, as the prefix's layout records it (not as
+     * TALLY_MARKER_SCOPE asks: every daemon of a prefix must split alike).
+     * `part`: one part per virtual shard of the SKUs; `message`: the whole
+     * message as one part, on its digest's marker shard.
+     */
+    readonly recordedMarkerScope: MarkerScope;
+    /** TALLY_FAULT_BUG=main (config.ts loadFaultInjection): each delivery makes the ack tracker throw. */
+    readonly injectBug?: InjectedBug | null;
+  };
 
 /** The lanes as intake uses them (shard-lanes.ts). */
 export interface LaneEntry {
@@ -43,7 +45,8 @@ export interface LaneEntry {
 }
 
 export class Intake {
-  private readonly parseOptions: { readonly maxBytes: number };
+  /** The contract's shape, or TALLY_MESSAGE_MAPPING's (null or absent: the contract's): chosen once, at start. */
+  private readonly parseDelivery: DeliveryParser;
 
   constructor(
     private readonly options: IntakeOptions,
@@ -54,7 +57,7 @@ export class Intake {
     private readonly lanes: LaneEntry,
     private readonly clock: Clock,
   ) {
-    this.parseOptions = Object.freeze({ maxBytes: options.maxMessageBytes });
+    this.parseDelivery = deliveryParser(options.messageMapping ?? null, Object.freeze({ maxBytes: options.maxMessageBytes }));
   }
 
   accept(channel: ChannelLink, message: ConsumeMessage): void {
@@ -64,7 +67,7 @@ export class Intake {
     if (options.injectBug === 'main') this.acks.received(channel, tag); // fault injection: a tag out of sequence
     counters.add('received');
 
-    const parsed = parseMessage(message.content, message.properties.messageId, this.parseOptions);
+    const parsed = this.parseDelivery(message.content, message.properties);
     if (!parsed.ok) {
       this.deadLetters.send(channel, message, parsed.reason, formatReason(parsed.reason, parsed.detail), message.properties.headers?.traceparent);
       return;

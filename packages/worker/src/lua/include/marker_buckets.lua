@@ -52,10 +52,16 @@ local function blockOf(digest, blocks)
   local b5, b6, b7, b8 = string.byte(digest, 5, 8)
   return ((((b5 * 256 + b6) * 256 + b7) * 256 + b8) % blocks)
 end
+local BIT = {}
+for i = 0, 31 do BIT[i] = bit.lshift(1, i) end
 local function bitsOf(digest)
   local b9, b10, b11, b12 = string.byte(digest, 9, 12)
-  return bit.bor(bit.lshift(1, b9 % 32), bit.lshift(1, b10 % 32), bit.lshift(1, b11 % 32), bit.lshift(1, b12 % 32))
+  return bit.bor(BIT[b9 % 32], BIT[b10 % 32], BIT[b11 % 32], BIT[b12 % 32])
 end
+
+-- The words mayHold read, by bucket and block, for addToFilter in the same
+-- script: nothing else writes a filter between the two (a script is atomic).
+local readWords = {}
 
 -- The digests the filter of `bucket` may hold (all of them when it has none):
 -- one BITFIELD GET per chunk of digests instead of one HMGET per hash.
@@ -73,9 +79,17 @@ local function mayHold(bucket, digests)
       args[#args + 1] = '#' .. blockOf(digests[j], blocks)
     end
     local words = redis.call('BITFIELD', key, unpack(args))
+    local known = readWords[bucket]
+    if known == nil then
+      known = {}
+      readWords[bucket] = known
+    end
     for j = from, to do
-      local bits = bitsOf(digests[j])
-      if bit.band(words[j - from + 1], bits) == bits then kept[#kept + 1] = digests[j] end
+      local digest = digests[j]
+      local word = words[j - from + 1]
+      known[blockOf(digest, blocks)] = word
+      local bits = bitsOf(digest)
+      if bit.band(word, bits) == bits then kept[#kept + 1] = digest end
     end
   end
   return kept
@@ -99,13 +113,23 @@ local function addToFilter(bucket, digests)
       end
       wanted[block] = bit.bor(wanted[block], bitsOf(digests[j]))
     end
-    local args = {}
+    -- The words mayHold read in this script need no second read.
+    local known = readWords[bucket] or {}
+    local args, unknown = {}, {}
     for _, block in ipairs(order) do
-      args[#args + 1] = 'GET'
-      args[#args + 1] = 'u32'
-      args[#args + 1] = '#' .. block
+      if known[block] == nil then
+        unknown[#unknown + 1] = block
+        args[#args + 1] = 'GET'
+        args[#args + 1] = 'u32'
+        args[#args + 1] = '#' .. block
+      end
     end
-    local words = redis.call('BITFIELD', key, unpack(args))
+    if #unknown > 0 then
+      local read = redis.call('BITFIELD', key, unpack(args))
+      for i, block in ipairs(unknown) do known[block] = read[i] end
+    end
+    local words = {}
+    for i, block in ipairs(order) do words[i] = known[block] end
     args = {}
     for i, block in ipairs(order) do
       -- As an unsigned 32-bit value: bit.bor answers signed, BITFIELD u32 unsigned.
@@ -115,6 +139,7 @@ local function addToFilter(bucket, digests)
         args[#args + 1] = 'u32'
         args[#args + 1] = '#' .. block
         args[#args + 1] = string.format('%d', word)
+        known[block] = word
       end
     end
     if #args > 0 then redis.call('BITFIELD', key, unpack(args)) end
@@ -176,25 +201,30 @@ end
 -- The sub-bucket count of `bucket`, opening it (its meta hash, with the
 -- bucket's expiry) if this is its first write: enough hashes for the markers
 -- the bucket before received at 64 each (half the listpack limit, so a rate
--- that doubles within a bucket still fits), or `initialSubs` when that one
--- is unknown.
+-- that doubles within a bucket still fits; 16,384 each in a filtered
+-- bucket), or `initialSubs` when that one is unknown.
 local function openBucket(bucket, initialSubs, expiresAt)
   local meta = metaKey(bucket)
   local subs = tonumber(redis.call('HGET', meta, 's'))
   if subs then return subs end
   local before = tonumber(redis.call('HGET', metaKey(bucket - 1), 'n'))
+  -- A filtered bucket's hashes serve the writes, not the lookups: far larger
+  -- (shared/src/markers.ts FILTERED_MARKERS_PER_SUB_BUCKET).
+  local perHash = filterBits > 0 and 16384 or 64
   subs = initialSubs
+  local expected = initialSubs * 64
   if before then
     subs = 1
-    while subs < 65536 and subs * 64 < before do subs = subs * 2 end
+    while subs < 65536 and subs * perHash < before do subs = subs * 2 end
+    expected = before
   end
   redis.call('HSET', meta, 's', subs)
   redis.call('EXPIREAT', meta, expiresAt)
   if filterBits > 0 then
-    -- Room for twice the markers the sub-buckets are sized for (a rate that
+    -- Room for twice the markers the bucket before received (a rate that
     -- doubles within the bucket), so the filter stays sparse; past that it
     -- only answers "may hold" more often, it never misses a digest.
-    local blocks = math.max(64, math.ceil(subs * 64 * 2 * filterBits / 32))
+    local blocks = math.max(64, math.ceil(math.max(1, expected) * 2 * filterBits / 32))
     local filter = base .. ':' .. bucket .. ':f'
     redis.call('BITFIELD', filter, 'SET', 'u32', '#' .. (blocks - 1), 0)
     redis.call('EXPIREAT', filter, expiresAt)
