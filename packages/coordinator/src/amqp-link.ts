@@ -23,16 +23,7 @@
  */
 import { randomUUID } from 'node:crypto';
 import amqp, { type ChannelModel, type ConfirmChannel, type ConsumeMessage, type Message } from 'amqplib';
-import {
-  DEAD_AT_HEADER,
-  describeError,
-  nextNodeIndex,
-  partitionQueue,
-  redactUrl,
-  retryUntilDone,
-  TallyError,
-  type QueueType,
-} from '@tally/shared';
+import { DEAD_AT_HEADER, describeError, nextNodeIndex, partitionQueue, redactUrl, retryUntilDone, TallyError, type QueueType } from '@tally/shared';
 import { classifyBrokerRefusal, type BrokerTarget } from './broker-refusal.js';
 import type { ChannelLink } from './delivery.js';
 import type { Logger } from './logger.js';
@@ -191,7 +182,9 @@ export class AmqpLink {
   }
 
   private reconcile(): void {
-    this.reconciling = this.reconciling.then(() => this.reconcileOnce()).catch((error) => this.log.warn({ err: describeError(error) }, 'partition subscription failed; retrying at the next beat'));
+    this.reconciling = this.reconciling
+      .then(() => this.reconcileOnce())
+      .catch((error) => this.log.warn({ err: describeError(error) }, 'partition subscription failed; retrying at the next beat'));
   }
 
   private async reconcileOnce(): Promise<void> {
@@ -245,13 +238,20 @@ export class AmqpLink {
     const { link } = sub;
     const tag = sub.consumerTag;
     if (link.alive && tag !== null) {
-      await within(1_000, link.channel.cancel(tag).catch((error) => this.log.warn({ partition, err: describeError(error) }, 'cancel failed')));
+      await within(
+        1_000,
+        link.channel.cancel(tag).catch((error) => this.log.warn({ partition, err: describeError(error) }, 'cancel failed')),
+      );
     }
     const until = performance.now() + (this.options.handoffMs ?? PARTITION_HANDOFF_MS);
     while (link.alive && (this.handlers.unackedOn?.(link) ?? 0) > 0 && performance.now() < until) await new Promise((resolve) => setTimeout(resolve, 50));
     const left = this.handlers.unackedOn?.(link) ?? 0;
     this.log.info({ partition, unackedLeft: left, generation: link.generation }, 'partition released');
-    if (link.alive) await within(1_000, link.channel.close().catch(() => {}));
+    if (link.alive)
+      await within(
+        1_000,
+        link.channel.close().catch(() => {}),
+      );
     this.partitionDown(sub, PARTITION_RELEASED);
   }
 
@@ -334,7 +334,12 @@ export class AmqpLink {
         this.consumerTag = null;
         this.state = 'consuming';
         this.log.info(
-          { url: redactUrl(node), node: `${this.nodeIndex + 1} of ${this.options.nodes.length}`, exchange: this.options.queue, partitions: this.options.partitions },
+          {
+            url: redactUrl(node),
+            node: `${this.nodeIndex + 1} of ${this.options.nodes.length}`,
+            exchange: this.options.queue,
+            partitions: this.options.partitions,
+          },
           'consuming',
         );
         this.reconcile();

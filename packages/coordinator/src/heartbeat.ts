@@ -175,7 +175,9 @@ export class Heartbeat {
       if (this.failing) this.log.info({ key: this.key }, 'heartbeat restored');
       this.failing = false;
       if (this.options.afterBeat !== undefined && !this.stopped) {
-        await this.options.afterBeat().catch((error: unknown) => this.log.warn({ err: describeError(error) }, 'partition rebalance failed; retrying at the next beat'));
+        await this.options
+          .afterBeat()
+          .catch((error: unknown) => this.log.warn({ err: describeError(error) }, 'partition rebalance failed; retrying at the next beat'));
       }
     } catch (error) {
       // Logged once per outage: the Redis outage itself is logged elsewhere.

@@ -59,9 +59,7 @@ export function assignPartitions(partitions: number, liveIds: Iterable<string>):
   const room = new Map(ids.map((id, index) => [id, partitionShare(partitions, ids.length, index)]));
   const owners: string[] = [];
   for (let p = 0; p < partitions; p++) {
-    const ranked = ids
-      .map((id) => ({ id, score: fnv1a32(`${id}\u0000${p}`) }))
-      .sort((a, b) => b.score - a.score || (a.id < b.id ? -1 : 1));
+    const ranked = ids.map((id) => ({ id, score: fnv1a32(`${id}\u0000${p}`) })).sort((a, b) => b.score - a.score || (a.id < b.id ? -1 : 1));
     const owner = ranked.find(({ id }) => (room.get(id) ?? 0) > 0)!;
     room.set(owner.id, room.get(owner.id)! - 1);
     owners.push(owner.id);

@@ -100,9 +100,12 @@ export async function publishTarget(connection: amqp.ChannelModel, channel: amqp
   try {
     await probe.checkExchange(queue);
   } catch (error) {
-    throw new Error(`exchange ${queue} does not exist: start a Tally daemon with TALLY_PARTITIONS=${partitions} first (it declares the exchange and its queues)`, {
-      cause: error,
-    });
+    throw new Error(
+      `exchange ${queue} does not exist: start a Tally daemon with TALLY_PARTITIONS=${partitions} first (it declares the exchange and its queues)`,
+      {
+        cause: error,
+      },
+    );
   }
   await probe.close().catch(() => {});
   let returned = 0;

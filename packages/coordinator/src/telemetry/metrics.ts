@@ -176,13 +176,14 @@ export class DaemonMetrics {
         .createObservableGauge('tally.partitions.held', { description: 'Partitions this daemon is subscribed to (TALLY_PARTITIONS > 1)', unit: '{partition}' })
         .addCallback((result) => result.observe(partitions.held().length, base));
       meter
-        .createObservableGauge('tally.partitions.configured', { description: 'TALLY_PARTITIONS: the partition queues behind the exchange', unit: '{partition}' })
+        .createObservableGauge('tally.partitions.configured', {
+          description: 'TALLY_PARTITIONS: the partition queues behind the exchange',
+          unit: '{partition}',
+        })
         .addCallback((result) => result.observe(partitions.configured, base));
-      meter
-        .createObservableGauge('tally.partition.held', { description: '1 for each partition this daemon is subscribed to' })
-        .addCallback((result) => {
-          for (const p of partitions.held()) result.observe(1, { ...base, partition: String(p) });
-        });
+      meter.createObservableGauge('tally.partition.held', { description: '1 for each partition this daemon is subscribed to' }).addCallback((result) => {
+        for (const p of partitions.held()) result.observe(1, { ...base, partition: String(p) });
+      });
     }
 
     // Invariant 11: a Redis that refuses writes (OOM, READONLY, MASTERDOWN,

@@ -103,7 +103,7 @@ describe('AckWindow per partition', () => {
     const links = [0, 1, 2, 3].map(partitionChannel);
     for (const link of links) window.channelUp(link);
     let seed = 7;
-    const random = () => ((seed = (seed * 1103515245 + 12345) % 2 ** 31) / 2 ** 31);
+    const random = () => (seed = (seed * 1103515245 + 12345) % 2 ** 31) / 2 ** 31;
     const open: Array<{ link: ChannelLink; tag: number }> = [];
     const received = new Map(links.map((l) => [l, 0]));
     for (let step = 0; step < 4_000; step++) {
