@@ -70,6 +70,8 @@ interface PartitionSubscription {
   consumerTag: string | null;
   /** Being handed over: cancelled, finishing what it holds, then closed. */
   releasing: boolean;
+  /** performance.now() of its subscription or its last delivery: an idle subscription over a non-empty queue is resubscribed. */
+  lastDeliveryAt: number;
 }
 
 type LinkState = 'idle' | 'connecting' | 'consuming' | 'stopping' | 'closed';
@@ -204,7 +206,7 @@ export class AmqpLink {
     channel.on('error', (error: Error) => this.log.warn({ partition, err: describeError(error) }, 'amqp channel error'));
     await channel.prefetch(this.options.prefetch);
     const link: ChannelLink = { generation: ++this.generation, channel, alive: true, partition };
-    const sub: PartitionSubscription = { link, consumerTag: null, releasing: false };
+    const sub: PartitionSubscription = { link, consumerTag: null, releasing: false, lastDeliveryAt: performance.now() };
     this.subscriptions.set(partition, sub);
     channel.on('close', () => this.partitionDown(sub, sub.releasing ? PARTITION_RELEASED : 'channel closed'));
     channel.on('return', (message: Message) => this.deadLetterReturned(message));
@@ -217,6 +219,7 @@ export class AmqpLink {
           void channel.close().catch(() => {});
           return;
         }
+        sub.lastDeliveryAt = performance.now();
         this.handlers.onDelivery(link, message);
       },
       { noAck: false },
@@ -253,6 +256,44 @@ export class AmqpLink {
         link.channel.close().catch(() => {}),
       );
     this.partitionDown(sub, PARTITION_RELEASED);
+  }
+
+  /**
+   * A watchdog over the subscriptions: one that has received nothing for
+   * `idleMs`, holds nothing unacked, and whose queue has ready messages is
+   * closed and subscribed again. Seen on RabbitMQ 3.10.8 with classic SAC
+   * queues when two daemons started together swapped partitions: the broker
+   * listed the remaining consumer as active with nothing unacked and 2,000
+   * ready, and delivered nothing until the consumer was replaced. (A
+   * subscription that merely waits behind another daemon's active consumer
+   * goes to the back of the line, which costs nothing.)
+   */
+  async checkIdlePartitions(idleMs: number): Promise<void> {
+    const model = this.model;
+    if (!this.partitioned || this.state !== 'consuming' || model === null) return;
+    const now = performance.now();
+    for (const [partition, sub] of this.subscriptions) {
+      if (sub.releasing || sub.consumerTag === null || !sub.link.alive || now - sub.lastDeliveryAt < idleMs) continue;
+      if ((this.handlers.unackedOn?.(sub.link) ?? 0) > 0) continue;
+      const queue = partitionQueue(this.options.queue, this.options.partitions ?? 1, partition);
+      const probe = await model.createChannel();
+      probe.on('error', () => {});
+      const { messageCount } = await probe.checkQueue(queue).finally(() => probe.close().catch(() => {}));
+      if (messageCount === 0 || sub.releasing || !sub.link.alive) {
+        sub.lastDeliveryAt = performance.now();
+        continue;
+      }
+      this.log.warn(
+        { partition, queue, ready: messageCount, idleMs: Math.round(now - sub.lastDeliveryAt) },
+        'partition idle with ready messages; subscribing again',
+      );
+      sub.releasing = true;
+      await within(
+        1_000,
+        sub.link.channel.close().catch(() => {}),
+      );
+      this.partitionDown(sub, 'resubscribing an idle partition');
+    }
   }
 
   private partitionDown(sub: PartitionSubscription, reason: string): void {

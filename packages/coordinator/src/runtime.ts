@@ -176,7 +176,11 @@ export async function openRuntime(context: RuntimeContext): Promise<{ runtime: R
     ? new PartitionBalancer(
         { prefix: config.prefix, queue: config.queue, partitions: config.partitions, selfId: context.daemonId },
         () => scanNodes(redis),
-        (partitions) => link?.assign(partitions),
+        (partitions) => {
+          link?.assign(partitions);
+          // Three beats without a delivery over a queue with ready messages: subscribe again (amqp-link.ts says why).
+          void link?.checkIdlePartitions(3 * config.heartbeatMs).catch((error) => log.warn({ err: describeError(error) }, 'idle partition check failed'));
+        },
         () => context.stopping(),
         log,
       )
