@@ -62,7 +62,7 @@ export function latencyVsLoadChart(results: BenchResults, targetMs: number): str
  * sweep), with the key-per-marker layout this replaced as a reference: its
  * markers live exactly the TTL, so its per-message cost is the same at every
  * TTL (main's drain measured 500 B of markers per message,
- * bench/results/issue11/baseline-main.md).
+ * bench/results/marker-redesign/baseline-main.md).
  */
 export const KEY_PER_MARKER_BYTES_PER_MESSAGE = 500;
 
