@@ -406,6 +406,7 @@ describe('two-step batch against a real Redis', function () {
         const task = taskFor(`${runId}-${mode}`, 11, 30);
         const first = await run(client, settings, task, quiet);
         const markedAt = performance.now();
+        const firstBucket = Math.floor(Number((await redis.time())[0]) / settings.markerBucketS);
         expect([...first.marked]).to.deep.equal(task.ids.map(() => 0));
         let checks = 0;
         // Until just under the TTL after the markers were written, every copy is a duplicate.
@@ -423,7 +424,15 @@ describe('two-step batch against a real Redis', function () {
         await new Promise((resolve) => setTimeout(resolve, Math.max(0, 3_300 - (performance.now() - markedAt))));
         const expired = await run(client, settings, redelivered(task), quiet);
         expect([...expired.marked], 'markers expired with their buckets').to.deep.equal(task.ids.map(() => 0));
-        expect((await readMarkers(redis, prefix)).hashes, 'only the live bucket is left').to.be.greaterThan(0);
+        // The expired buckets are gone, hashes and meta alike: every key left is in a bucket still live by the server's clock.
+        const oldestLive = Math.floor((Number((await redis.time())[0]) - settings.markerTtlS) / settings.markerBucketS);
+        const bucketsLeft = (await redis.keys(`${prefix}mk:*`)).map((key) => Number(key.split(':').at(-2)));
+        expect(bucketsLeft.length, 'the last run wrote markers').to.be.greaterThan(0);
+        expect(
+          bucketsLeft.filter((bucket) => bucket < oldestLive),
+          'keys of expired buckets',
+        ).to.deep.equal([]);
+        expect(bucketsLeft, "the first run's bucket expired").to.not.include(firstBucket);
       } finally {
         client.disconnect();
       }

@@ -115,10 +115,10 @@ describe('layout and mode check (integration: daemons racing on a new prefix)', 
     try {
       await withRedis(async (redis) => {
         const fresh = await ensureLayout(redis, { prefix: space.prefix, virtualShards: 16, mode: 'two-step', markerTtlS: 600, markerSubBuckets: 64 });
-        expect(fresh.markers).to.deep.equal({ format: MARKER_FORMAT, bucketS: 300, subBuckets: 64 });
+        expect(fresh.markers).to.deep.equal({ format: MARKER_FORMAT, scope: 'part', bucketS: 300, subBuckets: 64 });
         // A later daemon with other marker settings adopts what the prefix recorded.
         const later = await ensureLayout(redis, { prefix: space.prefix, virtualShards: 16, mode: 'two-step', markerTtlS: 60, markerSubBuckets: 1024 });
-        expect(later.markers).to.deep.equal({ format: MARKER_FORMAT, bucketS: 300, subBuckets: 64 });
+        expect(later.markers).to.deep.equal({ format: MARKER_FORMAT, scope: 'part', bucketS: 300, subBuckets: 64 });
 
         // A prefix laid out by an older Tally: no marker_format, and a live key-per-marker marker.
         await redis.hset(layoutKey(old.prefix), 'virtual_shards', '16', 'hash', SHARD_HASH, 'mode', 'two-step', 'created_at', 'then');
