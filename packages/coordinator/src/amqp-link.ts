@@ -516,7 +516,9 @@ export class AmqpLink {
       'x-tally-reason': reason,
       // The first attempt's time, right after the batch that marked what was counted of it (replay-guard.ts).
       [DEAD_AT_HEADER]: this.firstDeadLetterAttempt(message),
-      'x-tally-source-queue': this.options.queue,
+      // The partition queue it came from: a replay must return it there (dead-queue.ts), where its markers' copies go.
+      'x-tally-source-queue':
+        link.partition === undefined ? this.options.queue : partitionQueue(this.options.queue, this.options.partitions ?? 1, link.partition),
       [DEAD_LETTER_ID_HEADER]: id,
     });
     return new Promise((resolve, reject) => {

@@ -241,4 +241,51 @@ describe('partitioned queues (integration)', function () {
       }
     });
   }
+  it('dead replay sends each dead letter back to the partition it came from', async () => {
+    const space = partitionedSpace('part-replay', 'atomic');
+    try {
+      await resetNamespace({ amqpUrl: AMQP_URL, redisUrl: REDIS_URL, queue: space.queue, prefix: space.prefix, partitions: PARTITIONS });
+      const daemon = await startDaemon(space.env);
+      // Bad bodies with ids: the exchange routes each by its id; the daemon dead-letters it from that partition.
+      const connection = await amqp.connect(AMQP_URL);
+      const channel = await connection.createConfirmChannel();
+      const ids = ['bad-a', 'bad-b', 'bad-c', 'bad-d', 'bad-e', 'bad-f'];
+      for (const id of ids)
+        channel.publish(space.queue, id, Buffer.from('{"id": "' + id + '", "changes": "not an array"}'), { messageId: id, persistent: true });
+      await channel.waitForConfirms();
+      await connection.close();
+      await until('all dead-lettered', async () => ((await statsOf(space.prefix)).dead_lettered === ids.length ? true : undefined), 30_000);
+      expect((await stopDaemon(daemon)).code).to.equal(0);
+      const sources = await withDeadLetters(space.queue, (messages) => messages.map((m) => String(m.properties.headers?.['x-tally-source-queue'])));
+      expect(new Set(sources).size, 'the ids spread over several partitions').to.be.greaterThan(1);
+      const replay = await tallyCli(space.env, 'dead', 'replay', '--json');
+      expect(replay.code, replay.stderr).to.equal(0);
+      const depths = await queueDepths(space.queue);
+      const expected = new Map<string, number>();
+      for (const source of sources) expected.set(source, (expected.get(source) ?? 0) + 1);
+      partitionQueues(space.queue, PARTITIONS).forEach((name, p) => expect(depths[p]!.messageCount, name).to.equal(expected.get(name) ?? 0));
+    } finally {
+      await resetNamespace({ amqpUrl: AMQP_URL, redisUrl: REDIS_URL, queue: space.queue, prefix: space.prefix, partitions: PARTITIONS });
+    }
+  });
 });
+
+/** The dead letters of `<queue>.dead`, read and put back in order. */
+async function withDeadLetters<T>(queue: string, read: (messages: amqp.GetMessage[]) => T): Promise<T> {
+  const connection = await amqp.connect(AMQP_URL);
+  try {
+    const channel = await connection.createChannel();
+    const messages: amqp.GetMessage[] = [];
+    for (;;) {
+      const message = await channel.get(`${queue}.dead`, { noAck: false });
+      if (message === false) break;
+      messages.push(message);
+    }
+    const result = read(messages);
+    channel.nackAll(true);
+    await channel.close();
+    return result;
+  } finally {
+    await connection.close().catch(() => {});
+  }
+}
