@@ -51,7 +51,8 @@ export async function deadList(flags: DeadFlags, config: Pick<TallyConfig, 'amqp
  */
 export async function deadReplay(
   flags: DeadFlags,
-  config: Pick<TallyConfig, 'amqpUrl' | 'deadLetterQueue' | 'queue' | 'prefix' | 'markerTtlS' | 'virtualShards'> & Partial<Pick<TallyConfig, 'messageMapping' | 'partitions'>>,
+  config: Pick<TallyConfig, 'amqpUrl' | 'deadLetterQueue' | 'queue' | 'prefix' | 'markerTtlS' | 'virtualShards'> &
+    Partial<Pick<TallyConfig, 'messageMapping' | 'partitions'>>,
   redis: RedisClient,
 ): Promise<ReplayReport> {
   const reason = parseReasonFlag(flags.reason);
