@@ -39,6 +39,12 @@ ensure_services() {
   fi
   wait_port 6379 Redis
   wait_port 5672 RabbitMQ
+  # TALLY_PARTITIONS > 1 needs the consistent-hash exchange type; the plugin
+  # ships with RabbitMQ and enables offline (a running node loads it at once).
+  if command -v rabbitmq-plugins >/dev/null 2>&1; then
+    rabbitmq-plugins enable rabbitmq_consistent_hash_exchange >/dev/null 2>&1 ||
+      echo "warning: could not enable rabbitmq_consistent_hash_exchange; the partition tests will fail" >&2
+  fi
   # The port opens before the broker accepts logins; wait until it does.
   if command -v rabbitmqctl >/dev/null 2>&1; then
     for _ in $(seq 1 60); do

@@ -11,6 +11,7 @@ import { runProfile, summarizeProfiles } from './profile-run.js';
 import { renderSteadyTable, renderSummaryTable } from './render-table.js';
 import { runBench } from './run-bench.js';
 import { runScaleOut } from './scale-out-run.js';
+import { runPartitions } from './partitions-run.js';
 import { runShapeCost } from './shape-cost-run.js';
 import { writeResults } from './write-results.js';
 
@@ -51,6 +52,9 @@ try {
       break;
     case 'scale-out':
       process.exitCode = await runScaleOut(options, options.outDir ?? (options.quick ? `${RESULTS}/quick` : RESULTS), log);
+      break;
+    case 'partitions':
+      process.exitCode = await runPartitions(options, options.outDir ?? (options.quick ? `${RESULTS}/quick` : RESULTS), log);
       break;
     case 'shape-cost':
       process.exitCode = await runShapeCost(options, options.outDir ?? (options.quick ? `${RESULTS}/quick` : RESULTS), log);

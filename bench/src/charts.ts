@@ -1,6 +1,6 @@
 /** Pure: the two charts of a run, from its records. */
 import { CONTENDER_LABELS, type BenchResults, type ContenderName } from './results.js';
-import { renderLineChart, type Series } from './render-svg.js';
+import { renderLineChart, tickText, type Series } from './render-svg.js';
 import { median } from './stats.js';
 
 export function throughputVsBatchChart(results: BenchResults): string {
@@ -59,26 +59,55 @@ export function latencyVsLoadChart(results: BenchResults, targetMs: number): str
 
 /**
  * Marker memory per message in steady state against the marker TTL (the
- * sweep), with the key-per-marker layout this replaced as a reference: its
- * markers live exactly the TTL, so its per-message cost is the same at every
- * TTL (main's drain measured 500 B of markers per message,
- * bench/results/issue11/baseline-main.md).
+ * sweep), with one SET … EX key per marker as a reference: such markers live
+ * exactly the TTL, so their per-message cost is the same at every TTL (a
+ * drain with that layout measured 500 B of markers per message,
+ * bench/results/marker-redesign/baseline-main.md).
  */
 export const KEY_PER_MARKER_BYTES_PER_MESSAGE = 500;
 
-export function markerMemoryVsTtlChart(results: BenchResults): string {
+/**
+ * The marker memory per message at the default TTL from a steady-state run
+ * (--steady-state): the population it filled for two-step, over the messages
+ * received in one TTL at its rate. Taken otherwise than the sweep (a
+ * snapshot, not an average over a TTL), so it is drawn as a point of its own.
+ */
+export function steadyStatePoint(steady: BenchResults | undefined): { x: number; y: number; rate: number; liveBuckets: number } | null {
+  const fill = steady?.drains.find((d) => d.variant === 'steady' && d.contender === 'tally-two-step' && d.steady !== undefined)?.steady;
+  if (fill === undefined || !(fill.rate > 0) || !(fill.markerTtlS > 0)) return null;
+  const liveBuckets = fill.liveBuckets - 1 + fill.currentFraction;
+  return { x: fill.markerTtlS, y: fill.fillBytes / (fill.rate * fill.markerTtlS), rate: fill.rate, liveBuckets };
+}
+
+export function markerMemoryVsTtlChart(results: BenchResults, steady?: BenchResults): string {
   const points = (results.markerTtl ?? []).filter((r) => r.problem === undefined && Number.isFinite(r.bytesPerMessage));
+  const atDefault = steadyStatePoint(steady);
+  const series: Series[] = [
+    {
+      name: `Tally two-step, TTL sweep (${points[0]?.rate ?? '?'} msg/s)`,
+      points: points.map((r) => ({ x: r.ttlS, y: r.bytesPerMessage })),
+    },
+  ];
+  const caption = ['Line: published at its rate for 2.5 TTL, used_memory averaged over the last TTL, per message of one TTL.'];
+  if (atDefault !== null) {
+    series.push({
+      name: `steady state at the default TTL (steady-state bench, ${tickText(atDefault.rate)} msg/s)`,
+      points: [{ x: atDefault.x, y: atDefault.y, label: `${Math.round(atDefault.y)} B at ${atDefault.x} s` }],
+      line: false,
+      shape: 'diamond',
+    });
+    caption.push(
+      `Diamond: not swept (a 600 s point takes over 25 minutes). The population the steady-state bench filled,`,
+      `${atDefault.liveBuckets.toFixed(2)} of the 2 to 3 live buckets, per message of one TTL: a snapshot, not an average over a TTL.`,
+    );
+  }
   return renderLineChart({
     title: 'Marker memory per message in steady state against the marker TTL',
     xLabel: 'TALLY_MARKER_TTL_S (log scale)',
     yLabel: 'bytes of markers and receipts per message received in one TTL',
     xScale: 'log',
-    series: [
-      {
-        name: `Tally two-step, time-bucketed digest hashes (${points[0]?.rate ?? '?'} msg/s)`,
-        points: points.map((r) => ({ x: r.ttlS, y: r.bytesPerMessage })),
-      },
-    ],
-    references: [{ name: 'before: one SET … EX key per marker (main, measured)', y: KEY_PER_MARKER_BYTES_PER_MESSAGE }],
+    series,
+    references: [{ name: 'one SET … EX key per marker (measured)', y: KEY_PER_MARKER_BYTES_PER_MESSAGE }],
+    caption,
   });
 }

@@ -1,11 +1,11 @@
 /**
  * Fills a prefix's marker store with a steady-state population
  * (steady-population.ts), server-side, laid out as the daemon's scripts lay
- * it out (packages/worker/src/lua/include/marker_buckets.lua):
- *
- *   <prefix>mk:{<vshard>}:<bucket>:<sub>  hash, 16-byte digest fields valued '1' (done), EXPIREAT the bucket's end + TTL
- *   <prefix>mk:{<vshard>}:<bucket>:m      meta: s sub-buckets, n markers, x which hashes carry their expiry; same EXPIREAT
- *   <prefix>layout                        as a daemon of the contender's mode recorded it when it created the prefix
+ * it out (packages/worker/src/lua/include/marker_buckets.lua; the keys are
+ * described in docs/architecture.md, "Redis keys"): the marker hashes with
+ * 16-byte digest fields valued '1' (done), their meta hashes, each with the
+ * bucket's EXPIREAT, and <prefix>layout as a daemon of the contender's mode
+ * recorded it when it created the prefix.
  *
  * Digests: the first two bytes pick the hash (their value modulo the
  * sub-bucket count is the hash's number, as for a real digest), then the

@@ -6,7 +6,7 @@
 import { parseArgs } from 'node:util';
 import { CONTENDERS, type ContenderName, type SweepName } from './results.js';
 
-export type BenchCommand = 'run' | 'profile' | 'summarize-profiles' | 'scale-out' | 'shape-cost' | 'help';
+export type BenchCommand = 'run' | 'profile' | 'summarize-profiles' | 'scale-out' | 'shape-cost' | 'partitions' | 'help';
 
 export interface BenchOptions {
   readonly command: BenchCommand;
@@ -114,6 +114,8 @@ export const USAGE = `usage: pnpm bench [--quick] [flags]
        pnpm bench --summarize-profiles DIR          summarize existing .cpuprofile files
        pnpm bench --shape-cost [--quick]            a mapped message shape (TALLY_MESSAGE_MAPPING) against the contract's:
                                                     parse + split in process, then daemon CPU per message, drain pairs
+       pnpm bench --partitions [--quick]            TALLY_PARTITIONS = 1, 2, 4 with 1 to 3 daemons (quick: 1, 4 and 1, 2),
+                                                    Tally atomic, preloaded drain, per-run msg/s and daemon CPU per message
        pnpm bench --scale-out [--quick]             Tally atomic on a standalone Redis vs a 3-master cluster,
                                                     1, 2, 3 daemons (quick: 1, 2) on one queue, pair by pair
                   [--redis-figures]                 then ceiling, two-step, atomic drains on both: Redis B and CPU µs
@@ -176,6 +178,7 @@ export function parseBenchArgs(argv: readonly string[], env: Readonly<Record<str
         help: { type: 'boolean', short: 'h' },
         profile: { type: 'boolean' },
         'scale-out': { type: 'boolean' },
+        partitions: { type: 'boolean' },
         'shape-cost': { type: 'boolean' },
         'steady-state': { type: 'boolean' },
         'steady-rate': { type: 'string' },
@@ -229,7 +232,9 @@ export function parseBenchArgs(argv: readonly string[], env: Readonly<Record<str
           ? 'scale-out'
           : v['shape-cost']
             ? 'shape-cost'
-            : 'run';
+            : v.partitions
+              ? 'partitions'
+              : 'run';
   for (const flag of ['redis-figures', 'cluster-replicas'] as const)
     if (v[flag] !== undefined && command !== 'scale-out') throw new BenchUsageError(`--${flag} goes with --scale-out`);
   if (steadyState && command !== 'run') throw new BenchUsageError('--steady-state goes with a plain run (not --profile, --scale-out or --summarize-profiles)');

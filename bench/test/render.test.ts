@@ -1,6 +1,6 @@
 import { expect } from 'chai';
 import { cell, markdownTable, renderSummaryTable } from '../src/render-table.js';
-import { escapeXml, renderLineChart, tickText, ticks } from '../src/render-svg.js';
+import { escapeXml, renderLineChart, textWidth, tickText, ticks } from '../src/render-svg.js';
 import type { ContenderSummary } from '../src/results.js';
 
 const row = (over: Partial<ContenderSummary>): ContenderSummary => ({
@@ -128,5 +128,34 @@ describe('svg chart', () => {
     const empty = renderLineChart({ title: 't', xLabel: 'x', yLabel: 'y', yScale: 'log', series: [{ name: 's', points: [{ x: 1, y: Number.NaN }] }] });
     expect(empty).to.not.match(/NaN|Infinity/);
     expect(empty).to.not.contain('<circle');
+  });
+});
+
+describe('svg chart legend and caption', () => {
+  it('grows the chart so that the longest legend entry and every caption line fit', () => {
+    const long = 'a series whose name is much longer than the 330 pixels the legend once had, WITH CAPITALS';
+    const svg = renderLineChart({
+      title: 't',
+      xLabel: 'x',
+      yLabel: 'y',
+      series: [
+        {
+          name: long,
+          points: [
+            { x: 1, y: 1 },
+            { x: 2, y: 2 },
+          ],
+        },
+        { name: 'marked', points: [{ x: 3, y: 1, label: '1 B at 3' }], line: false, shape: 'diamond' },
+      ],
+      caption: ['a caption line'],
+    });
+    const width = Number(/width="(\d+)"/.exec(svg)![1]);
+    const entry = [...svg.matchAll(/<text x="([\d.]+)" y="[\d.]+">([^<]*)<\/text>/g)].find((m) => m[2] === long)!;
+    expect(Number(entry[1]) + textWidth(long)).to.be.at.most(width);
+    expect(svg).to.contain('class="caption"');
+    expect(svg).to.contain('1 B at 3');
+    expect(svg.match(/<polyline class="series"/g)).to.have.length(1);
+    expect(svg.match(/<path class="point"/g)).to.have.length(2);
   });
 });

@@ -7,6 +7,15 @@
  * from; when a link dies its unacked deliveries are simply redelivered by the
  * broker, and the markers (or the in-flight id hold) recognise them.
  *
+ * With partitioned queues (TALLY_PARTITIONS > 1) the connection carries one
+ * confirm channel per partition the daemon holds (assign()), each with its
+ * own consumer, prefetch and delivery tags, besides the first channel, which
+ * then consumes nothing. Delivery tags are numbered per channel, so one
+ * channel per partition keeps every partition's tags gapless and its acks
+ * exact on their own (ack-window.ts), and closing one channel hands exactly
+ * one partition over: a classic single-active-consumer queue activates the
+ * next consumer only when the active one's channel closes.
+ *
  * With several nodes of one cluster (TALLY_AMQP_URL as a list), each failed
  * connect and each lost link moves to the next node (nextNodeIndex), with
  * the same backoff between attempts: a node that is gone for good costs one
@@ -14,7 +23,7 @@
  */
 import { randomUUID } from 'node:crypto';
 import amqp, { type ChannelModel, type ConfirmChannel, type ConsumeMessage, type Message } from 'amqplib';
-import { DEAD_AT_HEADER, describeError, nextNodeIndex, redactUrl, retryUntilDone, TallyError, type QueueType } from '@tally/shared';
+import { DEAD_AT_HEADER, describeError, nextNodeIndex, partitionQueue, redactUrl, retryUntilDone, TallyError, type QueueType } from '@tally/shared';
 import { classifyBrokerRefusal, type BrokerTarget } from './broker-refusal.js';
 import type { ChannelLink } from './delivery.js';
 import type { Logger } from './logger.js';
@@ -31,12 +40,38 @@ export interface AmqpLinkOptions {
   /** TALLY_QUEUE_TYPE and TALLY_DELIVERY_LIMIT; see queue-declaration.ts. Classic when absent. */
   readonly queueType?: QueueType;
   readonly deliveryLimit?: number;
+  /** TALLY_PARTITIONS; 1 (consume `queue` itself) when absent. */
+  readonly partitions?: number;
+  /**
+   * How long a released partition's channel stays open for its deliveries
+   * to finish and be acked before it is closed (what is left is redelivered
+   * to the next owner). PARTITION_HANDOFF_MS by default.
+   */
+  readonly handoffMs?: number;
 }
+
+/** How long a released partition waits for its deliveries to be acked before its channel closes. */
+export const PARTITION_HANDOFF_MS = 5_000;
 
 export interface AmqpLinkHandlers {
   onDelivery(link: ChannelLink, message: ConsumeMessage): void;
   onLinkUp(link: ChannelLink): void;
   onLinkDown(link: ChannelLink, reason: string): void;
+  /** Deliveries of a channel not yet acked: a released partition's channel closes once this is 0 (or after handoffMs). */
+  unackedOn?(link: ChannelLink): number;
+}
+
+/** The reason onLinkDown gives for a partition this daemon handed over: not a loss. */
+export const PARTITION_RELEASED = 'partition released';
+
+/** One partition's subscription: its own confirm channel and consumer. */
+interface PartitionSubscription {
+  readonly link: ChannelLink;
+  consumerTag: string | null;
+  /** Being handed over: cancelled, finishing what it holds, then closed. */
+  releasing: boolean;
+  /** performance.now() of its subscription or its last delivery: an idle subscription over a non-empty queue is resubscribed. */
+  lastDeliveryAt: number;
 }
 
 type LinkState = 'idle' | 'connecting' | 'consuming' | 'stopping' | 'closed';
@@ -86,6 +121,11 @@ export class AmqpLink {
   private readonly returnedDeadLetters = new Set<string>();
   /** The first dead-letter attempt's time per message (x-tally-dead-at); gone with the message. */
   private readonly deadLetterAttempts = new WeakMap<ConsumeMessage, number>();
+  /** TALLY_PARTITIONS > 1: the partitions this daemon should consume (assign()), and those it is subscribed to. */
+  private desired = new Set<number>();
+  private readonly subscriptions = new Map<number, PartitionSubscription>();
+  /** assign() and reconnects reconcile one at a time. */
+  private reconciling: Promise<void> = Promise.resolve();
 
   constructor(
     private readonly options: AmqpLinkOptions,
@@ -112,7 +152,158 @@ export class AmqpLink {
   }
 
   get consuming(): boolean {
-    return this.state === 'consuming' && this.link?.alive === true && this.consumerTag !== null;
+    if (!this.partitioned) return this.state === 'consuming' && this.link?.alive === true && this.consumerTag !== null;
+    // Partitioned: connected, and subscribed to every partition it owns (none, for a daemon beyond N: a standby).
+    if (this.state !== 'consuming' || this.link?.alive !== true) return false;
+    for (const p of this.desired) if (this.subscriptions.get(p)?.consumerTag == null) return false;
+    return true;
+  }
+
+  private get partitioned(): boolean {
+    return (this.options.partitions ?? 1) > 1;
+  }
+
+  /** The partitions this daemon is subscribed to and not handing over, ascending (the heartbeat's `partitions`). */
+  get partitionsHeld(): number[] {
+    return [...this.subscriptions.entries()]
+      .filter(([, sub]) => !sub.releasing && sub.link.alive)
+      .map(([p]) => p)
+      .sort((a, b) => a - b);
+  }
+
+  /**
+   * The partitions this daemon owns now (partition-balancer.ts): subscribes
+   * to the new ones, hands over the others. Single active consumer makes a
+   * subscription to a partition another daemon still consumes wait until
+   * that one lets go, so the order of the two daemons' moves does not matter.
+   */
+  assign(partitions: readonly number[]): void {
+    if (!this.partitioned || this.state === 'stopping' || this.state === 'closed') return;
+    this.desired = new Set(partitions);
+    this.reconcile();
+  }
+
+  private reconcile(): void {
+    this.reconciling = this.reconciling
+      .then(() => this.reconcileOnce())
+      .catch((error) => this.log.warn({ err: describeError(error) }, 'partition subscription failed; retrying at the next beat'));
+  }
+
+  private async reconcileOnce(): Promise<void> {
+    const model = this.model;
+    if (this.state !== 'consuming' || model === null) return;
+    for (const [p, sub] of this.subscriptions) if (!this.desired.has(p) && !sub.releasing) void this.release(p, sub);
+    for (const p of [...this.desired].sort((a, b) => a - b)) {
+      if (this.subscriptions.has(p)) continue;
+      if (this.state !== 'consuming' || this.model !== model) return;
+      await this.subscribe(model, p);
+    }
+  }
+
+  private async subscribe(model: ChannelModel, partition: number): Promise<void> {
+    const queue = partitionQueue(this.options.queue, this.options.partitions ?? 1, partition);
+    const channel = await model.createConfirmChannel();
+    channel.on('error', (error: Error) => this.log.warn({ partition, err: describeError(error) }, 'amqp channel error'));
+    await channel.prefetch(this.options.prefetch);
+    const link: ChannelLink = { generation: ++this.generation, channel, alive: true, partition };
+    const sub: PartitionSubscription = { link, consumerTag: null, releasing: false, lastDeliveryAt: performance.now() };
+    this.subscriptions.set(partition, sub);
+    channel.on('close', () => this.partitionDown(sub, sub.releasing ? PARTITION_RELEASED : 'channel closed'));
+    channel.on('return', (message: Message) => this.deadLetterReturned(message));
+    this.handlers.onLinkUp(link);
+    const { consumerTag } = await channel.consume(
+      queue,
+      (message) => {
+        if (message === null) {
+          // The broker cancelled the consumer (queue deleted): close the channel; the next beat subscribes again.
+          void channel.close().catch(() => {});
+          return;
+        }
+        sub.lastDeliveryAt = performance.now();
+        this.handlers.onDelivery(link, message);
+      },
+      { noAck: false },
+    );
+    sub.consumerTag = consumerTag;
+    this.log.info({ partition, queue, generation: link.generation }, 'partition subscribed');
+  }
+
+  /**
+   * Hands a partition over: cancel its consumer (no new deliveries; on a
+   * quorum queue the next consumer is active from here), let what it holds
+   * finish and be acked for up to handoffMs, then close its channel (on a
+   * classic queue the next consumer is active from here; what is still
+   * unacked goes back to the broker and to the next owner, whose markers or
+   * claims recognise what this daemon counted meanwhile).
+   */
+  private async release(partition: number, sub: PartitionSubscription): Promise<void> {
+    sub.releasing = true;
+    const { link } = sub;
+    const tag = sub.consumerTag;
+    if (link.alive && tag !== null) {
+      await within(
+        1_000,
+        link.channel.cancel(tag).catch((error) => this.log.warn({ partition, err: describeError(error) }, 'cancel failed')),
+      );
+    }
+    const until = performance.now() + (this.options.handoffMs ?? PARTITION_HANDOFF_MS);
+    while (link.alive && (this.handlers.unackedOn?.(link) ?? 0) > 0 && performance.now() < until) await new Promise((resolve) => setTimeout(resolve, 50));
+    const left = this.handlers.unackedOn?.(link) ?? 0;
+    this.log.info({ partition, unackedLeft: left, generation: link.generation }, 'partition released');
+    if (link.alive)
+      await within(
+        1_000,
+        link.channel.close().catch(() => {}),
+      );
+    this.partitionDown(sub, PARTITION_RELEASED);
+  }
+
+  /**
+   * A watchdog over the subscriptions: one that has received nothing for
+   * `idleMs`, holds nothing unacked, and whose queue has ready messages is
+   * closed and subscribed again. Seen on RabbitMQ 3.10.8 with classic SAC
+   * queues when two daemons started together swapped partitions: the broker
+   * listed the remaining consumer as active with nothing unacked and 2,000
+   * ready, and delivered nothing until the consumer was replaced. (A
+   * subscription that merely waits behind another daemon's active consumer
+   * goes to the back of the line, which costs nothing.)
+   */
+  async checkIdlePartitions(idleMs: number): Promise<void> {
+    const model = this.model;
+    if (!this.partitioned || this.state !== 'consuming' || model === null) return;
+    const now = performance.now();
+    for (const [partition, sub] of this.subscriptions) {
+      if (sub.releasing || sub.consumerTag === null || !sub.link.alive || now - sub.lastDeliveryAt < idleMs) continue;
+      if ((this.handlers.unackedOn?.(sub.link) ?? 0) > 0) continue;
+      const queue = partitionQueue(this.options.queue, this.options.partitions ?? 1, partition);
+      const probe = await model.createChannel();
+      probe.on('error', () => {});
+      const { messageCount } = await probe.checkQueue(queue).finally(() => probe.close().catch(() => {}));
+      if (messageCount === 0 || sub.releasing || !sub.link.alive) {
+        sub.lastDeliveryAt = performance.now();
+        continue;
+      }
+      this.log.warn(
+        { partition, queue, ready: messageCount, idleMs: Math.round(now - sub.lastDeliveryAt) },
+        'partition idle with ready messages; subscribing again',
+      );
+      sub.releasing = true;
+      await within(
+        1_000,
+        sub.link.channel.close().catch(() => {}),
+      );
+      this.partitionDown(sub, 'resubscribing an idle partition');
+    }
+  }
+
+  private partitionDown(sub: PartitionSubscription, reason: string): void {
+    const { link } = sub;
+    if (!link.alive) return;
+    link.alive = false;
+    if (this.subscriptions.get(link.partition!) === sub) this.subscriptions.delete(link.partition!);
+    this.handlers.onLinkDown(link, reason);
+    // A channel lost while the connection lives (a channel error): subscribe again soon if it is still ours.
+    if (reason !== PARTITION_RELEASED && this.state === 'consuming' && this.model !== null) setTimeout(() => this.reconcile(), 1_000).unref();
   }
 
   /** Connects (retrying transient failures) and starts consuming. */
@@ -179,6 +370,22 @@ export class AmqpLink {
       this.model = model;
       this.link = link;
       this.connectedNode = node;
+      if (this.partitioned) {
+        // The first channel consumes nothing here: each partition gets a channel of its own (assign()).
+        this.consumerTag = null;
+        this.state = 'consuming';
+        this.log.info(
+          {
+            url: redactUrl(node),
+            node: `${this.nodeIndex + 1} of ${this.options.nodes.length}`,
+            exchange: this.options.queue,
+            partitions: this.options.partitions,
+          },
+          'consuming',
+        );
+        this.reconcile();
+        return;
+      }
       this.handlers.onLinkUp(link);
       const { consumerTag } = await channel.consume(
         this.options.queue,
@@ -217,8 +424,8 @@ export class AmqpLink {
    * with PRECONDITION_FAILED, and what was found is logged.
    */
   private async declareQueues(model: ChannelModel): Promise<void> {
-    const { queue, deadLetterQueue, queueType = 'classic', deliveryLimit = 20 } = this.options;
-    await declareTallyQueues(model, { queue, deadLetterQueue, queueType, deliveryLimit }, this.log);
+    const { queue, deadLetterQueue, queueType = 'classic', deliveryLimit = 20, partitions = 1 } = this.options;
+    await declareTallyQueues(model, { queue, deadLetterQueue, queueType, deliveryLimit, partitions }, this.log);
   }
 
   /**
@@ -257,8 +464,10 @@ export class AmqpLink {
     if (this.link === link) {
       this.consumerTag = null;
       this.connectedNode = null;
+      // The connection is gone with every partition channel on it: their deliveries go back to the broker.
+      for (const sub of [...this.subscriptions.values()]) this.partitionDown(sub, reason);
     }
-    this.handlers.onLinkDown(link, reason);
+    if (!this.partitioned) this.handlers.onLinkDown(link, reason);
     if (this.state === 'consuming' && this.link === link) {
       // The node may be gone for good: the reconnect starts at the next one (the same one when there is only one).
       this.nodeIndex = nextNodeIndex(this.nodeIndex, this.options.nodes.length);
@@ -307,7 +516,9 @@ export class AmqpLink {
       'x-tally-reason': reason,
       // The first attempt's time, right after the batch that marked what was counted of it (replay-guard.ts).
       [DEAD_AT_HEADER]: this.firstDeadLetterAttempt(message),
-      'x-tally-source-queue': this.options.queue,
+      // The partition queue it came from: a replay must return it there (dead-queue.ts), where its markers' copies go.
+      'x-tally-source-queue':
+        link.partition === undefined ? this.options.queue : partitionQueue(this.options.queue, this.options.partitions ?? 1, link.partition),
       [DEAD_LETTER_ID_HEADER]: id,
     });
     return new Promise((resolve, reject) => {
@@ -344,6 +555,15 @@ export class AmqpLink {
     const link = this.link;
     const tag = this.consumerTag;
     this.consumerTag = null;
+    // Partitions: every consumer cancelled, channels kept open so what is in flight can still be acked.
+    const partitionCancels = [...this.subscriptions.values()].map(async (sub) => {
+      const partitionTag = sub.consumerTag;
+      sub.consumerTag = null;
+      if (sub.link.alive && partitionTag !== null) await sub.link.channel.cancel(partitionTag).catch(() => {});
+    });
+    if (partitionCancels.length > 0 && (await within(timeoutMs, Promise.all(partitionCancels))) === TIMED_OUT) {
+      this.log.warn({ timeoutMs }, 'the broker did not confirm the partition cancels in time; going on with the stop');
+    }
     if (link?.alive && tag) {
       const cancelled = await within(
         timeoutMs,
@@ -371,6 +591,10 @@ export class AmqpLink {
     this.model = null;
     const started = performance.now();
     const left = () => Math.max(0, timeoutMs - (performance.now() - started));
+    const partitionCloses = [...this.subscriptions.values()].filter((sub) => sub.link.alive).map((sub) => sub.link.channel.close().catch(() => {}));
+    if (partitionCloses.length > 0 && (await within(left(), Promise.all(partitionCloses))) === TIMED_OUT) {
+      this.log.warn({ timeoutMs }, 'the broker did not confirm the partition channel closes in time');
+    }
     if (link?.alive) {
       const closed = await within(
         left(),

@@ -31,6 +31,7 @@ const ACCESS_REFUSED = 403;
 const RESOURCE_LOCKED = 405;
 const PRECONDITION_FAILED = 406;
 const NOT_ALLOWED = 530;
+const COMMAND_INVALID = 503;
 
 /**
  * The AMQP reply code an amqplib error carries: `code` on the errors of a
@@ -94,6 +95,12 @@ export function brokerRefusal(error: unknown, target: BrokerTarget): string | nu
     return (
       `RabbitMQ refused a queue Tally declares (${text}); the queue exists with other arguments: ` +
       `declare it to match, delete it, or set TALLY_QUEUE to another name`
+    );
+  }
+  if (code === COMMAND_INVALID && /unknown exchange type 'x-consistent-hash'/.test(text)) {
+    return (
+      `RabbitMQ does not know the exchange type x-consistent-hash that TALLY_PARTITIONS > 1 needs (${text}); ` +
+      `enable the plugin on every node: rabbitmq-plugins enable rabbitmq_consistent_hash_exchange`
     );
   }
   if (code === RESOURCE_LOCKED) {

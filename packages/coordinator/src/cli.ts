@@ -127,7 +127,7 @@ async function main(argv: string[]): Promise<void> {
       out(values.json ? JSON.stringify(report) : deadReplayText(report));
       const warning = deadReplayWarning(report);
       if (warning !== null) process.stderr.write(`tally: ${warning}\n`);
-      if (report.refused.messages > 0) process.exitCode = EXIT_REPLAY_REFUSED;
+      if (report.refused.messages > 0 || report.withoutPartition > 0) process.exitCode = EXIT_REPLAY_REFUSED;
     } catch (error) {
       throw explain(error);
     } finally {

@@ -245,7 +245,14 @@ export class Daemon {
       pipeline.stopStallChecks();
       await runSteps(
         [
-          { name: 'stop consuming', run: () => runtime.link.stopConsuming(Math.min(STEP_TIMEOUT_MS, graceMs)) },
+          {
+            name: 'stop consuming',
+            run: async () => {
+              await runtime.link.stopConsuming(Math.min(STEP_TIMEOUT_MS, graceMs));
+              // With partitions the beat says `leaving`: the others take this daemon's partitions at their next beat.
+              void runtime.heartbeat.beatOnce();
+            },
+          },
           {
             name: 'finishing in-flight deliveries',
             run: async () => {

@@ -43,4 +43,10 @@ export interface ChannelLink {
   readonly generation: number;
   readonly channel: Channel;
   alive: boolean;
+  /**
+   * The partition this channel consumes (TALLY_PARTITIONS > 1: one channel
+   * per partition, so delivery tags, acks and stalls are per partition);
+   * absent with one queue.
+   */
+  readonly partition?: number;
 }

@@ -39,6 +39,7 @@
  * loop merely late by a few periods is still counted.
  */
 import type { CounterName } from '@tally/shared';
+import { TagShares } from './tag-shares.js';
 
 /** How often the meter samples, and the longest interval it still integrates. */
 export interface MeterSampling {
@@ -66,20 +67,9 @@ export interface ExposedPart {
 }
 
 export class ExposureMeter {
-  /** The live channel: tags of other channels mean nothing here. */
-  private link: unknown = null;
-  /**
-   * Occupied share (in messages) of each unacked delivery tag of the live
-   * channel, tag t at slot `t & (capacity - 1)`, for the tags above
-   * `ackedThrough` (0: none). A typed array over the prefetch window, not a
-   * Map entry per delivery: the Map's entries were part of the main thread's
-   * garbage per delivery. It doubles when a tag falls past it (single acks
-   * behind a stalled head let the unacked range outgrow the prefetch window).
-   */
-  private shareByTag = new Float64Array(4096);
-  /** Tags with a share in shareByTag. */
-  private occupiedTags = 0;
-  private ackedThrough = 0;
+  /** The live channels (one per partition held; one with a single queue), each with its unacked tags' occupied shares. */
+  private readonly channels = new Map<unknown, TagShares>();
+  /** Summed over the live channels. */
   private occupiedUnacked = 0;
   /** Fractions not yet handed to the sink (the stats hash takes integers). */
   private readonly carry = { loaded: 0, window: 0, occupied: 0 };
@@ -106,12 +96,23 @@ export class ExposureMeter {
     this.settling?.settled(vshard);
   }
 
-  /** A new channel: the old channel's deliveries go back to the broker while their markers are fresh. */
+  /** A new channel: its deliveries are tracked from now on. */
   channelChanged(link: unknown): void {
-    this.link = link;
-    this.shareByTag.fill(0);
-    this.occupiedTags = 0;
-    this.ackedThrough = 0;
+    this.channels.set(link, new TagShares());
+  }
+
+  /** A channel is gone: its deliveries go back to the broker while their markers are fresh. */
+  channelClosed(link: unknown): void {
+    const channel = this.channels.get(link);
+    if (channel === undefined) return;
+    this.channels.delete(link);
+    this.occupiedUnacked -= channel.total();
+    this.settleDrift();
+  }
+
+  /** Floating-point sums drift; no occupied delivery anywhere is exactly zero. */
+  private settleDrift(): void {
+    for (const channel of this.channels.values()) if (channel.size > 0) return;
     this.occupiedUnacked = 0;
   }
 
@@ -122,43 +123,23 @@ export class ExposureMeter {
 
   /** A whole delivery settled without a batch of its own (a copy that waited for its first). */
   occupied(link: unknown, tag: number, share: number): void {
-    if (link !== this.link || tag <= this.ackedThrough || !(share > 0)) return;
-    while (tag - this.ackedThrough > this.shareByTag.length) this.grow();
-    const slot = tag & (this.shareByTag.length - 1);
-    if (this.shareByTag[slot] === 0) this.occupiedTags++;
-    this.shareByTag[slot] = this.shareByTag[slot]! + share;
-    this.occupiedUnacked += share;
+    if (this.channels.get(link)?.add(tag, share)) this.occupiedUnacked += share;
   }
 
-  /** Every tag up to `upTo` is acked on the live channel. */
-  acked(upTo: number): void {
-    const last = Math.min(upTo, this.ackedThrough + this.shareByTag.length);
-    for (let tag = this.ackedThrough + 1; tag <= last && this.occupiedTags > 0; tag++) this.take(tag);
-    this.ackedThrough = Math.max(this.ackedThrough, upTo);
+  /** Every tag up to `upTo` is acked on the channel `link`. */
+  acked(link: unknown, upTo: number): void {
+    const channel = this.channels.get(link);
+    if (channel === undefined) return;
+    this.occupiedUnacked -= channel.ackThrough(upTo);
+    if (channel.size === 0) this.settleDrift();
   }
 
   /** One tag above the contiguous run was acked on its own (behind a stalled head). */
-  ackedOne(tag: number): void {
-    if (tag <= this.ackedThrough || tag - this.ackedThrough > this.shareByTag.length) return;
-    this.take(tag);
-  }
-
-  private take(tag: number): void {
-    const slot = tag & (this.shareByTag.length - 1);
-    const share = this.shareByTag[slot]!;
-    if (share === 0) return;
-    this.shareByTag[slot] = 0;
-    this.occupiedUnacked -= share;
-    // Floating-point sums drift; no occupied tag is exactly zero.
-    if (--this.occupiedTags === 0) this.occupiedUnacked = 0;
-  }
-
-  /** Twice the slots, each unacked tag's share moved to its new slot. */
-  private grow(): void {
-    const old = this.shareByTag;
-    const next = new Float64Array(old.length * 2);
-    for (let tag = this.ackedThrough + 1; tag <= this.ackedThrough + old.length; tag++) next[tag & (next.length - 1)] = old[tag & (old.length - 1)]!;
-    this.shareByTag = next;
+  ackedOne(link: unknown, tag: number): void {
+    const channel = this.channels.get(link);
+    if (channel === undefined) return;
+    this.occupiedUnacked -= channel.ackOne(tag);
+    if (channel.size === 0) this.settleDrift();
   }
 
   /** Integrates loaded time and the two figures at risk over it since the last sample. */

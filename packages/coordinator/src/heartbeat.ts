@@ -33,6 +33,10 @@ export interface HeartbeatSnapshot {
   readonly inFlight: number;
   /** The RabbitMQ node the daemon is connected to (a TALLY_AMQP_URL entry, redacted); null while it is not. */
   readonly amqpNode: string | null;
+  /** TALLY_PARTITIONS > 1: the partitions it is subscribed to; absent with one queue. */
+  readonly partitions?: readonly number[];
+  /** The daemon is stopping: the others take its partitions over now, without waiting for its key to expire. */
+  readonly leaving?: boolean;
 }
 
 /** The stored record. Field names are the JSON the key holds and `tally status --json` prints. */
@@ -52,6 +56,12 @@ export interface HeartbeatRecord {
   readonly last_beat: string;
   /** The key's TTL at each beat: with the key's remaining TTL it gives the last beat's age on the server's clock. */
   readonly ttl_ms: number;
+  /** TALLY_PARTITIONS of the daemon (1 in the records of daemons older than partitions). */
+  readonly partitions_total: number;
+  /** The partitions it is subscribed to (partition-balancer.ts); empty with one queue. */
+  readonly partitions: readonly number[];
+  /** Stopping: no longer counted among the daemons that own partitions. */
+  readonly leaving: boolean;
 }
 
 export interface HeartbeatOptions {
@@ -60,6 +70,10 @@ export interface HeartbeatOptions {
   readonly queue: string;
   readonly intervalMs?: number;
   readonly ttlMs?: number;
+  /** TALLY_PARTITIONS; 1 when absent. */
+  readonly partitions?: number;
+  /** Called after each beat that reached Redis (partition-balancer.ts rebalances there); its failure is logged, never thrown. */
+  readonly afterBeat?: () => Promise<void>;
 }
 
 /** `<host>:<pid>:<random>`: unique even when a pid is reused, or two containers share a host name and pid. */
@@ -119,6 +133,9 @@ export class Heartbeat {
       amqp_node: snap.amqpNode,
       last_beat: new Date().toISOString(),
       ttl_ms: this.lease.ttlMs,
+      partitions_total: this.options.partitions ?? 1,
+      partitions: snap.partitions ?? [],
+      leaving: snap.leaving ?? false,
     };
   }
 
@@ -157,6 +174,11 @@ export class Heartbeat {
       await renewModeLease(this.redis, this.options.prefix, this.options.mode, this.lease);
       if (this.failing) this.log.info({ key: this.key }, 'heartbeat restored');
       this.failing = false;
+      if (this.options.afterBeat !== undefined && !this.stopped) {
+        await this.options
+          .afterBeat()
+          .catch((error: unknown) => this.log.warn({ err: describeError(error) }, 'partition rebalance failed; retrying at the next beat'));
+      }
     } catch (error) {
       // Logged once per outage: the Redis outage itself is logged elsewhere.
       if (!this.failing) this.log.warn({ key: this.key, err: describeError(error) }, 'heartbeat failed; retrying at the next beat');
@@ -205,6 +227,12 @@ export function parseHeartbeat(raw: string, pttlMs: number): LiveDaemon | null {
   if (!text(r.started_at) || typeof r.consuming !== 'boolean' || !(r.oldest_unacked_s === null || count(r.oldest_unacked_s))) return null;
   if (!count(r.in_flight) || !text(r.last_beat) || !count(r.ttl_ms)) return null;
   if (!(r.amqp_node === undefined || r.amqp_node === null || text(r.amqp_node))) return null;
+  // Absent in the records of daemons older than partitions: one queue.
+  const partitionsTotal = r.partitions_total === undefined ? 1 : r.partitions_total;
+  if (!count(partitionsTotal) || !Number.isInteger(partitionsTotal)) return null;
+  const partitions = r.partitions === undefined ? [] : r.partitions;
+  if (!Array.isArray(partitions) || partitions.length > 1024 || !partitions.every((p) => Number.isInteger(p) && p >= 0)) return null;
+  if (!(r.leaving === undefined || typeof r.leaving === 'boolean')) return null;
   // The key is set with PX ttl_ms at each beat: what has run off the TTL is the time since.
   const ageMs = pttlMs >= 0 ? Math.max(0, r.ttl_ms - pttlMs) : 0;
   return {
@@ -221,6 +249,9 @@ export function parseHeartbeat(raw: string, pttlMs: number): LiveDaemon | null {
     amqp_node: typeof r.amqp_node === 'string' ? r.amqp_node : null,
     last_beat: r.last_beat,
     ttl_ms: r.ttl_ms,
+    partitions_total: partitionsTotal,
+    partitions: partitions as number[],
+    leaving: r.leaving === true,
     last_beat_age_s: Math.round(ageMs / 100) / 10,
   };
 }

@@ -13,6 +13,7 @@ import {
   MESSAGE_MARKER_FORMAT,
   type MarkerScope,
   ModeSwitchRefusedError,
+  PartitionCountMismatchError,
   SHARD_HASH,
   ShardLayoutMismatchError,
   type TallyConfig,
@@ -374,4 +375,35 @@ export async function renewModeLease(redis: RedisClient, prefix: string, mode: T
 /** Releases a daemon's mode lease on a clean stop, so a mode switch need not wait for it to run out. */
 export async function releaseModeLease(redis: RedisClient, prefix: string, lease: ModeLease): Promise<void> {
   await redis.hdel(layoutKey(prefix), `${LEASE_FIELD}${lease.holder}`);
+}
+
+/**
+ * KEYS[1] layout hash; ARGV[1] partitions. Records TALLY_PARTITIONS when the
+ * layout has none (a new prefix, or one laid out before partitions) and
+ * replies with what is recorded, or false when there is no layout.
+ */
+const PARTITIONS_LUA = `
+if redis.call('EXISTS', KEYS[1]) == 0 then return false end
+redis.call('HSETNX', KEYS[1], 'partitions', ARGV[1])
+return redis.call('HGET', KEYS[1], 'partitions')
+`;
+
+/**
+ * Checks TALLY_PARTITIONS against the number recorded for the prefix (the
+ * first daemon that knows partitions records its own): a mismatch stops the
+ * start with one line naming TALLY_PARTITIONS. Daemons with two numbers
+ * would compute two owner maps, and the partitions one of them does not
+ * know of could be left unconsumed. Changing the number is a procedure, in
+ * docs/operations.md ("Changing TALLY_PARTITIONS").
+ */
+export async function ensurePartitionCount(redis: RedisClient, prefix: string, partitions: number): Promise<number> {
+  const recorded = (await redis.eval(PARTITIONS_LUA, 1, layoutKey(prefix), String(partitions))) as string | null;
+  if (recorded === null) throw new ShardLayoutMismatchError(`the layout of prefix "${prefix}" disappeared while this daemon started; start it again.`);
+  if (Number(recorded) !== partitions) {
+    throw new PartitionCountMismatchError(
+      `TALLY_PARTITIONS=${partitions} but prefix "${prefix}" is laid out for ${recorded} partitions (Redis key ${layoutKey(prefix)}, field partitions); ` +
+        `start with TALLY_PARTITIONS=${recorded}, or change it as docs/operations.md "Changing TALLY_PARTITIONS" describes`,
+    );
+  }
+  return partitions;
 }

@@ -14,7 +14,7 @@
  * limit set, that overflow never triggers).
  */
 import type { ChannelModel } from 'amqplib';
-import { describeError, type QueueType } from '@tally/shared';
+import { CONSISTENT_HASH_EXCHANGE, describeError, PARTITION_WEIGHT, partitionQueues, type QueueType } from '@tally/shared';
 import { amqpReplyCode } from './broker-refusal.js';
 import type { Logger } from './logger.js';
 
@@ -23,6 +23,8 @@ export interface QueueDeclarationOptions {
   readonly deadLetterQueue: string;
   readonly queueType: QueueType;
   readonly deliveryLimit: number;
+  /** TALLY_PARTITIONS; 1 (one queue named `queue`) when absent. */
+  readonly partitions?: number;
 }
 
 export interface DeclaredQueue {
@@ -51,6 +53,19 @@ export function workQueueArguments(options: QueueDeclarationOptions): Record<str
     'x-dead-letter-strategy': 'at-least-once',
     'x-overflow': 'reject-publish',
   };
+}
+
+/**
+ * Arguments of a partition queue (TALLY_PARTITIONS > 1): the work queue's,
+ * plus single active consumer. That is the broker's guarantee behind
+ * invariant 14: however many daemons subscribe to a partition (two that
+ * briefly disagree on its owner, or the next owner during a handoff), only
+ * one receives its deliveries; the others wait until it cancels (quorum) or
+ * its channel closes (classic; measured on 3.10: a classic queue activates
+ * the next consumer only when the active one's channel closes).
+ */
+export function partitionQueueArguments(options: QueueDeclarationOptions): Record<string, unknown> {
+  return { ...workQueueArguments(options), 'x-single-active-consumer': true };
 }
 
 /** `<queue>.dead` is of the same type, replicated like the work queue when quorum, and dead-letters nothing itself. */
@@ -149,8 +164,12 @@ export async function declareQueue(model: ChannelModel, queue: string, requested
  */
 export async function declareTallyQueues(model: ChannelModel, options: QueueDeclarationOptions, log: Logger): Promise<DeclaredQueue[]> {
   const dead = await declareQueue(model, options.deadLetterQueue, options.queueType, deadQueueArguments(options));
-  const work = await declareQueue(model, options.queue, options.queueType, workQueueArguments(options));
-  for (const declared of [dead, work]) {
+  const partitions = options.partitions ?? 1;
+  const work =
+    partitions === 1
+      ? [await declareQueue(model, options.queue, options.queueType, workQueueArguments(options))]
+      : await declarePartitions(model, options, partitions);
+  for (const declared of [dead, ...work]) {
     if (declared.asRequested) {
       log.info({ queue: declared.queue, type: declared.type, arguments: declared.arguments }, 'queue declared');
     } else {
@@ -160,5 +179,35 @@ export async function declareTallyQueues(model: ChannelModel, options: QueueDecl
       );
     }
   }
-  return [work, dead];
+  return [...work, dead];
+}
+
+/**
+ * TALLY_PARTITIONS > 1: the exchange `<queue>` of type x-consistent-hash
+ * (durable), and `<queue>.0` … `<queue>.<N-1>`, each bound to it with the
+ * same weight. A binding that exists already is the same binding (queue,
+ * exchange, key): declaring it again changes nothing, so every daemon
+ * declares the whole set at each connect. A missing plugin fails the
+ * exchange declaration with COMMAND_INVALID (broker-refusal.ts names it).
+ */
+async function declarePartitions(model: ChannelModel, options: QueueDeclarationOptions, partitions: number): Promise<DeclaredQueue[]> {
+  const channel = await model.createChannel();
+  channel.on('error', () => {});
+  try {
+    await channel.assertExchange(options.queue, CONSISTENT_HASH_EXCHANGE, { durable: true });
+  } finally {
+    await channel.close().catch(() => {});
+  }
+  const declared: DeclaredQueue[] = [];
+  const binder = await model.createChannel();
+  binder.on('error', () => {});
+  try {
+    for (const queue of partitionQueues(options.queue, partitions)) {
+      declared.push(await declareQueue(model, queue, options.queueType, partitionQueueArguments(options)));
+      await binder.bindQueue(queue, options.queue, PARTITION_WEIGHT);
+    }
+  } finally {
+    await binder.close().catch(() => {});
+  }
+  return declared;
 }

@@ -24,13 +24,14 @@ import {
   type InjectedBug,
   type TallyConfig,
 } from '@tally/shared';
-import { createRedisClient, type RedisClient } from '@tally/runtime';
-import { AmqpLink } from './amqp-link.js';
+import { createRedisClient, scanNodes, type RedisClient } from '@tally/runtime';
+import { AmqpLink, PARTITION_RELEASED } from './amqp-link.js';
 import type { BugHandler } from './bug-exit.js';
 import { STEP_TIMEOUT_MS, type CloseStep, type CloseSteps } from './close-steps.js';
 import { DEFAULT_SAMPLING, ExposureMeter } from './exposure-meter.js';
 import { Heartbeat, HEARTBEAT_TTL_BEATS, type HeartbeatSnapshot } from './heartbeat.js';
-import { ensureLayout } from './layout-guard.js';
+import { ensureLayout, ensurePartitionCount } from './layout-guard.js';
+import { PartitionBalancer } from './partition-balancer.js';
 import type { Logger } from './logger.js';
 import { DeliveryPipeline } from './pipeline/delivery-pipeline.js';
 import { RedisHealth } from './redis-health.js';
@@ -152,6 +153,9 @@ export async function openRuntime(context: RuntimeContext): Promise<{ runtime: R
   checkpoint();
   log.info({ virtualShards: layout.virtualShards, created: layout.created, daemonId: context.daemonId, markers: layout.markers }, 'shard layout verified');
   if (layout.markers.scope === 'message' && redisProbe.topology === 'cluster') throw messageScopeOnCluster(config.prefix);
+  // Recorded like the virtual shards: daemons of another TALLY_PARTITIONS would compute other owners (docs/operations.md).
+  await untilRedis(context, 'partition count check', () => ensurePartitionCount(redis, config.prefix, config.partitions));
+  checkpoint();
   if (layout.markers.scope !== config.markerScope) {
     log.warn(
       { configured: config.markerScope, recorded: layout.markers.scope },
@@ -164,12 +168,35 @@ export async function openRuntime(context: RuntimeContext): Promise<{ runtime: R
   // read their figures from the start: through these, null until then.
   let pipeline: DeliveryPipeline | null = null;
   let link: AmqpLink | null = null;
+  const partitioned = config.partitions > 1;
+  // TALLY_PARTITIONS > 1: after every beat, the partitions this daemon owns among the live ones.
+  const balancer = partitioned
+    ? new PartitionBalancer(
+        { prefix: config.prefix, queue: config.queue, partitions: config.partitions, selfId: context.daemonId },
+        () => scanNodes(redis),
+        (partitions) => {
+          link?.assign(partitions);
+          // Three beats without a delivery over a queue with ready messages: subscribe again (amqp-link.ts says why).
+          void link?.checkIdlePartitions(3 * config.heartbeatMs).catch((error) => log.warn({ err: describeError(error) }, 'idle partition check failed'));
+        },
+        () => context.stopping(),
+        log,
+      )
+    : null;
 
   // From the layout check on, not from the link: the beat renews the mode lease the check took (layout-guard.ts).
   const heartbeat = new Heartbeat(
     redis,
     context.daemonId,
-    { prefix: config.prefix, mode: config.mode, queue: config.queue, intervalMs: config.heartbeatMs, ttlMs: lease.ttlMs },
+    {
+      prefix: config.prefix,
+      mode: config.mode,
+      queue: config.queue,
+      intervalMs: config.heartbeatMs,
+      ttlMs: lease.ttlMs,
+      partitions: config.partitions,
+      ...(balancer === null ? {} : { afterBeat: () => balancer.rebalance() }),
+    },
     (): HeartbeatSnapshot => {
       const ageMs = pipeline?.oldestUnackedAgeMs() ?? null;
       return {
@@ -177,6 +204,7 @@ export async function openRuntime(context: RuntimeContext): Promise<{ runtime: R
         oldestUnackedS: ageMs === null ? null : ageMs / 1000,
         inFlight: pipeline?.unacked ?? 0,
         amqpNode: link?.node ?? null,
+        ...(partitioned ? { partitions: link?.partitionsHeld ?? [], leaving: context.stopping() } : {}),
       };
     },
     log,
@@ -217,6 +245,7 @@ export async function openRuntime(context: RuntimeContext): Promise<{ runtime: R
     laneDepths: () => pipeline?.laneDepths() ?? [],
     oldestUnackedAgeMs: () => pipeline?.oldestUnackedAgeMs() ?? null,
     link: () => link,
+    channels: () => pipeline?.channels() ?? [],
   });
   if (telemetry !== null) closeSteps.add({ name: 'closing the metrics endpoint', timeoutMs: 500, run: () => closeTelemetry(telemetry) });
   checkpoint();
@@ -269,10 +298,12 @@ export async function openRuntime(context: RuntimeContext): Promise<{ runtime: R
       prefetch: config.prefetch,
       queueType: config.queueType,
       deliveryLimit: config.deliveryLimit,
+      partitions: config.partitions,
     },
     log,
     {
       onDelivery: (channel, message) => delivery.accept(channel, message),
+      unackedOn: (channel): number => delivery.unackedOn(channel),
       onLinkUp: (channel) => {
         delivery.channelUp(channel);
         // tally status shows the node a reconnect moved to now, not at the next beat.
@@ -280,6 +311,10 @@ export async function openRuntime(context: RuntimeContext): Promise<{ runtime: R
       },
       onLinkDown: (channel, reason) => {
         const unacked = delivery.channelDown(channel);
+        if (reason === PARTITION_RELEASED) {
+          log.info({ partition: channel.partition, unacked, generation: channel.generation }, 'partition handed over');
+          return;
+        }
         // Closing the channel is the last step of a stop: only what is still unacked goes back.
         if (amqp.closing || (context.stopping() && unacked === 0)) {
           if (unacked !== null && unacked > 0)
@@ -308,6 +343,8 @@ export async function openRuntime(context: RuntimeContext): Promise<{ runtime: R
   closeSteps.add({ name: 'closing amqp', timeoutMs: STEP_TIMEOUT_MS + 100, run: () => amqp.close(STEP_TIMEOUT_MS) });
   pipeline = delivery;
   link = amqp;
+  // The partitions to subscribe to as soon as the link connects, without waiting for the next beat.
+  if (balancer !== null) await untilRedis(context, 'partition assignment', () => balancer.rebalance());
   return { runtime: { redisProbe, redis, health, replicaWatch, heartbeat, stats, exposure, telemetry, pools, link: amqp }, pipeline: delivery };
 }
 
@@ -325,6 +362,7 @@ interface LiveFigures {
   laneDepths(): number[];
   oldestUnackedAgeMs(): number | null;
   link(): AmqpLink | null;
+  channels(): ReturnType<DeliveryPipeline['channels']>;
 }
 
 /** Metrics and the HTTP endpoint, when TALLY_METRICS_PORT is set. */
@@ -351,6 +389,9 @@ async function startTelemetry(
       connections: () => ({ amqp: (live.link()?.current ?? null) !== null, redis: redis.status === 'ready' }),
       // The one source of this figure, also in the heartbeat and /readyz's stall: the AckTracker's lowest unacked tag.
       oldestUnackedAgeSeconds: () => (live.oldestUnackedAgeMs() ?? 0) / 1000,
+      ...(config.partitions > 1
+        ? { partitions: { configured: config.partitions, held: () => live.link()?.partitionsHeld ?? [], channels: () => live.channels() } }
+        : {}),
       redisRefusals: health,
     },
     histograms,

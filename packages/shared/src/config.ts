@@ -40,6 +40,12 @@ export interface TallyConfig {
   readonly queueType: QueueType;
   /** Quorum queues only: deliveries of one message before the broker dead-letters it to `<queue>.dead` (x-delivery-limit). */
   readonly deliveryLimit: number;
+  /**
+   * TALLY_PARTITIONS: 1 (one queue, TALLY_QUEUE) or N > 1 queues
+   * `<queue>.0` … `<queue>.<N-1>` behind a consistent-hash exchange named
+   * TALLY_QUEUE, each with single active consumer (partitions.ts).
+   */
+  readonly partitions: number;
   /** How often a daemon refreshes its heartbeat and mode lease; both expire after 3 intervals. */
   readonly heartbeatMs: number;
   readonly prefix: string;
@@ -112,6 +118,7 @@ export const DEFAULTS = Object.freeze({
   queueType: 'classic' as QueueType,
   deliveryLimit: 20,
   heartbeatMs: 5_000,
+  partitions: 1,
   prefetch: 2000,
   batchSize: 500,
   // Measured (docs/redis-requirements.md, "Bounded batches"): with every
@@ -158,6 +165,8 @@ export const LIMITS = Object.freeze({
   redisWaitTimeoutMs: [1, 60_000],
   deliveryLimit: [1, 1_000],
   heartbeatMs: [100, 60_000],
+  // One channel per partition a daemon holds; RabbitMQ's default channel_max is 2047 per connection.
+  partitions: [1, 1024],
 } as const);
 
 export type Env = Readonly<Record<string, string | undefined>>;
@@ -399,6 +408,7 @@ export function loadConfig(env: Env = process.env): TallyConfig {
     queueType: queueType(env, 'TALLY_QUEUE_TYPE'),
     deliveryLimit: integer(env, 'TALLY_DELIVERY_LIMIT', DEFAULTS.deliveryLimit, LIMITS.deliveryLimit),
     heartbeatMs: integer(env, 'TALLY_HEARTBEAT_MS', DEFAULTS.heartbeatMs, LIMITS.heartbeatMs),
+    partitions: integer(env, 'TALLY_PARTITIONS', DEFAULTS.partitions, LIMITS.partitions),
     prefix: prefix(env, 'TALLY_PREFIX', DEFAULTS.prefix),
     mode: mode(env, 'TALLY_MODE'),
     workers,

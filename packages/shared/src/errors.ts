@@ -6,6 +6,8 @@ export type TallyErrorCode =
   | 'TALLY_CONFIG_INVALID'
   | 'TALLY_SHARD_LAYOUT_MISMATCH'
   | 'TALLY_MODE_MISMATCH'
+  /** TALLY_PARTITIONS differs from the number of partitions recorded for the prefix. */
+  | 'TALLY_PARTITIONS_MISMATCH'
   /** The prefix holds live markers in a format this build does not write (markers.ts). */
   | 'TALLY_MARKER_FORMAT'
   /** The CLI could not reach RabbitMQ (tally dead). */
@@ -74,6 +76,19 @@ export class ShardLayoutMismatchError extends TallyError {
 export class ModeSwitchRefusedError extends TallyError {
   constructor(message: string) {
     super('TALLY_MODE_MISMATCH', message);
+  }
+}
+
+/**
+ * TALLY_PARTITIONS differs from the number recorded when the prefix was laid
+ * out: daemons of the two numbers would compute different owners for the
+ * partitions (one could be left unconsumed), and producers would be hashing
+ * onto a ring the other daemons do not consume. Changing it is a procedure
+ * (docs/operations.md), not a restart.
+ */
+export class PartitionCountMismatchError extends TallyError {
+  constructor(message: string) {
+    super('TALLY_PARTITIONS_MISMATCH', message);
   }
 }
 

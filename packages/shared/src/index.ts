@@ -9,6 +9,7 @@ export * from './message-mapping.js';
 export * from './mapped-message.js';
 export * from './delivery-parser.js';
 export * from './shards.js';
+export * from './partitions.js';
 export * from './keys.js';
 export * from './markers.js';
 export * from './script-replies.js';

@@ -1,36 +1,10 @@
 /**
  * Pure: the marker format. A marker says "this message's part for this
- * virtual shard is counted". It is a field of a small hash, not a key of its
- * own:
- *
- *   <prefix>mk:{<vshard>}:<bucket>:<sub>   hash  field: digest(id), 16 bytes   value: '1' (done) or a claim
- *   <prefix>mk:{<vshard>}:<bucket>:m       hash  s: the bucket's sub-bucket count, n: markers written to it
- *
- * - digest: the first 16 bytes (128 bits) of SHA-256 of the message id. Two
- *   ids share a digest with probability about n^2 / 2^129: with 10^12 live
- *   markers that is 1 in 10^14, so a collision (which would drop the second
- *   message as a duplicate) never realistically happens. Fixed length keeps
- *   every field small, whatever the ids look like.
- * - bucket: floor(server time in seconds / bucket width). Every marker of a
- *   bucket expires with its hash, at the bucket's end plus the marker TTL, so
- *   a marker lives at least TALLY_MARKER_TTL_S and at most that plus one
- *   bucket width. The time is the Redis server's (TIME inside the scripts),
- *   so daemons on different machines agree on the bucket.
- * - sub: the digest's first two bytes modulo the bucket's sub-bucket count (a
- *   power of two), so each hash stays under `hash-max-listpack-entries` (128
- *   by default) and Redis keeps it as a listpack: about 23 bytes per marker
- *   against about 133 for a `SET … EX` key of its own. The count adapts to
- *   the rate: the first script that writes to a shard's bucket fixes it in
- *   the bucket's meta hash, from the markers the bucket before received
- *   (about 64 per hash; subBucketsAfter), or the prefix's initial count when
- *   that bucket is unknown. Readers take it from the meta hash, so every
- *   daemon computes the same keys.
- *
- * A pre-check looks for a digest in every bucket still live, newest first:
- * ceil(ttl / width) + 1 of them, skipping buckets without a meta hash (no
- * marker there). The bucket width and the initial sub-bucket count are
- * recorded in the layout when the prefix is created, so every daemon of a
- * prefix uses the same.
+ * virtual shard is counted"; it is a field of a small time-bucketed hash,
+ * keyed by the first 16 bytes of SHA-256 of the message id. The layout (the
+ * keys, digest, buckets, sub-buckets, filters and what the layout hash
+ * records) is described once, in docs/architecture.md ("Redis keys",
+ * "Markers", "Marker filters").
  *
  * The scripts (packages/worker/src/lua) do this arithmetic themselves, on the
  * server's clock; these functions are the same arithmetic for tooling and

@@ -51,6 +51,7 @@ const BAD_VALUES: ReadonlyArray<readonly [variable: string, values: readonly str
   ['TALLY_QUEUE_TYPE', ['stream', 'Quorum', 'CLASSIC', 'quorum,classic', 'lazy']],
   ['TALLY_DELIVERY_LIMIT', ['0', '-1', '1001', 'twenty', '2.5']],
   ['TALLY_HEARTBEAT_MS', ['99', '60001', '5s', '1.5']],
+  ['TALLY_PARTITIONS', ['0', '1025', 'eight', '1.5']],
   // The declaration's own refusals are in message-mapping.test.ts.
   ['TALLY_MESSAGE_MAPPING', ['/eventId', '{}', '{"id":"eventId","changes":"/lines","sku":"0/sku","delta":"0/qty"}']],
 ];
@@ -68,6 +69,7 @@ describe('loadConfig', () => {
       queueType: 'classic',
       deliveryLimit: 20,
       heartbeatMs: 5_000,
+      partitions: 1,
       prefix: 'tally:',
       mode: 'two-step',
       workers: Math.min(Math.max(1, availableParallelism() - 1), 16),
@@ -150,7 +152,7 @@ describe('loadConfig', () => {
       const read = new Set([...source.matchAll(/'(TALLY_[A-Z_]+)'/g)].map((m) => m[1]!));
       const covered = new Set(BAD_VALUES.map(([name]) => name));
       expect([...covered].sort()).to.deep.equal([...read].sort());
-      expect(covered.size).to.equal(32);
+      expect(covered.size).to.equal(33);
     });
 
     it('names the accepted range for integers', () => {

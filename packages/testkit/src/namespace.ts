@@ -7,6 +7,8 @@ export interface Namespace {
   readonly redisUrl: string;
   readonly queue: string;
   readonly prefix: string;
+  /** TALLY_PARTITIONS: above 1, the partition queues `<queue>.<p>` and the exchange `<queue>` go too. */
+  readonly partitions?: number;
 }
 
 /**
@@ -21,6 +23,8 @@ export async function resetNamespace(space: Namespace): Promise<void> {
     const channel = await connection.createChannel();
     await channel.deleteQueue(space.queue);
     await channel.deleteQueue(`${space.queue}.dead`);
+    for (let p = 0; p < (space.partitions ?? 1) && (space.partitions ?? 1) > 1; p++) await channel.deleteQueue(`${space.queue}.${p}`);
+    if ((space.partitions ?? 1) > 1) await channel.deleteExchange(space.queue);
     await channel.close();
   } finally {
     await connection.close().catch(() => {});

@@ -10,7 +10,7 @@ export {
   type WorkloadOptions,
 } from './workload.js';
 export { FOREIGN_ID_HEADER, FOREIGN_SHAPE_MAPPING, foreignBody, foreignSku, WAREHOUSES } from './foreign-shape.js';
-export { publishAll, ensureQueue, type PublishOptions } from './publisher.js';
+export { publishAll, ensureQueue, publishTarget, routingKeyOf, type PublishOptions, type PublishTarget } from './publisher.js';
 export { badSample, foreignBadSample, type BadSample } from './bad-corpus.js';
 export { seededRandom, randomInt, zipfPicker } from './random.js';
 export { compareWithTruth, describeTruthCheck, type TruthCheck } from './truth.js';

@@ -23,9 +23,10 @@
  * each one (`onForced`) before its dead copy is acked.
  */
 import amqp, { type ConfirmChannel, type GetMessage, type Options } from 'amqplib';
-import { DEAD_AT_HEADER, QueueMissingError, ReplayRefusedError } from '@tally/shared';
+import { DEAD_AT_HEADER, partitionQueue, QueueMissingError, ReplayRefusedError } from '@tally/shared';
 import { connectAnyNode } from '../broker-connect.js';
 import { copyPublishOptions } from '../message-copy.js';
+import { replayQueueOf, SOURCE_QUEUE_HEADER } from './replay-target.js';
 import { describeDeadLetter, DeadLetterSummary, REASON_HEADER, type DeadLetterEntry } from './dead-summary.js';
 import { replayVerdict, RiskSummary, type ReplayPolicy } from './replay-guard.js';
 
@@ -75,8 +76,10 @@ export async function listDeadLetters(target: DeadQueueTarget, summary: DeadLett
 }
 
 export interface ReplayOptions extends DeadQueueTarget {
-  /** The work queue the daemon consumes. */
+  /** The work queue the daemon consumes (TALLY_QUEUE). */
   readonly queue: string;
+  /** TALLY_PARTITIONS: above 1, each dead letter goes back to the partition queue it came from. */
+  readonly partitions?: number;
   readonly reason: string | null;
   readonly limit: number;
   /** What may be replayed (replay-guard.ts); the time is read per message. Without it every matching dead letter is. */
@@ -101,6 +104,8 @@ export interface ReplayReport {
   readonly forced: RiskSummary;
   /** The marker lifetime the verdicts relied on, in seconds; null without a policy. */
   readonly markerLifeS: number | null;
+  /** Partitioned queues: dead letters kept because they name no partition queue to return to (replay-target.ts). */
+  readonly withoutPartition: number;
 }
 
 /** The copy sent back: body and properties as they were, the reason moved to `x-tally-replayed-reason`. */
@@ -108,7 +113,7 @@ function replayProperties(message: GetMessage, reason: string): Options.Publish 
   const { properties } = message;
   const headers: Record<string, unknown> = { ...(properties.headers ?? {}) };
   delete headers[REASON_HEADER];
-  delete headers['x-tally-source-queue'];
+  delete headers[SOURCE_QUEUE_HEADER];
   headers['x-tally-replayed-reason'] = reason;
   // A copy dead-lettered again gets a time of its own.
   delete headers[DEAD_AT_HEADER];
@@ -141,9 +146,11 @@ export async function replayDeadLetters(options: ReplayOptions): Promise<ReplayR
   const now = policy?.now ?? Date.now;
   let replayed = 0;
   let kept = 0;
+  let withoutPartition = 0;
   try {
     const snapshot = await messageCount(connection, options.deadQueue);
-    await messageCount(connection, options.queue);
+    // The work queue must exist (a replay into nothing would be refused copy by copy); with partitions, the first one.
+    await messageCount(connection, partitionQueue(options.queue, options.partitions ?? 1, 0));
     const channel = await connection.createConfirmChannel();
     const returned = { flag: false };
     channel.on('return', () => {
@@ -164,7 +171,13 @@ export async function replayDeadLetters(options: ReplayOptions): Promise<ReplayR
         kept++;
         continue;
       }
-      await publishConfirmed(channel, options.queue, message, replayProperties(message, entry.reason), returned);
+      const target = replayQueueOf(message.properties.headers, options.queue, options.partitions ?? 1);
+      if (target === null) {
+        withoutPartition++;
+        kept++;
+        continue;
+      }
+      await publishConfirmed(channel, target, message, replayProperties(message, entry.reason), returned);
       if (verdict?.action === 'force') {
         forced.add(position, entry.id, entry.reason, verdict);
         await options.onForced?.(entry);
@@ -187,6 +200,7 @@ export async function replayDeadLetters(options: ReplayOptions): Promise<ReplayR
       refused,
       forced,
       markerLifeS: policy?.markerLifeS ?? null,
+      withoutPartition,
     };
   } finally {
     await connection.close().catch(() => {});

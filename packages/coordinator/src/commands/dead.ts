@@ -51,7 +51,8 @@ export async function deadList(flags: DeadFlags, config: Pick<TallyConfig, 'amqp
  */
 export async function deadReplay(
   flags: DeadFlags,
-  config: Pick<TallyConfig, 'amqpUrl' | 'deadLetterQueue' | 'queue' | 'prefix' | 'markerTtlS' | 'virtualShards'> & Partial<Pick<TallyConfig, 'messageMapping'>>,
+  config: Pick<TallyConfig, 'amqpUrl' | 'deadLetterQueue' | 'queue' | 'prefix' | 'markerTtlS' | 'virtualShards'> &
+    Partial<Pick<TallyConfig, 'messageMapping' | 'partitions'>>,
   redis: RedisClient,
 ): Promise<ReplayReport> {
   const reason = parseReasonFlag(flags.reason);
@@ -62,6 +63,7 @@ export async function deadReplay(
     url: config.amqpUrl,
     deadQueue: config.deadLetterQueue,
     queue: config.queue,
+    partitions: config.partitions,
     reason,
     limit,
     policy: {
@@ -82,6 +84,11 @@ export function deadReplayWarning(report: ReplayReport): string | null {
   const lines: string[] = [];
   if (report.refused.messages > 0) lines.push(refusedLine(report.refused, life));
   if (report.forced.messages > 0) lines.push(forcedLine(report.forced, life));
+  if (report.withoutPartition > 0)
+    lines.push(
+      `kept ${report.withoutPartition} dead letter${report.withoutPartition === 1 ? '' : 's'} that name no partition queue of ${report.queue} to return to ` +
+        `(no x-tally-source-queue or x-death queue among ${report.queue}.0…): move them by hand to the partition their id hashes to, or publish them to the exchange ${report.queue} with the id as routing key`,
+    );
   return lines.length === 0 ? null : lines.join('\n');
 }
 
@@ -101,7 +108,10 @@ export function deadListText(report: DeadListReport): string {
 }
 
 export function deadReplayText(report: ReplayReport): string {
-  const refused = report.refused.messages > 0 ? ` (${report.refused.messages} of them refused for their age)` : '';
+  const refused =
+    report.refused.messages > 0 || report.withoutPartition > 0
+      ? ` (${[report.refused.messages > 0 ? `${report.refused.messages} of them refused for their age` : '', report.withoutPartition > 0 ? `${report.withoutPartition} naming no partition` : ''].filter(Boolean).join(', ')})`
+      : '';
   const forced = report.forced.messages > 0 ? ` (${report.forced.messages} of them FORCED past their markers)` : '';
   const lines = [`replayed ${report.replayed}${forced} from ${report.deadQueue} to ${report.queue}; ${report.kept} read and kept in place${refused}`];
   lines.push(...table(Object.entries(report.replayedByReason)).map((line) => `  ${line}`));

@@ -1,7 +1,7 @@
 import { writeFile } from 'node:fs/promises';
 import { context, propagation, SpanKind, trace, type Tracer } from '@opentelemetry/api';
 import { connectAnyNode } from '../broker-connect.js';
-import { ensureQueue, generateWorkload, MESSAGE_SHAPES, WORKLOAD_DEFAULTS, type MessageShape, type Publish, type WorkloadOptions } from '@tally/workload';
+import { generateWorkload, publishTarget, MESSAGE_SHAPES, WORKLOAD_DEFAULTS, type MessageShape, type Publish, type WorkloadOptions } from '@tally/workload';
 import { CliUsageError, redactUrl, type TallyConfig } from '@tally/shared';
 import {
   ATTR_MESSAGING_DESTINATION_NAME,
@@ -96,12 +96,13 @@ const CONFIRM_EVERY = 2_000;
  */
 export async function publishWorkload(
   publishes: readonly Publish[],
-  options: { url: string; queue: string; tracer: Tracer; onProgress?: (published: number) => void },
+  options: { url: string; queue: string; partitions?: number; tracer: Tracer; onProgress?: (published: number) => void },
 ): Promise<number> {
   const { model: connection } = await connectAnyNode(options.url, `tally-publish-${process.pid}`);
   try {
-    await ensureQueue(connection, options.queue);
     const channel = await connection.createConfirmChannel();
+    // With TALLY_PARTITIONS > 1: the consistent-hash exchange, the message id as the routing key.
+    const target = await publishTarget(connection, channel, options.queue, options.partitions ?? 1);
     let published = 0;
     for (const publish of publishes) {
       const span = options.tracer.startSpan(`send ${options.queue}`, {
@@ -116,7 +117,7 @@ export async function publishWorkload(
       });
       const headers: Record<string, string> = { ...publish.headers };
       if (span.isRecording()) propagation.inject(trace.setSpan(context.active(), span), headers);
-      const ok = channel.sendToQueue(options.queue, publish.body, {
+      const ok = target.send(publish, {
         persistent: true,
         contentType: 'application/json',
         timestamp: Date.now(),
@@ -131,6 +132,7 @@ export async function publishWorkload(
       }
     }
     await channel.waitForConfirms();
+    target.check();
     options.onProgress?.(published);
     await channel.close();
     return published;
@@ -154,6 +156,7 @@ export async function publishCommand(
     published = await publishWorkload(workload.publishes, {
       url: config.amqpUrl,
       queue: config.queue,
+      partitions: config.partitions,
       tracer: trace.getTracer('tally.publish'),
       onProgress: (done) => progress?.update(done),
     });

@@ -1,12 +1,15 @@
 /**
  * `tally status [--json]`: the live daemons of the prefix (from their
  * heartbeats), the prefix's layout, and the queue as the broker sees it.
+ * With TALLY_PARTITIONS > 1 it also lists each partition: its queue's depth
+ * and consumers as the broker sees them and the daemon(s) holding it as
+ * their heartbeats say (two during a handoff, none when it is unconsumed).
  * A prefix nobody has started on is an empty list, not an error; a broker
  * that cannot be reached is shown as such, and the daemons are still listed.
  */
 import type amqp from 'amqplib';
 import type { Redis } from 'ioredis';
-import { describeError, layoutKey, type TallyConfig, type TallyMode } from '@tally/shared';
+import { describeError, layoutKey, partitionQueues, type TallyConfig, type TallyMode } from '@tally/shared';
 import { connectRedis, scanNodes, type RedisClient } from '@tally/runtime';
 import { connectAnyNode } from '../broker-connect.js';
 import { listDaemons, type LiveDaemon } from '../heartbeat.js';
@@ -15,6 +18,20 @@ export interface LayoutStatus {
   readonly virtual_shards: number;
   readonly mode: TallyMode;
   readonly created_at: string | null;
+  /** TALLY_PARTITIONS recorded for the prefix (1 for a layout from before partitions). */
+  readonly partitions: number;
+}
+
+/** One partition (TALLY_PARTITIONS > 1). */
+export interface PartitionStatus {
+  readonly partition: number;
+  readonly queue: string;
+  /** Ready messages; null when the queue does not exist or the broker could not be asked. */
+  readonly depth: number | null;
+  /** Consumers subscribed (the active one and those waiting behind it: single active consumer). */
+  readonly consumers: number | null;
+  /** Ids of the live daemons whose heartbeat lists it: one normally, two mid-handoff, none when nobody consumes it. */
+  readonly held_by: string[];
 }
 
 export interface QueueStatus {
@@ -34,6 +51,8 @@ export interface StatusReport {
   readonly layout: LayoutStatus | null;
   readonly queue: QueueStatus;
   readonly daemons: LiveDaemon[];
+  /** Empty with one queue. */
+  readonly partitions: PartitionStatus[];
 }
 
 export async function readLayout(redis: RedisClient, prefix: string): Promise<LayoutStatus | null> {
@@ -43,6 +62,7 @@ export async function readLayout(redis: RedisClient, prefix: string): Promise<La
     virtual_shards: Number(stored.virtual_shards),
     mode: stored.mode === 'atomic' ? 'atomic' : 'two-step',
     created_at: stored.created_at ?? null,
+    partitions: stored.partitions === undefined ? 1 : Number(stored.partitions),
   };
 }
 
@@ -61,7 +81,12 @@ async function checkQueue(connection: amqp.ChannelModel, queue: string): Promise
   }
 }
 
-export async function readQueueStatus(config: Pick<TallyConfig, 'amqpNodes' | 'queue' | 'deadLetterQueue'>): Promise<QueueStatus> {
+type QueueDepth = { messageCount: number; consumerCount: number } | null;
+
+export async function readQueueStatus(
+  config: Pick<TallyConfig, 'amqpNodes' | 'queue' | 'deadLetterQueue'> & Partial<Pick<TallyConfig, 'partitions'>>,
+  partitionDepths: QueueDepth[] = [],
+): Promise<QueueStatus> {
   const base = { name: config.queue, dead_letter_queue: config.deadLetterQueue };
   let connection: amqp.ChannelModel;
   try {
@@ -71,7 +96,9 @@ export async function readQueueStatus(config: Pick<TallyConfig, 'amqpNodes' | 'q
   }
   connection.on('error', () => {});
   try {
-    const work = await checkQueue(connection, config.queue);
+    const partitions = config.partitions ?? 1;
+    // Partitioned: TALLY_QUEUE is the exchange; its queues are counted together here and listed one by one.
+    const work = partitions === 1 ? await checkQueue(connection, config.queue) : await sumQueues(connection, config.queue, partitions, partitionDepths);
     const dead = await checkQueue(connection, config.deadLetterQueue);
     return {
       ...base,
@@ -85,6 +112,33 @@ export async function readQueueStatus(config: Pick<TallyConfig, 'amqpNodes' | 'q
   }
 }
 
+/** The partition queues' depths (into `depths`, in partition order) and their sum; null when none exists. */
+async function sumQueues(connection: amqp.ChannelModel, queue: string, partitions: number, depths: QueueDepth[]): Promise<QueueDepth> {
+  let found = false;
+  const sum = { messageCount: 0, consumerCount: 0 };
+  for (const name of partitionQueues(queue, partitions)) {
+    const one = await checkQueue(connection, name);
+    depths.push(one);
+    if (one === null) continue;
+    found = true;
+    sum.messageCount += one.messageCount;
+    sum.consumerCount += one.consumerCount;
+  }
+  return found ? sum : null;
+}
+
+/** Each partition with its depth and its holders (pure: from what the broker and the heartbeats said). */
+export function partitionStatus(queue: string, partitions: number, depths: readonly QueueDepth[], daemons: readonly LiveDaemon[]): PartitionStatus[] {
+  if (partitions <= 1) return [];
+  return partitionQueues(queue, partitions).map((name, partition) => ({
+    partition,
+    queue: name,
+    depth: depths[partition]?.messageCount ?? null,
+    consumers: depths[partition]?.consumerCount ?? null,
+    held_by: daemons.filter((d) => d.queue === queue && d.partitions.includes(partition)).map((d) => d.id),
+  }));
+}
+
 /**
  * The whole report. `nodes` are the Redis nodes whose keys are scanned for
  * heartbeats (the one client on a standalone Redis, every master on a
@@ -93,10 +147,11 @@ export async function readQueueStatus(config: Pick<TallyConfig, 'amqpNodes' | 'q
 export async function readStatus(
   nodes: readonly Redis[],
   redis: RedisClient,
-  config: Pick<TallyConfig, 'prefix' | 'amqpNodes' | 'queue' | 'deadLetterQueue'>,
+  config: Pick<TallyConfig, 'prefix' | 'amqpNodes' | 'queue' | 'deadLetterQueue'> & Partial<Pick<TallyConfig, 'partitions'>>,
 ): Promise<StatusReport> {
-  const [daemons, layout, queue] = await Promise.all([listDaemons(nodes, config.prefix), readLayout(redis, config.prefix), readQueueStatus(config)]);
-  return { prefix: config.prefix, layout, queue, daemons };
+  const depths: QueueDepth[] = [];
+  const [daemons, layout, queue] = await Promise.all([listDaemons(nodes, config.prefix), readLayout(redis, config.prefix), readQueueStatus(config, depths)]);
+  return { prefix: config.prefix, layout, queue, daemons, partitions: partitionStatus(config.queue, config.partitions ?? 1, depths, daemons) };
 }
 
 function table(rows: string[][]): string[] {
@@ -113,7 +168,7 @@ export function statusText(report: StatusReport): string {
   const lines: string[] = [];
   const { layout, queue } = report;
   lines.push(
-    `prefix  ${report.prefix}  ${layout === null ? '(no layout: no daemon has started on it)' : `${layout.virtual_shards} virtual shards, ${layout.mode} mode`}`,
+    `prefix  ${report.prefix}  ${layout === null ? '(no layout: no daemon has started on it)' : `${layout.virtual_shards} virtual shards, ${layout.mode} mode${layout.partitions > 1 ? `, ${layout.partitions} partitions` : ''}`}`,
   );
   if (queue.error !== undefined) lines.push(`queue   ${queue.name}: ${queue.error}`);
   else if (!queue.exists) lines.push(`queue   ${queue.name}: does not exist`);
@@ -136,6 +191,22 @@ export function statusText(report: StatusReport): string {
         String(d.in_flight),
         String(d.last_beat_age_s),
         d.started_at,
+      ]);
+    }
+    lines.push(...table(rows).map((line) => `  ${line}`));
+  }
+  if (report.partitions.length > 0) {
+    const hostPid = new Map(report.daemons.map((d) => [d.id, `${d.host}:${d.pid}`]));
+    const unheld = report.partitions.filter((p) => p.held_by.length === 0).length;
+    lines.push(`partitions ${report.partitions.length}${unheld > 0 ? `, ${unheld} held by no daemon` : ''}`);
+    const rows = [['PARTITION', 'QUEUE', 'READY', 'CONSUMERS', 'HELD_BY']];
+    for (const p of report.partitions) {
+      rows.push([
+        String(p.partition),
+        p.queue,
+        p.depth === null ? '-' : String(p.depth),
+        p.consumers === null ? '-' : String(p.consumers),
+        p.held_by.length === 0 ? '-' : p.held_by.map((id) => hostPid.get(id) ?? id).join(', '),
       ]);
     }
     lines.push(...table(rows).map((line) => `  ${line}`));

@@ -17,7 +17,7 @@ import type { BugHandler } from '../bug-exit.js';
 import type { ChannelLink } from '../delivery.js';
 import type { Logger } from '../logger.js';
 import { ShardLanes } from '../shard-lanes.js';
-import { AckWindow } from './ack-window.js';
+import { AckWindow, type ChannelFigures } from './ack-window.js';
 import { DeadLetters } from './dead-letters.js';
 import { InFlightMessages } from './in-flight.js';
 import { Intake, type IntakeOptions } from './intake.js';
@@ -195,9 +195,19 @@ export class DeliveryPipeline {
     return this.inFlight.size;
   }
 
-  /** Deliveries of the live channel not yet acked. */
+  /** Deliveries of the live channels not yet acked. */
   get unacked(): number {
     return this.acks.unacked;
+  }
+
+  /** Deliveries of one channel not yet acked (a partition's handoff waits for 0). */
+  unackedOn(channel: ChannelLink): number {
+    return this.acks.unackedOn(channel);
+  }
+
+  /** Per live channel (per partition held): unacked and the oldest unacked age. */
+  channels(): ChannelFigures[] {
+    return this.acks.channels();
   }
 
   /** Age of the oldest unacked delivery; null when nothing is unacked. The one source of the gauge, the heartbeat's figure and /readyz's stall. */

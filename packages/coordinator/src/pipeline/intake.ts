@@ -107,6 +107,7 @@ export class Intake {
     // acked, so waiting out the batch timers would only add latency.
     // Counted as the broker counts: finished deliveries that wait for an
     // earlier one to finish still hold credit until the multiple-ack.
-    if (this.acks.unacked >= options.prefetch) this.lanes.flushAll();
+    // Per channel: each partition's channel has its own credit (TALLY_PREFETCH each).
+    if (this.acks.unackedOn(channel) >= options.prefetch) this.lanes.flushAll();
   }
 }

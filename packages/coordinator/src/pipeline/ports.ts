@@ -45,12 +45,15 @@ export const SYSTEM_CLOCK: Clock = Object.freeze({ now: () => performance.now(),
 
 /** What a crash would cost right now (exposure-meter.ts): the pipeline tells it what moved. */
 export interface Exposure {
+  /** A channel came up: its deliveries are counted from now on. */
   channelChanged(link: unknown): void;
+  /** A channel is gone: its unacked deliveries go back to the broker. */
+  channelClosed(link: unknown): void;
   batchReturned(vshard: number): void;
   batchDone(parts: readonly ExposedPart[]): void;
   occupied(link: unknown, tag: number, share: number): void;
-  acked(upTo: number): void;
-  ackedOne(tag: number): void;
+  acked(link: unknown, upTo: number): void;
+  ackedOne(link: unknown, tag: number): void;
 }
 
 /** The batch and delivery histograms (telemetry/metrics.ts); absent without TALLY_METRICS_PORT. */

@@ -24,6 +24,19 @@ export interface MetricSources {
   readonly connections: () => { amqp: boolean; redis: boolean };
   /** Seconds since the oldest delivery still unacked arrived; 0 when none is (or the daemon cannot tell). */
   readonly oldestUnackedAgeSeconds?: () => number;
+  /**
+   * TALLY_PARTITIONS > 1: the partitions held and each one's figures. The
+   * in-flight and oldest-unacked gauges are then one series per partition
+   * held, labelled `partition`; `tally.partitions.held` and
+   * `tally.partitions.configured` let the alert rules find a partition no
+   * daemon holds and an imbalance. Absent with one queue (the series stay
+   * as they were).
+   */
+  readonly partitions?: {
+    readonly configured: number;
+    held(): readonly number[];
+    channels(): ReadonlyArray<{ readonly partition: number | null; readonly unacked: number; readonly oldestUnackedAgeMs: number | null }>;
+  };
   /** Redis refusals as RedisHealth tracks them (redis-health.ts). */
   readonly redisRefusals?: {
     /** Error types refused right now (`OOM`, `READONLY`, `unavailable`, …). */
@@ -134,7 +147,11 @@ export class DaemonMetrics {
       );
     meter
       .createObservableGauge('tally.deliveries.in_flight', { description: 'Messages received and not yet acked', unit: '{message}' })
-      .addCallback((result) => result.observe(sources.inFlight(), base));
+      .addCallback((result) => {
+        const partitions = sources.partitions;
+        if (partitions === undefined) return result.observe(sources.inFlight(), base);
+        for (const c of partitions.channels()) if (c.partition !== null) result.observe(c.unacked, { ...base, partition: String(c.partition) });
+      });
     meter
       .createObservableGauge('tally.shard.queue_depth', { description: 'Parts waiting in each virtual shard lane', unit: '{part}' })
       .addCallback((result) => sources.shardDepths().forEach((depth, shard) => result.observe(depth, { ...base, 'tally.shard': shard })));
@@ -146,7 +163,28 @@ export class DaemonMetrics {
     // Invariant 10: a delivery that cannot finish shows here long before anyone reads a log.
     meter
       .createObservableGauge('tally.oldest_unacked_age', { description: 'Seconds since the oldest delivery still unacked arrived; 0 when none is', unit: 's' })
-      .addCallback((result) => result.observe(Math.max(0, sources.oldestUnackedAgeSeconds?.() ?? 0), base));
+      .addCallback((result) => {
+        const partitions = sources.partitions;
+        if (partitions === undefined) return result.observe(Math.max(0, sources.oldestUnackedAgeSeconds?.() ?? 0), base);
+        for (const c of partitions.channels()) {
+          if (c.partition !== null) result.observe(Math.max(0, (c.oldestUnackedAgeMs ?? 0) / 1000), { ...base, partition: String(c.partition) });
+        }
+      });
+    const partitions = sources.partitions;
+    if (partitions !== undefined) {
+      meter
+        .createObservableGauge('tally.partitions.held', { description: 'Partitions this daemon is subscribed to (TALLY_PARTITIONS > 1)', unit: '{partition}' })
+        .addCallback((result) => result.observe(partitions.held().length, base));
+      meter
+        .createObservableGauge('tally.partitions.configured', {
+          description: 'TALLY_PARTITIONS: the partition queues behind the exchange',
+          unit: '{partition}',
+        })
+        .addCallback((result) => result.observe(partitions.configured, base));
+      meter.createObservableGauge('tally.partition.held', { description: '1 for each partition this daemon is subscribed to' }).addCallback((result) => {
+        for (const p of partitions.held()) result.observe(1, { ...base, partition: String(p) });
+      });
+    }
 
     // Invariant 11: a Redis that refuses writes (OOM, READONLY, MASTERDOWN,
     // LOADING) or does not answer is waited out; these make the wait visible.

@@ -18,10 +18,7 @@ import {
   countsOf,
   drainWithDaemon,
   keyCount,
-  killDaemon,
-  publishPaced,
   queueState,
-  receiptCount,
   spawnDaemon,
   startDaemon,
   statsOf,
@@ -34,7 +31,7 @@ import {
   type TestSpace,
 } from './harness.js';
 import { startPrivateRedis } from '@tally/testkit';
-import { redeliveryUnderLoad } from './scenarios.js';
+import { killMidStream, redeliveryUnderLoad } from './scenarios.js';
 
 const ATOMIC = { TALLY_MODE: 'atomic' } as const;
 
@@ -109,30 +106,9 @@ describe('atomic mode (integration: real daemon, RabbitMQ and Redis)', function 
     const s = space('a-kills', { TALLY_BATCH_SIZE: '100' });
     const cycles = 24;
     const workload = generateWorkload({ messages: 12_000, skus: 800, seed: 77, duplicateRate: 0.01, idPrefix: s.queue, maxChanges: 8, maxDelta: 9 });
-    // The stream is driven by the kill loop: each cycle publishes its slice
-    // while a fresh daemon starts, so every kill lands on a daemon at work
-    // with messages arriving, however fast it drains.
-    const slice = Math.ceil(workload.publishes.length / cycles);
-    let kills = 0;
-    let killsMidStream = 0;
-    for (let cycle = 0; cycle < cycles; cycle++) {
-      const batchesBefore = await receiptCount(s.prefix);
-      const publishing = publishPaced(workload.publishes.slice(cycle * slice, (cycle + 1) * slice), s.queue, 25, 20);
-      const daemon = await startDaemon(s.env);
-      // Wait for this daemon's first batch, then kill 0-150 ms later.
-      const deadline = Date.now() + 5_000;
-      let wrote = false;
-      while (!wrote && Date.now() < deadline) {
-        wrote = (await receiptCount(s.prefix)) > batchesBefore;
-        if (!wrote) await sleep(10);
-      }
-      await sleep(Math.floor(Math.random() * 150));
-      if (wrote) killsMidStream++;
-      const exit = await killDaemon(daemon);
-      expect(exit.signal).to.equal('SIGKILL');
-      kills++;
-      await publishing;
-    }
+    // The stream is driven by the kill loop: each kill lands on a daemon at work with messages arriving.
+    const killsMidStream = await killMidStream(s.env, s.queue, s.prefix, workload.publishes, cycles);
+    const kills = cycles;
     const exits = await drainWithDaemon(s.env, s.queue);
     expect(
       exits.every((e) => e.code === 0),

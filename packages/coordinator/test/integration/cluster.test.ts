@@ -10,11 +10,22 @@ import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { expect } from 'chai';
 import { generateWorkload, publishAll } from '@tally/workload';
-import { startRedisCluster, type RedisCluster } from '@tally/testkit';
+import { resetNamespace, startRedisCluster, type RedisCluster } from '@tally/testkit';
 import { keySlot, isCluster, scanNodes } from '@tally/runtime';
 import { layoutKey, type TallyMode } from '@tally/shared';
 import type { StatusReport } from '../../src/commands/status.js';
-import { cleanup, compare, runRefusedStart, startDaemon, stopDaemon, testSpace, waitForReadyEmpty, AMQP_URL, type DaemonProcess } from './harness.js';
+import {
+  cleanup,
+  compare,
+  runRefusedStart,
+  startDaemon,
+  stopDaemon,
+  testSpace,
+  waitForReadyEmpty,
+  AMQP_URL,
+  REDIS_URL,
+  type DaemonProcess,
+} from './harness.js';
 import { tallyCli, until } from './fleet-helpers.js';
 import { countKeysPerMaster, withRedisAt } from './cluster-helpers.js';
 
@@ -54,6 +65,50 @@ describe('Redis Cluster (integration: 3 masters + 3 replicas of our own)', funct
       expect(laidOut, 'no layout recorded with a scope the cluster cannot serve').to.equal(0);
     } finally {
       await cleanup(space);
+    }
+  });
+
+  it('partitioned queues on the cluster: 4 partitions, 2 daemons, both modes exact', async () => {
+    for (const mode of ['atomic', 'two-step'] as TallyMode[]) {
+      const space = testSpace(`cluster-part-${mode}`, { TALLY_REDIS_URL: seeds, TALLY_MODE: mode, TALLY_PARTITIONS: '4', TALLY_BATCH_SIZE: '100' });
+      const daemons: DaemonProcess[] = [];
+      try {
+        const workload = generateWorkload({
+          messages: 2_000,
+          skus: 300,
+          seed: mode === 'atomic' ? 61 : 62,
+          duplicateRate: 0.05,
+          badRate: 0.02,
+          idPrefix: space.queue,
+        });
+        daemons.push(await startDaemon(space.env), await startDaemon(space.env));
+        await publishAll(workload.publishes, { url: AMQP_URL, queue: space.queue, partitions: 4 });
+        await until(
+          'every partition drained',
+          async () => {
+            const stats = JSON.parse((await tallyCli(space.env, 'stats', '--json')).stdout) as {
+              received: number;
+              counted: number;
+              duplicates: number;
+              partial_duplicates: number;
+              dead_lettered: number;
+            };
+            return stats.received >= workload.publishes.length &&
+              stats.counted + stats.duplicates + stats.partial_duplicates + stats.dead_lettered >= workload.publishes.length
+              ? true
+              : undefined;
+          },
+          60_000,
+          300,
+        );
+        for (const daemon of daemons.splice(0)) expect((await stopDaemon(daemon)).code).to.equal(0);
+        const counts = new Map(Object.entries(JSON.parse((await tallyCli(space.env, 'counts', '--json')).stdout) as Record<string, number>));
+        const diff = compare(counts, workload.truth);
+        expect(diff.exact, `${mode}: lost ${diff.missingUnits}, excess ${diff.excessUnits}`).to.equal(true);
+      } finally {
+        for (const daemon of daemons) await stopDaemon(daemon);
+        await resetNamespace({ amqpUrl: AMQP_URL, redisUrl: REDIS_URL, queue: space.queue, prefix: space.prefix, partitions: 4 });
+      }
     }
   });
 

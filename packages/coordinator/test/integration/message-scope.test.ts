@@ -7,7 +7,6 @@
  * killed daemons had in flight; a prefix keeps the scope it was laid out
  * with.
  */
-import { setTimeout as sleep } from 'node:timers/promises';
 import { expect } from 'chai';
 import { generateWorkload, publishAll, type Publish } from '@tally/workload';
 import { layoutKey, markerDigest, markerShardOf, MESSAGE_MARKER_FORMAT, MARKER_FORMAT } from '@tally/shared';
@@ -17,9 +16,6 @@ import {
   compare,
   countsOf,
   drainWithDaemon,
-  killDaemon,
-  publishPaced,
-  receiptCount,
   startDaemon,
   statsOf,
   stopDaemon,
@@ -29,6 +25,7 @@ import {
   AMQP_URL,
   type TestSpace,
 } from './harness.js';
+import { killMidStream } from './scenarios.js';
 
 const MESSAGE_SCOPE = { TALLY_MARKER_SCOPE: 'message' } as const;
 
@@ -112,23 +109,7 @@ describe('message-scoped markers (integration: real daemon, RabbitMQ and Redis)'
       const s = space(`ms-kills-${mode}`, { TALLY_MODE: mode, TALLY_BATCH_SIZE: '50', TALLY_PREFETCH: String(prefetch) });
       const cycles = 8;
       const workload = generateWorkload({ messages: 4_000, skus: 400, seed: 78, duplicateRate: 0.01, idPrefix: s.queue, maxChanges: 8, maxDelta: 9 });
-      const slice = Math.ceil(workload.publishes.length / cycles);
-      let killsMidStream = 0;
-      for (let cycle = 0; cycle < cycles; cycle++) {
-        const batchesBefore = await receiptCount(s.prefix);
-        const publishing = publishPaced(workload.publishes.slice(cycle * slice, (cycle + 1) * slice), s.queue, 25, 20);
-        const daemon = await startDaemon(s.env);
-        const deadline = Date.now() + 5_000;
-        let wrote = false;
-        while (!wrote && Date.now() < deadline) {
-          wrote = (await receiptCount(s.prefix)) > batchesBefore;
-          if (!wrote) await sleep(10);
-        }
-        await sleep(Math.floor(Math.random() * 150));
-        if (wrote) killsMidStream++;
-        expect((await killDaemon(daemon)).signal).to.equal('SIGKILL');
-        await publishing;
-      }
+      const killsMidStream = await killMidStream(s.env, s.queue, s.prefix, workload.publishes, cycles);
       const exits = await drainWithDaemon(s.env, s.queue);
       expect(exits.every((exit) => exit.code === 0)).to.equal(true);
       expect(killsMidStream, 'kills of a daemon that had written, while the stream flowed').to.be.at.least(6);

@@ -6,12 +6,16 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { expect } from 'chai';
 import { generateWorkload, publishAll } from '@tally/workload';
 import { startProxy } from '@tally/testkit';
+import type { Publish } from '@tally/workload';
 import {
   cleanup,
   closeConnections,
   compare,
   countsOf,
+  killDaemon,
+  publishPaced,
   queueState,
+  receiptCount,
   startDaemon,
   statsOf,
   stopDaemon,
@@ -61,4 +65,38 @@ export async function redeliveryUnderLoad(label: string, env: Record<string, str
     await proxy.close();
     await cleanup(space);
   }
+}
+
+/**
+ * SIGKILLs a daemon mid-stream `cycles` times: each cycle publishes its
+ * slice of `publishes` while a fresh daemon starts, waits for that daemon's
+ * first batch (a new write receipt), then kills it 0-150 ms later, so every
+ * kill lands on a daemon at work with messages arriving, however fast it
+ * drains. Returns how many kills came after the daemon had written.
+ */
+export async function killMidStream(
+  env: Record<string, string>,
+  queue: string,
+  prefix: string,
+  publishes: readonly Publish[],
+  cycles: number,
+): Promise<number> {
+  const slice = Math.ceil(publishes.length / cycles);
+  let killsMidStream = 0;
+  for (let cycle = 0; cycle < cycles; cycle++) {
+    const batchesBefore = await receiptCount(prefix);
+    const publishing = publishPaced(publishes.slice(cycle * slice, (cycle + 1) * slice), queue, 25, 20);
+    const daemon = await startDaemon(env);
+    const deadline = Date.now() + 5_000;
+    let wrote = false;
+    while (!wrote && Date.now() < deadline) {
+      wrote = (await receiptCount(prefix)) > batchesBefore;
+      if (!wrote) await sleep(10);
+    }
+    await sleep(Math.floor(Math.random() * 150));
+    if (wrote) killsMidStream++;
+    expect((await killDaemon(daemon)).signal).to.equal('SIGKILL');
+    await publishing;
+  }
+  return killsMidStream;
 }

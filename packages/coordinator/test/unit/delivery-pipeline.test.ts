@@ -180,6 +180,7 @@ class FakeClock implements Clock {
 
 const NO_EXPOSURE: Exposure = {
   channelChanged: () => {},
+  channelClosed: () => {},
   batchReturned: () => {},
   batchDone: () => {},
   occupied: () => {},

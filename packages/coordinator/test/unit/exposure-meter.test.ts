@@ -31,10 +31,10 @@ describe('ExposureMeter', () => {
     meter.sample(1000);
     expect(out.totals.get('loaded_ms')).to.equal(1000);
     expect(out.totals.get('occupied_unacked_message_ms')).to.equal(1500);
-    meter.acked(2);
+    meter.acked(link, 2);
     meter.sample(2000);
     expect(out.totals.get('occupied_unacked_message_ms')).to.equal(2000);
-    meter.acked(3);
+    meter.acked(link, 3);
     loaded = false;
     meter.sample(3000);
     expect(out.totals.get('loaded_ms'), 'time under light load is left out').to.equal(2000);
@@ -72,6 +72,7 @@ describe('ExposureMeter', () => {
     const old = {};
     const live = {};
     meter.channelChanged(old);
+    meter.channelClosed(old);
     meter.channelChanged(live);
     meter.sample(0);
     meter.batchDone([{ link: old, tag: 1, parts: 1 }]);
@@ -89,11 +90,11 @@ describe('ExposureMeter', () => {
     meter.sample(0);
     // Tag 1 stalls; 20,000 tags behind it are occupied, half of them singly acked.
     for (let tag = 2; tag <= 20_001; tag++) meter.occupied(live, tag, 0.5);
-    for (let tag = 2; tag <= 20_001; tag += 2) meter.ackedOne(tag);
+    for (let tag = 2; tag <= 20_001; tag += 2) meter.ackedOne(live, tag);
     meter.sample(1);
     expect(out.totals.get('occupied_unacked_message_ms')).to.equal(5_000);
     meter.occupied(live, 1, 1);
-    meter.acked(20_001);
+    meter.acked(live, 20_001);
     meter.sample(2);
     expect(out.totals.get('occupied_unacked_message_ms'), 'nothing left once all are acked').to.equal(5_000);
     meter.occupied(live, 20_002, 1);
@@ -152,7 +153,7 @@ describe('ExposureMeter', () => {
     meter.batchDone(Array.from({ length: 100 }, (_, i) => ({ link, tag: i + 1, parts: 1 })));
     meter.sample(3000);
     expect(out.totals.get('occupied_unacked_message_ms')).to.equal(200_000);
-    meter.acked(100);
+    meter.acked(link, 100);
     meter.sample(4000);
     expect(out.totals.get('occupied_unacked_message_ms')).to.equal(200_000);
     expect(out.totals.get('loaded_ms')).to.equal(4000);

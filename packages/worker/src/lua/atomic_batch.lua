@@ -1,37 +1,33 @@
 #!lua
 --[[
-  Atomic mode: one script per shard batch checks the markers, adds only the
-  new parts' counts and occupies their markers, as one step no crash can split.
+  Atomic mode: checks a shard batch's markers, adds only the new parts'
+  counts and occupies their markers, in one script. The key layout is in
+  docs/architecture.md ("Redis keys"); how the script works, in its
+  "The scripts" section.
 
   Input:
-    KEYS[1]                the batch's receipt
-    KEYS[2]                the shard's marker base, <prefix>mk:{<vshard>}; the
-                           script reads and writes <base>:<bucket>:<sub> and
-                           <base>:<bucket>:m (the same hash tag, so the same
-                           slot on a cluster)
+    KEYS[1]                the batch's write receipt
+    KEYS[2]                the shard's marker base, <prefix>mk:{<vshard>}
     KEYS[3 .. m+2]         the batch's count keys
     ARGV[1]                marker TTL, seconds (also the receipt's)
     ARGV[2]                the TTL a count key gets, seconds
     ARGV[3]                n, the number of parts
     ARGV[4]                m, the number of count keys
     ARGV[5]                bucket width, seconds
-    ARGV[6]                sub-buckets of a shard's bucket when the bucket
-                           before it is unknown (a power of two)
+    ARGV[6]                sub-buckets of a bucket whose bucket before is
+                           unknown (a power of two)
     ARGV[7]                layout of the rest: 'sums' or 'parts'
     ARGV[8]                refresh: one character per count key, '1' when its
-                           TTL is to be set even if it exists (a new key
-                           always gets it; see count_apply.lua); 'parts' and
-                           the refusal path set every written key's TTL
+                           TTL is to be set even if it exists ('parts' and
+                           the refusal path set every written key's TTL)
     ARGV[9]                filter bits per expected marker of a bucket it
-                           opens (0: no filter; marker_buckets.lua)
+                           opens (0: no filter)
     'sums':  ARGV[10 .. m+9]    per count key, the sum of its deltas over
-                                all n parts, duplicates included (a decimal
-                                string, exact at any size)
+                                all n parts, duplicates included (decimal)
              ARGV[m+10 .. 2m+9] per count key, how many changes of all n
                                 parts name it
              ARGV[2m+10 ..]     the parts, as below
-    'parts': ARGV[10 ..]        the parts (the worker's choice when a delta
-                                is not a safe integer: every change is checked)
+    'parts': ARGV[10 ..]        the parts
     the parts              per part: its 16-byte digest, k, then k pairs
                            (count key index 1..m, delta as a decimal string)
 
@@ -41,58 +37,13 @@
                    '2' refused by Redis (counted nothing, no marker)
       refusals     one {part index, count key, delta, Redis error} per
                    refused part (the first change Redis refused in it)
-      replayed     1 when the receipt answered: the batch had already run
+      replayed     1 when the receipt answered: the batch had already run,
+                   and flags and refusals are the first run's
 
   Errors:
     TALLY_SCRIPT_ARGS  the keys and arguments disagree; nothing was written
-
-  - Markers are fields of time-bucketed hashes (shared/src/markers.ts): a
-    part is a duplicate when its digest is done ('1') in any live bucket.
-    (A two-step marker holds its batch's number instead; a prefix switches
-    mode only once no marker is live, so atomic mode never meets one.) New
-    markers go to the bucket of now (TIME, the server's clock), whose hashes
-    expire at the bucket's end plus the marker TTL. Each bucket's meta hash
-    <base>:<bucket>:m holds its sub-bucket count `s` (fixed by the first
-    script that writes to it, from `n` of the bucket before), `n`, the
-    markers written to it, and `x`, which of its hashes already carry their
-    expiry (as in claim_markers.lua). Reads and writes are grouped by hash.
-  - Everything that can fail for a bad argument is checked in the first
-    pass, before any write: Redis does not roll back a script that errors
-    halfway, so an error must come before the first write or not at all.
-    (With 'sums' the new parts' changes are read only on the refusal path,
-    and checked there before any part is applied: the batch's group has been
-    taken back by then, so nothing is written either.)
-  - 'sums' spares the script a pass over every change (Lua glue per change
-    was most of its CPU): when no part is a duplicate the sums go to INCRBY
-    as they came; otherwise only the duplicates' changes are read, and their
-    deltas taken off the sums of the keys they name (a key named by
-    duplicates only is skipped: its count says how many changes name it).
-    That subtraction is done in doubles, so only while every number in it is
-    within +-(2^53-1); else the batch is summed from the new parts as with
-    'parts'.
-  - Lua numbers are doubles. Summing from the parts, deltas (strings) are
-    summed per SKU only while the sum stays within +-(2^53-1), where doubles
-    are exact; a sum that would leave that range is spilled as its own
-    INCRBY first. Sums are sent to INCRBY formatted with %.0f (never
-    tostring, which writes 1e+15), and Redis parses them as 64-bit integers
-    (a sum beyond that range is refused, and its parts isolated as below).
-  - Refusals: INCRBY runs under pcall, and is refused for a
-    foreign value in a count key (WRONGTYPE, not an integer) or a 64-bit
-    overflow. A refused part must count nothing and occupy no marker, so that
-    its replay from the dead-letter queue counts it once, while the batch's
-    other parts are counted and marked. Increments are applied in groups, all
-    or nothing (addAll: the applied ones are taken back with the inverse
-    increment, inside this one script, so nobody sees the intermediate
-    state). The usual case is one group, the whole batch summed per SKU; only
-    when Redis refuses one of those sums is every new part applied again as
-    its own group, and a part refused there is flagged '2'. Only keys on
-    which an INCRBY succeeded get the count TTL: a foreign key is never
-    touched.
-  - The receipt (keyed by the coordinator's batch id) stores the result, so a
-    rerun (a lost reply, a dead thread) returns the first answer instead of
-    reporting the batch's own new parts as duplicates, and its refusals.
-  - The `#!lua` line makes Redis refuse the whole script up front when it is
-    out of memory, rather than at the first write inside it.
+    OOM                (the #!lua line) Redis is out of memory; nothing was
+                       written
 ]]
 local done = redis.call('GET', KEYS[1])
 if done then

@@ -1,19 +1,17 @@
 #!lua
 --[[
-  Two-step mode, step 1: the pre-check. Finds which parts of a shard batch
-  are new and claims them for this daemon, in one step no other daemon can
-  interleave with.
+  Two-step mode, step 1: finds which parts of a shard batch are new and
+  claims them for this daemon. The key layout is in docs/architecture.md
+  ("Redis keys"); how the script works, in its "The scripts" section.
 
   Input:
-    KEYS[1]     the shard's marker base, <prefix>mk:{<vshard>}; the script
-                reads and writes <base>:<bucket>:<sub> and <base>:<bucket>:m
-                (the same hash tag, so the same slot on a cluster)
+    KEYS[1]     the shard's marker base, <prefix>mk:{<vshard>}
     ARGV[1]     bucket width, seconds
     ARGV[2]     marker TTL, seconds
-    ARGV[3]     sub-buckets of a shard's bucket when the bucket before it is
-                unknown (a power of two)
+    ARGV[3]     sub-buckets of a bucket whose bucket before is unknown (a
+                power of two)
     ARGV[4]     filter bits per expected marker of a bucket this script
-                opens (0: no filter; marker_buckets.lua)
+                opens (0: no filter)
     ARGV[5]     this daemon's claim token (hex)
     ARGV[6]     claim TTL, milliseconds
     ARGV[7 ..]  one 16-byte digest per part
@@ -25,38 +23,14 @@
                  an earlier part of this batch has the same digest), '2' held
                  (another daemon's live claim: leave it for later)
       bucket     the bucket the claims went to, for occupy_markers
+      takeovers  parts claimed over another daemon's expired claim
       batch      this batch's number in that bucket (0 when nothing was
                  claimed), for occupy_markers
-      takeovers  parts claimed over another daemon's expired claim (that
-                 daemon died or stalled: if it had written the counts, the
-                 part is counted again, as after a crash in the window)
 
-  - Every live bucket is read, newest first: a done marker anywhere wins.
-  - Each bucket of a shard has a meta hash <base>:<bucket>:m: `s`, its
-    sub-bucket count, fixed by the first script that writes to the bucket
-    (from `n` of the bucket before: about 64 markers per hash, so each stays
-    a listpack), `n`, the markers written to it, `b`, the last batch number
-    given out, and one field `b<number>` per two-step batch: 'c<token>:<ms>'
-    while the batch is claimed, '1' once it is done. A bucket without meta
-    holds no marker and is not read.
-  - A marker's value is '1' (done: atomic mode, or moved by occupy_markers)
-    or the number (>= 2) of the two-step batch that claimed it: the part is
-    done when that batch is. So occupying a whole batch is one HSET of its
-    `b<number>` field, not one write per part.
-  - A claim of this daemon's (a retry of this batch after a lost reply) or
-    one older than the claim TTL (its daemon died or stalled) is taken over;
-    a live one of another daemon holds the part back, so two daemons never
-    count one message at the same instant.
-  - Each hash gets its expiry when it is created: the bucket's end plus the
-    marker TTL, so a marker lives at least the marker TTL. The meta field
-    `x` (a bitmap by sub-bucket) says which already have it.
-  - Reads and writes are grouped by hash: one HMGET per hash and bucket,
-    one HSET per hash, in chunks of 1,000 fields (unpack's limit is the Lua
-    C stack). A call costs far more than a field, and a batch of 500 parts
-    touches a few hundred hashes at most.
-  - TIME is the server's clock, so daemons on several machines agree on the
-    bucket; replicate_commands lets a script that read TIME write on
-    Redis 5 and 6 (a no-op from 7).
+  Errors:
+    TALLY_SCRIPT_ARGS  no filter bits argument; nothing was written
+    OOM                (the #!lua line) Redis is out of memory; nothing was
+                       written
 ]]
 if redis.replicate_commands then redis.replicate_commands() end
 local base = KEYS[1]

@@ -1,15 +1,16 @@
 #!lua
 --[[
-  Before a batch's WAIT (replica-wait.ts): every marker the batch relies on
-  must be done on the master that will answer the WAIT, and then this
-  connection makes a write of its own for the WAIT to follow.
+  Before a batch's WAIT (replica-wait.ts): checks that every marker the
+  batch relies on is done on this master, then writes a touch for the WAIT
+  to follow. The key layout is in docs/architecture.md ("Redis keys"); why
+  every marker is checked, in its "The scripts" section.
 
   Input:
     KEYS[1]     the shard's marker base, <prefix>mk:{<vshard>}
     ARGV[1]     bucket width, seconds
     ARGV[2]     marker TTL, seconds
-    ARGV[3]     sub-buckets of a new bucket when the bucket before it is
-                unknown (as in claim_markers)
+    ARGV[3]     sub-buckets of a bucket whose bucket before is unknown (as
+                in claim_markers)
     ARGV[4]     filter bits per expected marker of a bucket it opens (as in
                 claim_markers)
     ARGV[5 ..]  the 16-byte digests of the parts the batch relies on: those
@@ -17,23 +18,12 @@
 
   Output:
     the number of those digests not done in any live bucket (0: all done,
-    and the touch written; otherwise nothing written)
+    and the touch written; otherwise nothing written: rerun the batch)
 
-  Why every marker, not one: after a failover the WAIT is answered by the
-  promoted replica's own replicas. A marker this batch found on the old
-  master (a duplicate whose writer's writes were not yet replicated), or
-  occupied there, may be missing on the new master while another one is
-  present; acking on the strength of the present one would lose the parts
-  of the missing one. Missing markers make the caller rerun the batch.
-
-  A marker whose bucket expires within half the TTL is written again as done
-  into the bucket of now: a batch that waits for its replicas a long time (a
-  replica down for longer than the marker TTL) must not see its own markers
-  expire and count its parts a second time on the rerun. Otherwise the write
-  is an EXPIREAT of the newest bucket's meta hash to the expiry it already
-  has (a bucket's hashes expire together; moving one would not keep it
-  readable past its bucket's life): replicated after everything this master
-  had run before it.
+  Errors:
+    TALLY_SCRIPT_ARGS  no filter bits argument; nothing was written
+    OOM                (the #!lua line) Redis is out of memory; nothing was
+                       written
 ]]
 if redis.replicate_commands then redis.replicate_commands() end
 local base = KEYS[1]

@@ -1,7 +1,9 @@
 #!lua
 --[[
   Two-step mode, step 3: occupies the markers of a batch's new parts, after
-  their counts were written (invariant 2).
+  their counts were written (invariant 2). The key layout is in
+  docs/architecture.md ("Redis keys"); how the script works, in its
+  "The scripts" section.
 
   Input:
     KEYS[1]     the shard's marker base, <prefix>mk:{<vshard>}
@@ -9,8 +11,8 @@
                 counts); absent when the batch wrote no counts
     ARGV[1]     bucket width, seconds
     ARGV[2]     marker TTL, seconds
-    ARGV[3]     sub-buckets of a new bucket when the bucket before it is
-                unknown (as in claim_markers)
+    ARGV[3]     sub-buckets of a bucket whose bucket before is unknown (as
+                in claim_markers)
     ARGV[4]     filter bits per expected marker of a bucket it opens (as in
                 claim_markers)
     ARGV[5]     the bucket claim_markers put the claims in
@@ -24,23 +26,12 @@
   Output:
     n  the markers occupied; -1: time has moved on to a later bucket, so
        call again with the digests; -2: the receipt is gone, nothing written
+       (rerun the whole batch under its id)
 
-  The receipt check keeps invariant 2 across a failover: the count write may
-  have landed on a master that died before its replica had it, and this
-  step's retry reaches the promoted replica. Markers set there would stand
-  for counts that no longer exist, and the batch would be acked (its WAIT
-  answered by the new master's replicas) with its counts lost. The receipt
-  is written in the same script as the counts, so it is there exactly when
-  they are; without it the caller reruns the whole batch (same batch id), and
-  the rerun writes the counts again.
-
-  The batch's parts hold its number; its record `b<number>` in the bucket's
-  meta hash turns from the claim into '1', and every part reads as done: one
-  HSET for the whole batch. When the bucket of now is a later one than the
-  claims', the claims' hashes expire earlier than the marker TTL from now,
-  so the markers are also written as '1' to the bucket of now (in chunks of
-  1,000 fields per HSET), which lives at least the TTL from now. Every write
-  is idempotent: a retry does it again.
+  Errors:
+    TALLY_SCRIPT_ARGS  no filter bits argument; nothing was written
+    OOM                (the #!lua line) Redis is out of memory; nothing was
+                       written
 ]]
 if redis.replicate_commands then redis.replicate_commands() end
 if KEYS[2] and redis.call('EXISTS', KEYS[2]) == 0 then return -2 end

@@ -1,6 +1,8 @@
 #!lua
 --[[
-  Two-step mode, step 2: writes a batch's counts, all of them or none.
+  Two-step mode, step 2: writes a batch's counts and its write receipt, all
+  of them or none. The key layout is in docs/architecture.md ("Redis
+  keys"); how refusals are handled, in its "The scripts" section.
 
   Input:
     KEYS[1]       the batch's write receipt (keyed by the coordinator's batch id)
@@ -9,16 +11,15 @@
     ARGV[2]       receipt TTL, seconds (the marker TTL)
     ARGV[3]       layout of the rest: 'sums' or 'parts'
     'sums':  ARGV[4]       refresh: one character per count key, '1' when its
-                           TTL is to be set even if it exists (see
-                           count_apply.lua: a new key always gets it)
+                           TTL is to be set even if it exists (a new key
+                           always gets it)
              ARGV[5..m+4]  one delta per count key: the batch's new parts
-                           summed per SKU (the usual call: one INCRBY per SKU)
+                           summed per SKU
     'parts': ARGV[4]       N, the number of parts in the batch (every written
                            key gets its TTL)
              ARGV[5..]     per new part: its batch index (1..N), k, then k
                            pairs (count key index 1..m, delta)
-    Deltas are decimal strings: Redis parses them as 64-bit integers, Lua
-    never turns them into doubles.
+    Deltas are decimal strings (64-bit integers, never Lua doubles).
 
   Output:
     {outcome, refusedParts, refusals}
@@ -31,19 +32,10 @@
       refusals      one {part index, count key, delta, Redis error} per
                     refused part (the first change Redis refused in it)
 
-  A script runs atomically, so the counts land together or not at all, and
-  the receipt written with them makes a rerun (a lost reply, a dead thread:
-  the batch id is the same) a no-op instead of a second count.
-
-  Refusals. INCRBY is refused for a foreign value in a count
-  key (WRONGTYPE, not an integer) or a 64-bit overflow. A refused part must
-  count nothing, so that its replay from the dead-letter queue counts it
-  once: a group of increments is applied all or nothing (addAll: the applied
-  ones are taken back with the inverse increment, inside this one script, so
-  nobody sees the intermediate state). With 'sums' the whole batch is one
-  group: a refusal leaves everything as it was and asks for 'parts', where
-  each part is its own group. Only keys on which an INCRBY succeeded get the
-  count TTL: a foreign key is never touched.
+  Errors:
+    TALLY_SCRIPT_ARGS  an unknown layout; nothing was written
+    OOM                (the #!lua line) Redis is out of memory; nothing was
+                       written
 ]]
 local done = redis.call('GET', KEYS[1])
 if done then

@@ -1,20 +1,10 @@
--- Marker buckets (the format is shared/src/markers.ts): the helpers every
--- marker script needs, pasted in by the loader at `-- @include
--- marker_buckets` (Redis scripts cannot call each other). Each script sets
--- `base`, its shard's marker base <prefix>mk:{<vshard>}, and `filterBits`,
--- bits of filter per expected marker for the buckets it opens (0: none),
--- before using them.
---
---   <base>:<bucket>:<sub>  hash: field 16-byte digest, value '1' (done) or
---                          the number of the two-step batch that claimed it
---   <base>:<bucket>:m      meta: s sub-buckets, n markers written, x which
---                          hashes carry their expiry, b last batch number,
---                          b<number> a two-step batch's claim or '1' (done),
---                          f the filter's 32-bit blocks (absent: no filter)
---   <base>:<bucket>:f      the bucket's filter: a blocked Bloom filter of
---                          every digest written to the bucket, so a lookup
---                          reads the hashes only for digests it may hold
---                          (see docs/architecture.md, "Marker filters")
+-- Marker buckets: the helpers every marker script needs, pasted in by the
+-- loader at `-- @include marker_buckets` (Redis scripts cannot call each
+-- other). Each script sets `base`, its shard's marker base
+-- <prefix>mk:{<vshard>}, and `filterBits`, bits of filter per expected
+-- marker for the buckets it opens (0: none), before using them. The keys
+-- these helpers read and write (<base>:<bucket>:<sub>, :m, :f) are described
+-- once, in docs/architecture.md ("Redis keys", "Markers", "Marker filters").
 
 -- Fields per HMGET/HSET: unpack's limit is the Lua C stack.
 local CHUNK = 1000
