@@ -24,7 +24,7 @@ import { readCounts } from '@tally/coordinator/counts';
 import { resetNamespace, startPrivateRedis, type PrivateRedis } from '@tally/testkit';
 import { compareWithTruth, describeTruthCheck, generateWorkload, publishAll, type Workload } from '@tally/workload';
 import { startContender, type RunningContender } from './contenders.js';
-import type { BenchOptions } from './options.js';
+import { workloadShape, type BenchOptions } from './options.js';
 import { cpuSeconds } from './proc.js';
 import { median } from './stats.js';
 
@@ -199,17 +199,7 @@ export async function runPartitions(options: BenchOptions, outDir: string, log: 
   try {
     redis = await startPrivateRedis();
     client = new Redis(redis.url, { connectionName: 'tally-bench' });
-    const workload = generateWorkload({
-      messages: options.messages,
-      skus: options.skus,
-      zipf: options.zipf,
-      minChanges: options.minChanges,
-      maxChanges: options.maxChanges,
-      duplicateRate: options.duplicateRate,
-      seed: options.seed,
-      badRate: 0,
-      idPrefix: 'part',
-    });
+    const workload = generateWorkload({ ...workloadShape(options), badRate: 0, idPrefix: 'part' });
     log(
       `workload: ${workload.publishes.length} deliveries; partitions ${partitionCounts.join(', ')} x daemons ${daemonCounts.join(', ')}; ${options.rounds} round(s)`,
     );

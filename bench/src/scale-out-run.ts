@@ -31,7 +31,7 @@ import { startContender, type RunningContender } from './contenders.js';
 import { queueState } from './broker.js';
 import { benchContext } from './context.js';
 import { keyGroups } from './key-groups.js';
-import type { BenchOptions } from './options.js';
+import { workloadShape, type BenchOptions } from './options.js';
 import {
   renderBreakdownTable,
   renderFiguresTable,
@@ -197,17 +197,7 @@ export async function runScaleOut(options: BenchOptions, outDir: string, log: (l
       { name: 'standalone', url: standalone.url, client: standaloneClient },
       { name: 'cluster', url: cluster.seedUrls.join(','), client: clusterClient },
     ];
-    const workload = generateWorkload({
-      messages: options.messages,
-      skus: options.skus,
-      zipf: options.zipf,
-      minChanges: options.minChanges,
-      maxChanges: options.maxChanges,
-      duplicateRate: options.duplicateRate,
-      seed: options.seed,
-      badRate: 0,
-      idPrefix: 'scale',
-    });
+    const workload = generateWorkload({ ...workloadShape(options), badRate: 0, idPrefix: 'scale' });
     log(`workload: ${workload.publishes.length} deliveries, ${workload.truth.size} SKUs; daemons ${daemonCounts.join(', ')}; ${options.rounds} round(s)`);
     for (let round = 0; round < options.rounds; round++) {
       for (const daemons of daemonCounts) {
