@@ -22,7 +22,8 @@
 import { randomBytes } from 'node:crypto';
 import type { Redis } from 'ioredis';
 import { filterBlocksFor, layoutKey, markerBaseKey, markerMetaKey, MARKER_FORMAT, SHARD_HASH, type TallyMode } from '@tally/shared';
-import { expiryBitmap, seededUniform, subBucketCounts, type Population } from './steady-population.js';
+import { seededRandom } from '@tally/workload';
+import { expiryBitmap, subBucketCounts, type Population } from './steady-population.js';
 
 /**
  * KEYS[1]  the shard's marker base, <prefix>mk:{<vshard>}
@@ -158,7 +159,7 @@ export async function writeLayout(
 export async function fillMarkers(redis: Redis, plan: FillPlan): Promise<FillReport> {
   const started = performance.now();
   const sha = (await redis.script('LOAD', FILL_MARKERS_LUA)) as string;
-  const random = seededUniform(plan.seed);
+  const random = seededRandom(plan.seed);
   let markers = 0;
   let hashes = 0;
   let buckets = 0;

@@ -113,18 +113,6 @@ export function evenShares(partsPerMessage: number, virtualShards: number): numb
   return new Array<number>(virtualShards).fill(partsPerMessage / virtualShards);
 }
 
-/** A small seeded PRNG (mulberry32): the same fill for the same seed. */
-export function seededUniform(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
-
 /**
  * How many of a bucket's markers fall in each of its hashes: each marker's
  * sub-bucket drawn uniformly, as the first two bytes of a SHA-256 digest
