@@ -101,6 +101,18 @@ export function spawnDaemon(env: Record<string, string>): DaemonProcess {
   };
 }
 
+/** Waits until the daemon has logged `text` at least `count` times. */
+export async function waitForLogCount(daemon: DaemonProcess, text: string, count: number, timeoutMs = 60_000): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  const seen = (): number => daemon.logs.filter((l) => l.includes(text)).length;
+  while (seen() < count) {
+    if (Date.now() > deadline || daemon.child.exitCode !== null || daemon.child.signalCode !== null) {
+      throw new Error(`daemon logged ${JSON.stringify(text)} ${seen()} times, expected ${count}; last logs:\n${daemon.logs.slice(-10).join('\n')}`);
+    }
+    await sleep(25);
+  }
+}
+
 /** Starts the daemon and waits until it consumes. */
 export async function startDaemon(env: Record<string, string>): Promise<DaemonProcess> {
   const daemon = spawnDaemon(env);
@@ -290,11 +302,12 @@ export { compareWithTruth as compare } from '@tally/workload';
 const run = promisify(execFile);
 
 /** Closes, from the broker's side, every connection whose client named itself with `namePrefix`. */
-export async function closeConnections(namePrefix: string): Promise<number> {
+export async function closeConnections(connectionName: string): Promise<number> {
   const { stdout } = await run('rabbitmqctl', ['list_connections', '-q', '--no-table-headers', 'pid', 'client_properties'], { timeout: 30_000 });
   let closed = 0;
   for (const line of stdout.split('\n')) {
-    if (!line.includes(namePrefix)) continue;
+    // Quoted, so that pid 123 never matches the connection of pid 1234.
+    if (!line.includes(`"${connectionName}"`)) continue;
     const pid = line.split('\t')[0]!.trim();
     await run('rabbitmqctl', ['close_connection', pid, 'test: simulated connection loss'], { timeout: 30_000 });
     closed++;
