@@ -35,18 +35,30 @@ local function filterOf(bucket)
   return blocks
 end
 
--- A digest's block (bytes 5..8, big-endian, modulo the block count) and its
--- four bits in the block (bytes 9..12, each modulo 32): independent of the
--- bytes that pick the sub-bucket (1..2) and the marker shard (13..16).
-local function blockOf(digest, blocks)
-  local b5, b6, b7, b8 = string.byte(digest, 5, 8)
-  return ((((b5 * 256 + b6) * 256 + b7) * 256 + b8) % blocks)
-end
+-- A digest's filter coordinates, the same in every bucket: its block word
+-- (bytes 5..8, big-endian; the block is that modulo the bucket's block
+-- count) and its four bits in the block (bytes 9..12, each modulo 32),
+-- independent of the bytes that pick the sub-bucket (1..2) and the marker
+-- shard (13..16). Computed once per digest and script: string.byte and the
+-- arithmetic are a good part of the script's own time.
 local BIT = {}
 for i = 0, 31 do BIT[i] = bit.lshift(1, i) end
-local function bitsOf(digest)
-  local b9, b10, b11, b12 = string.byte(digest, 9, 12)
-  return bit.bor(BIT[b9 % 32], BIT[b10 % 32], BIT[b11 % 32], BIT[b12 % 32])
+local wordOfDigest, bitsOfDigest = {}, {}
+local function coordinatesOf(digest)
+  local word = wordOfDigest[digest]
+  if word == nil then
+    local b5, b6, b7, b8, b9, b10, b11, b12 = string.byte(digest, 5, 12)
+    word = ((b5 * 256 + b6) * 256 + b7) * 256 + b8
+    wordOfDigest[digest] = word
+    bitsOfDigest[digest] = bit.bor(BIT[b9 % 32], BIT[b10 % 32], BIT[b11 % 32], BIT[b12 % 32])
+  end
+  return word, bitsOfDigest[digest]
+end
+
+-- BITFIELD's offset of a block: string.format, because Lua 5.1 turns a
+-- number into a string with %.14g, three times slower ('#' .. n).
+local function offsetOf(block)
+  return string.format('#%d', block)
 end
 
 -- The words mayHold read, by bucket and block, for addToFilter in the same
@@ -63,10 +75,14 @@ local function mayHold(bucket, digests)
   for from = 1, #digests, CHUNK do
     local to = math.min(from + CHUNK - 1, #digests)
     local args = {}
+    local blockOfJ = {}
     for j = from, to do
+      local word = coordinatesOf(digests[j])
+      local block = word % blocks
+      blockOfJ[j] = block
       args[#args + 1] = 'GET'
       args[#args + 1] = 'u32'
-      args[#args + 1] = '#' .. blockOf(digests[j], blocks)
+      args[#args + 1] = offsetOf(block)
     end
     local words = redis.call('BITFIELD', key, unpack(args))
     local known = readWords[bucket]
@@ -77,8 +93,8 @@ local function mayHold(bucket, digests)
     for j = from, to do
       local digest = digests[j]
       local word = words[j - from + 1]
-      known[blockOf(digest, blocks)] = word
-      local bits = bitsOf(digest)
+      known[blockOfJ[j]] = word
+      local _, bits = coordinatesOf(digest)
       if bit.band(word, bits) == bits then kept[#kept + 1] = digest end
     end
   end
@@ -96,12 +112,14 @@ local function addToFilter(bucket, digests)
     local to = math.min(from + CHUNK - 1, #digests)
     local order, wanted = {}, {}
     for j = from, to do
-      local block = blockOf(digests[j], blocks)
-      if wanted[block] == nil then
-        wanted[block] = 0
+      local word, bits = coordinatesOf(digests[j])
+      local block = word % blocks
+      local want = wanted[block]
+      if want == nil then
+        want = 0
         order[#order + 1] = block
       end
-      wanted[block] = bit.bor(wanted[block], bitsOf(digests[j]))
+      wanted[block] = bit.bor(want, bits)
     end
     -- The words mayHold read in this script need no second read.
     local known = readWords[bucket] or {}
@@ -111,7 +129,7 @@ local function addToFilter(bucket, digests)
         unknown[#unknown + 1] = block
         args[#args + 1] = 'GET'
         args[#args + 1] = 'u32'
-        args[#args + 1] = '#' .. block
+        args[#args + 1] = offsetOf(block)
       end
     end
     if #unknown > 0 then
@@ -127,7 +145,7 @@ local function addToFilter(bucket, digests)
       if word ~= words[i] then
         args[#args + 1] = 'SET'
         args[#args + 1] = 'u32'
-        args[#args + 1] = '#' .. block
+        args[#args + 1] = offsetOf(block)
         args[#args + 1] = string.format('%d', word)
         known[block] = word
       end
@@ -216,7 +234,7 @@ local function openBucket(bucket, initialSubs, expiresAt)
     -- only answers "may hold" more often, it never misses a digest.
     local blocks = math.max(64, math.ceil(math.max(1, expected) * 2 * filterBits / 32))
     local filter = base .. ':' .. bucket .. ':f'
-    redis.call('BITFIELD', filter, 'SET', 'u32', '#' .. (blocks - 1), 0)
+    redis.call('BITFIELD', filter, 'SET', 'u32', offsetOf(blocks - 1), 0)
     redis.call('EXPIREAT', filter, expiresAt)
     redis.call('HSET', meta, 'f', blocks)
     filterBlocks[bucket] = blocks
