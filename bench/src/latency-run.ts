@@ -9,7 +9,8 @@
  *     every delivery (exact, same clock).
  *   - Tally: the daemon reports nothing per message, so the bench samples
  *     about a thousand messages per run and polls Redis every 5 ms for their
- *     idempotency markers (one per shard the message touches). A message's
+ *     idempotency markers (one per shard the message touches, or one per
+ *     message in message scope, as the prefix's layout records). A message's
  *     latency is the first poll that sees all its markers minus its publish
  *     time. The markers are the daemon's last Redis write before the ack
  *     (the ack follows one thread hop later), so this is publish-to-marked,
@@ -17,7 +18,7 @@
  */
 import { setTimeout as sleep } from 'node:timers/promises';
 import amqp from 'amqplib';
-import { bucketOf, layoutKey, markerBucketKey, markerDigest, markerMetaKey, markerShardOf, shardOf, subBucketOf } from '@tally/shared';
+import { bucketOf, layoutKey, markerBucketKey, markerDigest, markerMetaKey, markerScopeOf, markerShardOf, shardOf, subBucketOf } from '@tally/shared';
 import type { BenchContext } from './context.js';
 import { contextRunFields, prefixName, queueName } from './context.js';
 import { isTally, startContender } from './contenders.js';
@@ -49,19 +50,19 @@ export interface LatencyPlan {
 }
 
 interface Probe {
-  /** The virtual shards the message touches: it has one marker on each. */
-  readonly shards: number[];
+  /** Part scope: the virtual shards the message touches, one marker on each. */
+  readonly partShards: number[];
+  /** Message scope: the one marker shard of its digest. */
+  readonly messageShards: number[];
   readonly digest: Buffer;
   readonly publishedAt: number;
 }
 
-function probeFor(ctx: BenchContext, body: Buffer, id: string, publishedAt: number, messageScope: boolean): Probe {
+function probeFor(ctx: BenchContext, body: Buffer, id: string, publishedAt: number): Probe {
   const digest = markerDigest(id);
-  // Message-scoped markers (TALLY_MARKER_SCOPE=message): one, on the shard of the digest.
-  if (messageScope) return { shards: [markerShardOf(digest, ctx.virtualShards)], digest, publishedAt };
   const parsed = JSON.parse(body.toString('utf8')) as { changes: Array<{ sku: string }> };
   const shards = new Set(parsed.changes.map((c) => shardOf(c.sku, ctx.virtualShards)));
-  return { shards: [...shards], digest, publishedAt };
+  return { partShards: [...shards], messageShards: [markerShardOf(digest, ctx.virtualShards)], digest, publishedAt };
 }
 
 /**
@@ -69,9 +70,13 @@ function probeFor(ctx: BenchContext, body: Buffer, id: string, publishedAt: numb
  * bucket of now and the one before (a sampled message is marked within
  * seconds, so no older bucket can hold it), one pipeline per poll.
  */
-async function markedProbes(ctx: BenchContext, prefix: string, probes: readonly Probe[]): Promise<boolean[]> {
-  const width = Number(await ctx.redis.hget(layoutKey(prefix), 'marker_bucket_s'));
-  if (!(width >= 1)) return probes.map(() => false);
+async function markedProbes(ctx: BenchContext, prefix: string, batch: readonly Probe[]): Promise<boolean[]> {
+  const [bucketS, format] = await ctx.redis.hmget(layoutKey(prefix), 'marker_bucket_s', 'marker_format');
+  const width = Number(bucketS);
+  if (!(width >= 1)) return batch.map(() => false);
+  // Where the markers are follows the scope the prefix was laid out with, whatever the bench asked for.
+  const messageScope = markerScopeOf(format ?? '') === 'message';
+  const probes = batch.map((probe) => ({ digest: probe.digest, shards: messageScope ? probe.messageShards : probe.partShards }));
   const [seconds] = await ctx.redis.time();
   const current = bucketOf(Number(seconds), width);
   // Each shard's bucket has its own sub-bucket count, in its meta hash.
@@ -156,7 +161,6 @@ export async function runLatency(ctx: BenchContext, plan: LatencyPlan): Promise<
   const latencies: number[] = [];
   let achievedRate: number;
   const tally = isTally(contender);
-  const messageScope = plan.tallyEnv?.TALLY_MARKER_SCOPE === 'message';
   try {
     await ensureQueue(connection, queue);
     const started = await startContender({
@@ -213,8 +217,7 @@ export async function runLatency(ctx: BenchContext, plan: LatencyPlan): Promise<
             timestamp: now,
             ...(publish.messageId !== undefined ? { messageId: publish.messageId } : {}),
           });
-          if (tally && sent % every === 0 && publish.id !== undefined && now >= measureFrom)
-            outstanding.push(probeFor(ctx, publish.body, publish.id, now, messageScope));
+          if (tally && sent % every === 0 && publish.id !== undefined && now >= measureFrom) outstanding.push(probeFor(ctx, publish.body, publish.id, now));
           sent++;
           if (!ok) await new Promise((resolve) => channel.once('drain', resolve));
         }
