@@ -24,7 +24,7 @@
 import { randomUUID } from 'node:crypto';
 import amqp, { type ChannelModel, type ConfirmChannel, type ConsumeMessage, type Message } from 'amqplib';
 import { DEAD_AT_HEADER, describeError, nextNodeIndex, partitionQueue, redactUrl, retryUntilDone, TallyError, type QueueType } from '@tally/shared';
-import { classifyBrokerRefusal, type BrokerTarget } from './broker-refusal.js';
+import { amqpReplyCode, classifyBrokerRefusal, type BrokerTarget } from './broker-refusal.js';
 import type { ChannelLink } from './delivery.js';
 import type { Logger } from './logger.js';
 import { declareTallyQueues } from './queue-declaration.js';
@@ -355,7 +355,15 @@ export class AmqpLink {
     const model = await amqp.connect(node, { clientProperties: { connection_name: `tally-coordinator-${process.pid}` } });
     // From the first moment: a channel the broker closes re-emits its error on
     // the connection, and an 'error' without a listener is an uncaught throw.
-    model.on('error', (error: Error) => this.log.warn({ err: describeError(error) }, 'amqp connection error'));
+    // A connection exception (503 COMMAND_INVALID for an exchange type the
+    // broker lacks) closes the whole connection: the pending declare then
+    // fails with amqplib's "Channel ended", which names nothing. The broker's
+    // own close is the error to classify and report.
+    let closedBy: Error | null = null;
+    model.on('error', (error: Error) => {
+      closedBy ??= error;
+      this.log.warn({ err: describeError(error) }, 'amqp connection error');
+    });
     this.watchAlarms(model);
     try {
       await this.declareQueues(model);
@@ -413,7 +421,7 @@ export class AmqpLink {
       );
     } catch (error) {
       await model.close().catch(() => {});
-      throw error;
+      throw amqpReplyCode(error) === null && closedBy !== null ? closedBy : error;
     }
   }
 

@@ -97,7 +97,7 @@ export function brokerRefusal(error: unknown, target: BrokerTarget): string | nu
       `declare it to match, delete it, or set TALLY_QUEUE to another name`
     );
   }
-  if (code === COMMAND_INVALID && /unknown exchange type 'x-consistent-hash'/.test(text)) {
+  if (code === COMMAND_INVALID && /(unknown|invalid) exchange type 'x-consistent-hash'/.test(text)) {
     return (
       `RabbitMQ does not know the exchange type x-consistent-hash that TALLY_PARTITIONS > 1 needs (${text}); ` +
       `enable the plugin on every node: rabbitmq-plugins enable rabbitmq_consistent_hash_exchange`

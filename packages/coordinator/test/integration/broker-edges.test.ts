@@ -125,6 +125,19 @@ describe('broker edges (integration: the real RabbitMQ)', function () {
       }
     });
 
+    it('TALLY_PARTITIONS > 1 on a broker without the consistent-hash plugin: the broker closes the connection, the line names the plugin', async () => {
+      const space = testSpace('amqp-no-plugin', { TALLY_PARTITIONS: '2' });
+      await run('rabbitmq-plugins', ['disable', 'rabbitmq_consistent_hash_exchange'], { timeout: 60_000 });
+      try {
+        const result = await runRefusedStart(space.env, 40_000);
+        expectOneLineRefusal(result, "exchange type 'x-consistent-hash'", 'rabbitmq-plugins enable rabbitmq_consistent_hash_exchange');
+      } finally {
+        // The other partition tests need it back, whatever happened here.
+        await run('rabbitmq-plugins', ['enable', 'rabbitmq_consistent_hash_exchange'], { timeout: 60_000 });
+        await cleanup(space);
+      }
+    });
+
     it('the permissions the fix line names are enough to run', async () => {
       const space = testSpace('amqp-enough');
       try {

@@ -54,6 +54,14 @@ describe('brokerRefusal (RabbitMQ refusals at start -> one line naming the fix)'
     expect(line).to.include("inequivalent arg 'x-queue-type'").and.include('TALLY_QUEUE').and.include('other arguments');
   });
 
+  it('a broker without the consistent-hash plugin (503 on the connection) names the plugin to enable', () => {
+    const line = brokerRefusal(
+      closed(`Connection closed: 503 (COMMAND-INVALID) with message "COMMAND_INVALID - unknown exchange type 'x-consistent-hash'"`, 503),
+      TARGET,
+    )!;
+    expect(line).to.include('TALLY_PARTITIONS').and.include('rabbitmq-plugins enable rabbitmq_consistent_hash_exchange');
+  });
+
   it('an exclusive queue of another connection (405) names TALLY_QUEUE', () => {
     const line = brokerRefusal(
       closed(
