@@ -26,7 +26,7 @@ import {
   type SweepRecord,
 } from './results.js';
 import { median } from './stats.js';
-import { steadyPrepare } from './steady-state.js';
+import { benchMarkerScope, steadyPrepare } from './steady-state.js';
 import { partsPerMessageByShard } from './steady-population.js';
 import type { Change, TallyMode } from '@tally/shared';
 import { generateWorkload, type Workload, type WorkloadOptions } from '@tally/workload';
@@ -87,7 +87,7 @@ export async function runBench(options: BenchOptions, log: (line: string) => voi
     // Message-scoped markers: one per message, spread evenly by digest over the marker shards.
     const shares = !options.steadyState
       ? []
-      : options.tallyEnv.TALLY_MARKER_SCOPE === 'message'
+      : benchMarkerScope(options.tallyEnv, ctx.nodes.topology) === 'message'
         ? Array.from({ length: ctx.virtualShards }, (_, vshard) =>
             vshard < messageMarkerShards(ctx.virtualShards) ? 1 / messageMarkerShards(ctx.virtualShards) : 0,
           )

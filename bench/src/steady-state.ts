@@ -7,7 +7,17 @@
  */
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Redis } from 'ioredis';
-import { DEFAULTS, defaultBucketWidthS, markerFilterBits, markerFormatOf, markersPerSubBucket, type MarkerScope, type TallyMode } from '@tally/shared';
+import {
+  DEFAULTS,
+  defaultBucketWidthS,
+  parseInfo,
+  defaultMarkerScope,
+  markerFilterBits,
+  markerFormatOf,
+  markersPerSubBucket,
+  type MarkerScope,
+  type TallyMode,
+} from '@tally/shared';
 import type { BenchContext } from './context.js';
 import { fillMarkers, serverNowS, writeLayout } from './marker-fill.js';
 import { sampleMemory } from './redis-nodes.js';
@@ -50,9 +60,21 @@ export function markerSettings(tallyEnv: Readonly<Record<string, string>>): { ma
   };
 }
 
-/** The marker scope the bench's daemons lay a new prefix out with (--tally-env TALLY_MARKER_SCOPE). */
-function scopeOf(tallyEnv: Readonly<Record<string, string>>): MarkerScope {
-  return tallyEnv.TALLY_MARKER_SCOPE === 'message' ? 'message' : 'part';
+/** Waits (up to a minute) until the server has freed what UNLINK handed to its background thread (INFO memory lazyfree_pending_objects). */
+async function waitForLazyFree(redis: Redis): Promise<void> {
+  const deadline = Date.now() + 60_000;
+  while (Date.now() < deadline) {
+    const pending = Number(parseInfo(await redis.info('memory')).get('lazyfree_pending_objects') ?? 0);
+    if (!(pending > 0)) return;
+    await sleep(100);
+  }
+}
+
+/** The marker scope the bench's daemons lay a new prefix out with: --tally-env TALLY_MARKER_SCOPE, else the daemon's default for the topology. */
+export function benchMarkerScope(tallyEnv: Readonly<Record<string, string>>, topology: 'standalone' | 'cluster'): MarkerScope {
+  const set = tallyEnv.TALLY_MARKER_SCOPE?.trim();
+  if (set === 'message' || set === 'part') return set;
+  return defaultMarkerScope(topology);
 }
 
 export function steadyPrepare(ctx: BenchContext<Redis>, plan: SteadyPlan): (prefix: string) => Promise<Omit<SteadyFillRecord, 'layoutFound'>> {
@@ -65,7 +87,7 @@ export function steadyPrepare(ctx: BenchContext<Redis>, plan: SteadyPlan): (pref
         bucketWidthS: settings.bucketWidthS,
         partsPerMessageByShard: plan.shares,
         nowS,
-        markersPerHash: markersPerSubBucket(markerFilterBits(scopeOf(ctx.tallyEnv))),
+        markersPerHash: markersPerSubBucket(markerFilterBits(benchMarkerScope(ctx.tallyEnv, ctx.nodes.topology))),
       });
     let nowS = await serverNowS(ctx.redis);
     const waitS = waitForBucketS(nowS, settings.bucketWidthS, populationAt(nowS).totalMarkers * FILL_S_PER_MARKER + plan.drainBudgetS);
@@ -81,10 +103,19 @@ export function steadyPrepare(ctx: BenchContext<Redis>, plan: SteadyPlan): (pref
       mode: plan.mode,
       bucketS: settings.bucketWidthS,
       subBuckets: settings.initialSubBuckets,
-      format: markerFormatOf(scopeOf(ctx.tallyEnv)),
+      format: markerFormatOf(benchMarkerScope(ctx.tallyEnv, ctx.nodes.topology)),
     });
+    // The prefix of the drain before was deleted with UNLINK: its memory is
+    // freed by a background thread, which would shrink this fill's figure
+    // (one fill measured 149 MB for 15 M markers) and the drain's after it.
+    await waitForLazyFree(ctx.redis);
     const before = (await sampleMemory(ctx.nodes)).masters;
-    const filled = await fillMarkers(ctx.redis, { prefix, population, seed: plan.seed, filterBits: markerFilterBits(scopeOf(ctx.tallyEnv)) });
+    const filled = await fillMarkers(ctx.redis, {
+      prefix,
+      population,
+      seed: plan.seed,
+      filterBits: markerFilterBits(benchMarkerScope(ctx.tallyEnv, ctx.nodes.topology)),
+    });
     const after = (await sampleMemory(ctx.nodes)).masters;
     const subs = population.buckets.map((b) => b.subBuckets);
     ctx.log(

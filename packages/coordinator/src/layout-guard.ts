@@ -177,11 +177,15 @@ interface ScriptReply {
 }
 
 /** The settings the layout check reads; the marker ones default as in config.ts. */
-type LayoutConfig = Pick<TallyConfig, 'prefix' | 'virtualShards' | 'mode'> & Partial<Pick<TallyConfig, 'markerTtlS' | 'markerSubBuckets' | 'markerScope'>>;
+type LayoutConfig = Pick<TallyConfig, 'prefix' | 'virtualShards' | 'mode'> &
+  Partial<Pick<TallyConfig, 'markerTtlS' | 'markerSubBuckets'>> & {
+    /** The scope for a new prefix, resolved by topology (defaultMarkerScope) when TALLY_MARKER_SCOPE is not set; part when absent. */
+    readonly markerScope?: MarkerScope | null;
+  };
 
 /** What a daemon with these settings records for a new prefix. */
 function proposedMarkers(config: LayoutConfig): MarkerLayout {
-  const scope = config.markerScope ?? DEFAULTS.markerScope;
+  const scope = config.markerScope ?? 'part';
   return {
     format: markerFormatOf(scope),
     scope,

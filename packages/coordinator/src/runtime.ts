@@ -15,6 +15,7 @@ import {
   isServerRefusal,
   classifyError,
   isTallyError,
+  defaultMarkerScope,
   MarkerFormatRefusedError,
   redactUrl,
   RedisRequirementError,
@@ -149,14 +150,15 @@ export async function openRuntime(context: RuntimeContext): Promise<{ runtime: R
   const lease = { holder: context.daemonId, ttlMs: HEARTBEAT_TTL_BEATS * config.heartbeatMs };
   // Before the layout is recorded: a new prefix must not be laid out with a scope this Redis cannot serve.
   if (config.markerScope === 'message' && redisProbe.topology === 'cluster') throw messageScopeOnCluster(config.prefix);
-  const layout = await untilRedis(context, 'layout check', () => ensureLayout(redis, config, lease));
+  const proposedScope = config.markerScope ?? defaultMarkerScope(redisProbe.topology);
+  const layout = await untilRedis(context, 'layout check', () => ensureLayout(redis, { ...config, markerScope: proposedScope }, lease));
   checkpoint();
   log.info({ virtualShards: layout.virtualShards, created: layout.created, daemonId: context.daemonId, markers: layout.markers }, 'shard layout verified');
   if (layout.markers.scope === 'message' && redisProbe.topology === 'cluster') throw messageScopeOnCluster(config.prefix);
   // Recorded like the virtual shards: daemons of another TALLY_PARTITIONS would compute other owners (docs/operations.md).
   await untilRedis(context, 'partition count check', () => ensurePartitionCount(redis, config.prefix, config.partitions));
   checkpoint();
-  if (layout.markers.scope !== config.markerScope) {
+  if (config.markerScope !== null && layout.markers.scope !== config.markerScope) {
     log.warn(
       { configured: config.markerScope, recorded: layout.markers.scope },
       'TALLY_MARKER_SCOPE differs from the scope the prefix was laid out with; using the recorded one (every daemon of a prefix must)',
@@ -352,7 +354,7 @@ export async function openRuntime(context: RuntimeContext): Promise<{ runtime: R
 function messageScopeOnCluster(prefix: string): MarkerFormatRefusedError {
   return new MarkerFormatRefusedError(
     `TALLY_MARKER_SCOPE=message needs a standalone Redis, and this one is a cluster (prefix "${prefix}"): a message's counts span hash slots, ` +
-      `so they cannot be written with its one marker. Use TALLY_MARKER_SCOPE=part (the default) with a new TALLY_PREFIX on a cluster.`,
+      `so they cannot be written with its one marker. Use TALLY_MARKER_SCOPE=part (the default on a cluster) with a new TALLY_PREFIX.`,
   );
 }
 

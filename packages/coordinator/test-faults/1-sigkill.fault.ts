@@ -1,7 +1,7 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import { expect } from 'chai';
 import { generateWorkload, seededRandom } from '@tally/workload';
-import { cleanup, countsOf, queueState, statsOf, testSpace, withRedis } from '../test/integration/harness.js';
+import { pinMarkerScope, cleanup, countsOf, queueState, statsOf, testSpace, withRedis } from '../test/integration/harness.js';
 import { largestBatchUnits, partsById, unmarkedUnitsPerShard, UnmarkedLedger } from '../test/integration/crash-window.js';
 import { Backlog } from './backlog.js';
 import { checkCounts, checkDeadLetters, deviationFromCli, truthOfPrefix, unitsPerMessage } from './checks.js';
@@ -83,6 +83,8 @@ async function unackedOf(port: number): Promise<number> {
 }
 
 describe('faults: repeated SIGKILL', function () {
+  // It reads part-scoped markers, claims or windows by shard from Redis.
+  pinMarkerScope('part');
   this.timeout(600_000);
 
   it(`loses nothing over ${KILLS} kills at random loaded moments; overcounts exactly what each kill left in its window, at most one batch per shard; \`tally deviation\`'s W matches ${KILLS * EVENTS_PER_VICTIM} windows sampled under load`, async () => {

@@ -28,7 +28,17 @@ import { deleteKeys, startRabbitCluster, type RabbitCluster, type RabbitNode } f
 import { daemonKey, type TallyMode } from '@tally/shared';
 import { declareTallyQueues } from '../src/queue-declaration.js';
 import { createLogger } from '../src/logger.js';
-import { countsOf, receiptCount, statsOf, testSpace, withRedis, REDIS_URL, type DaemonProcess, type TestSpace } from '../test/integration/harness.js';
+import {
+  pinMarkerScope,
+  countsOf,
+  receiptCount,
+  statsOf,
+  testSpace,
+  withRedis,
+  REDIS_URL,
+  type DaemonProcess,
+  type TestSpace,
+} from '../test/integration/harness.js';
 import { until } from '../test/integration/fleet-helpers.js';
 import { largestBatchUnits, partsById, type PartsById } from '../test/integration/crash-window.js';
 import { drainAt, waitForEmptyAt, waitForNodeOf } from '../test/integration/private-broker.js';
@@ -88,6 +98,8 @@ async function publishSlice(publishes: Workload['publishes'], url: string, queue
 }
 
 describe('faults: a RabbitMQ node lost for good (3-node cluster, quorum queues)', function () {
+  // It reads part-scoped markers, claims or windows by shard from Redis.
+  pinMarkerScope('part');
   this.timeout(600_000);
   let cluster: RabbitCluster;
 

@@ -1,7 +1,7 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import { expect } from 'chai';
 import { generateWorkload, seededRandom } from '@tally/workload';
-import { cleanup, countsOf, queueState, statsOf, testSpace, waitForReadyBelow } from '../test/integration/harness.js';
+import { pinMarkerScope, cleanup, countsOf, queueState, statsOf, testSpace, waitForReadyBelow } from '../test/integration/harness.js';
 import { partsById } from '../test/integration/crash-window.js';
 import { Backlog } from './backlog.js';
 import { checkCounts, checkDeadLetters, deviationFromCli, overcountBound, truthOfPrefix, unitsPerMessage } from './checks.js';
@@ -23,6 +23,8 @@ const MEAN_LOADED_LIFE_MS = 1_500;
 const READY_AHEAD = 120_000;
 
 describe('faults: recovery slower than the marker TTL', function () {
+  // It reads part-scoped markers, claims or windows by shard from Redis.
+  pinMarkerScope('part');
   this.timeout(300_000);
 
   it('re-counts what was occupied but not acked, as much as `tally deviation` predicts (within a factor of 2)', async () => {

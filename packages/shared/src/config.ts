@@ -69,9 +69,10 @@ export interface TallyConfig {
   /**
    * TALLY_MARKER_SCOPE: what one marker stands for (markers.ts MarkerScope),
    * for a prefix laid out from now on; a prefix keeps the scope it was laid
-   * out with. `message` needs a standalone Redis.
+   * out with. `message` needs a standalone Redis. null when not set: the
+   * daemon picks by topology once it has probed Redis (defaultMarkerScope).
    */
-  readonly markerScope: MarkerScope;
+  readonly markerScope: MarkerScope | null;
   readonly countTtlS: number;
   /**
    * TALLY_MESSAGE_MAPPING: where a message in the user's own shape keeps its
@@ -130,7 +131,7 @@ export const DEFAULTS = Object.freeze({
   markerTtlS: 600,
   markerSubBuckets: 256,
   markerClaimTtlS: 10,
-  markerScope: 'part' as MarkerScope,
+  markerScope: null as MarkerScope | null,
   countTtlS: 2_592_000,
   virtualShards: 16,
   maxMessageBytes: 65_536,
@@ -318,8 +319,9 @@ function mode(env: Env, name: string): TallyMode {
   return raw as TallyMode;
 }
 
-function markerScope(env: Env, name: string): MarkerScope {
-  const raw = read(env, name) ?? DEFAULTS.markerScope;
+function markerScope(env: Env, name: string): MarkerScope | null {
+  const raw = read(env, name);
+  if (raw === undefined) return DEFAULTS.markerScope;
   if (!(MARKER_SCOPES as readonly string[]).includes(raw)) {
     throw new ConfigError(name, `expected one of ${MARKER_SCOPES.join(', ')}, got ${JSON.stringify(raw)}`);
   }

@@ -38,6 +38,17 @@ export function markerScopeOf(format: string): MarkerScope | null {
   return null;
 }
 
+/**
+ * The scope a new prefix is laid out with when TALLY_MARKER_SCOPE is not
+ * set: one marker per message on a standalone Redis (about a fifth of the
+ * Redis CPU per message of part scope at production population,
+ * docs/benchmark.md), per part on a Redis Cluster, where a message's counts
+ * span hash slots and no script can write them with its one marker.
+ */
+export function defaultMarkerScope(topology: 'standalone' | 'cluster'): MarkerScope {
+  return topology === 'cluster' ? 'part' : 'message';
+}
+
 export function markerFormatOf(scope: MarkerScope): string {
   return scope === 'message' ? MESSAGE_MARKER_FORMAT : MARKER_FORMAT;
 }

@@ -80,7 +80,7 @@ describe('loadConfig', () => {
       markerTtlS: 600,
       markerSubBuckets: 256,
       markerClaimTtlS: 10,
-      markerScope: 'part',
+      markerScope: null,
       countTtlS: 2_592_000,
       messageMapping: null,
       acceptTypes: null,

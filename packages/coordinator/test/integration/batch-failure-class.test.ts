@@ -12,9 +12,11 @@ import { ClassifiedFailure, countKey, encodeBatchTask, markerDigest, type PartCh
 import { markerEntry, readMarkers, testWorkerSettings } from '@tally/testkit';
 import { runIsolating } from '../../src/batch-isolation.js';
 import { WorkerPools } from '../../src/worker-pools.js';
-import { REDIS_URL } from './harness.js';
+import { pinMarkerScope, REDIS_URL } from './harness.js';
 
 describe('batch failure classes across the thread boundary (real threads, real Redis)', function () {
+  // It reads part-scoped markers, claims or windows by shard from Redis.
+  pinMarkerScope('part');
   this.timeout(60_000);
 
   for (const mode of ['two-step', 'atomic'] as const satisfies readonly TallyMode[]) {

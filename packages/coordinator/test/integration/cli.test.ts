@@ -3,10 +3,12 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { expect } from 'chai';
 import { countKey, shardOf, statsKey } from '@tally/shared';
-import { cleanup, drainWithDaemon, testSpace, withRedis } from './harness.js';
+import { pinMarkerScope, cleanup, drainWithDaemon, testSpace, withRedis } from './harness.js';
 import { tallyCli } from './fleet-helpers.js';
 
 describe('tally CLI (integration)', function () {
+  // It reads part-scoped markers, claims or windows by shard from Redis.
+  pinMarkerScope('part');
   this.timeout(120_000);
 
   it('counts --json prints every SKU under the prefix exactly, and --sku limits it', async () => {

@@ -12,7 +12,7 @@ import { expect } from 'chai';
 import { generateWorkload, publishAll } from '@tally/workload';
 import { resetNamespace, startRedisCluster, type RedisCluster } from '@tally/testkit';
 import { keySlot, isCluster, scanNodes } from '@tally/runtime';
-import { layoutKey, type TallyMode } from '@tally/shared';
+import { layoutKey, MARKER_FORMAT, type TallyMode } from '@tally/shared';
 import type { StatusReport } from '../../src/commands/status.js';
 import {
   cleanup,
@@ -105,6 +105,9 @@ describe('Redis Cluster (integration: 3 masters + 3 replicas of our own)', funct
         const counts = new Map(Object.entries(JSON.parse((await tallyCli(space.env, 'counts', '--json')).stdout) as Record<string, number>));
         const diff = compare(counts, workload.truth);
         expect(diff.exact, `${mode}: lost ${diff.missingUnits}, excess ${diff.excessUnits}`).to.equal(true);
+        // TALLY_MARKER_SCOPE unset: on a cluster the daemon lays a new prefix out with part-scoped markers.
+        const format = await withRedisAt(seeds, (redis) => redis.hget(layoutKey(space.prefix), 'marker_format'));
+        expect(format, 'the default scope on a cluster').to.equal(MARKER_FORMAT);
       } finally {
         for (const daemon of daemons) await stopDaemon(daemon);
         await resetNamespace({ amqpUrl: AMQP_URL, redisUrl: REDIS_URL, queue: space.queue, prefix: space.prefix, partitions: 4 });

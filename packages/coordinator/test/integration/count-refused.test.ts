@@ -12,7 +12,20 @@ import { Redis } from 'ioredis';
 import { generateWorkload, publishAll } from '@tally/workload';
 import { countKey, shardOf } from '@tally/shared';
 import type { ReplayReport } from '../../src/commands/dead-queue.js';
-import { cleanup, compare, countsOf, drainQueue, drainWithDaemon, queueState, statsOf, testSpace, AMQP_URL, CLI, REDIS_URL } from './harness.js';
+import {
+  pinMarkerScope,
+  cleanup,
+  compare,
+  countsOf,
+  drainQueue,
+  drainWithDaemon,
+  queueState,
+  statsOf,
+  testSpace,
+  AMQP_URL,
+  CLI,
+  REDIS_URL,
+} from './harness.js';
 import { runTool } from './ops-tools.js';
 
 interface Body {
@@ -21,6 +34,8 @@ interface Body {
 }
 
 describe('count refused: a foreign value in a count key (integration, both modes)', function () {
+  // It reads part-scoped markers, claims or windows by shard from Redis.
+  pinMarkerScope('part');
   this.timeout(240_000);
 
   for (const mode of ['two-step', 'atomic'] as const) {

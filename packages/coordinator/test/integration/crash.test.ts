@@ -3,6 +3,7 @@ import { expect } from 'chai';
 import { generateWorkload } from '@tally/workload';
 import { largestBatchUnits, partsById, unmarkedUnitsPerShard } from './crash-window.js';
 import {
+  pinMarkerScope,
   cleanup,
   compare,
   countsOf,
@@ -18,6 +19,8 @@ import {
 } from './harness.js';
 
 describe('crash (integration: SIGKILL of the daemon process)', function () {
+  // It reads part-scoped markers, claims or windows by shard from Redis.
+  pinMarkerScope('part');
   this.timeout(240_000);
 
   it('loses nothing and overcounts exactly what each kill left in its window, at most one batch per shard per kill', async () => {

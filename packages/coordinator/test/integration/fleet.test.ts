@@ -4,6 +4,7 @@ import { generateWorkload, publishAll, seededRandom, type Workload } from '@tall
 import { COUNTER_NAMES, daemonKey, deadLetterReason, shardOf, type TallyMode } from '@tally/shared';
 import type { StatusReport } from '../../src/commands/status.js';
 import {
+  pinMarkerScope,
   cleanup,
   compare,
   countsOf,
@@ -59,6 +60,8 @@ function outcomes(stats: Record<string, number>): number {
 }
 
 describe('several daemons on one queue and one Redis (integration)', function () {
+  // It reads part-scoped markers, claims or windows by shard from Redis.
+  pinMarkerScope('part');
   this.timeout(600_000);
 
   for (const mode of ['atomic', 'two-step'] as TallyMode[]) {

@@ -30,14 +30,34 @@ export interface TestSpace {
   readonly env: Record<string, string>;
 }
 
+/** The marker scope pinned by the running describe block (pinMarkerScope), or null: the daemon's default. */
+let pinnedMarkerScope: 'part' | 'message' | null = null;
+
+/**
+ * For the tests of a describe block: their spaces lay prefixes out with this
+ * marker scope unless a space sets TALLY_MARKER_SCOPE itself. For the tests
+ * that read part-scoped markers, claims or crash windows from Redis by
+ * shard; every other test runs the daemon's default (message-scoped
+ * markers on this standalone Redis).
+ */
+export function pinMarkerScope(scope: 'part' | 'message'): void {
+  before(() => {
+    pinnedMarkerScope = scope;
+  });
+  after(() => {
+    pinnedMarkerScope = null;
+  });
+}
+
 export function testSpace(label: string, extra: Record<string, string> = {}): TestSpace {
   const name = uniqueName(label);
   const queue = name;
   const prefix = `${name}:`;
+  const scope: Record<string, string> = pinnedMarkerScope === null ? {} : { TALLY_MARKER_SCOPE: pinnedMarkerScope };
   return {
     queue,
     prefix,
-    env: { TALLY_QUEUE: queue, TALLY_PREFIX: prefix, TALLY_AMQP_URL: AMQP_URL, TALLY_REDIS_URL: REDIS_URL, TALLY_LOG_LEVEL: 'info', ...extra },
+    env: { TALLY_QUEUE: queue, TALLY_PREFIX: prefix, TALLY_AMQP_URL: AMQP_URL, TALLY_REDIS_URL: REDIS_URL, TALLY_LOG_LEVEL: 'info', ...scope, ...extra },
   };
 }
 

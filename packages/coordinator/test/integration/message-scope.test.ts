@@ -136,10 +136,24 @@ describe('message-scoped markers (integration: real daemon, RabbitMQ and Redis)'
     const diff = compare(await countsOf(s.prefix), workload.truth);
     expect(diff.exact, 'the 50 redelivered messages found their message markers').to.equal(true);
     expect((await statsOf(s.prefix)).duplicates).to.equal(50);
-    // And the default scope lays a new prefix out with part-scoped markers.
-    const parts = space('ms-default', { TALLY_MARKER_SCOPE: '' });
-    await publishAll(workload.publishes.slice(0, 10), { url: AMQP_URL, queue: parts.queue });
+    // TALLY_MARKER_SCOPE unset: a new prefix on a standalone Redis gets message-scoped markers...
+    const unset = space('ms-default', { TALLY_MARKER_SCOPE: '' });
+    await publishAll(workload.publishes.slice(0, 10), { url: AMQP_URL, queue: unset.queue });
+    await drainWithDaemon(unset.env, unset.queue);
+    expect(await withRedis((redis) => redis.hget(layoutKey(unset.prefix), 'marker_format'))).to.equal(MESSAGE_MARKER_FORMAT);
+    // ...and a prefix laid out with part-scoped markers keeps them under a daemon that leaves it unset.
+    const parts = space('ms-part', { TALLY_MARKER_SCOPE: 'part' });
+    await publishAll(workload.publishes.slice(0, 20), { url: AMQP_URL, queue: parts.queue });
     await drainWithDaemon(parts.env, parts.queue);
+    await publishAll(workload.publishes.slice(0, 30), { url: AMQP_URL, queue: parts.queue });
+    const daemon = await startDaemon({ ...parts.env, TALLY_MARKER_SCOPE: '' });
+    await waitForReadyEmpty(parts.queue);
+    expect((await stopDaemon(daemon)).code).to.equal(0);
     expect(await withRedis((redis) => redis.hget(layoutKey(parts.prefix), 'marker_format'))).to.equal(MARKER_FORMAT);
+    expect(
+      daemon.logs.some((l) => l.includes('TALLY_MARKER_SCOPE differs')),
+      'no warning when the scope is not set',
+    ).to.equal(false);
+    expect((await statsOf(parts.prefix)).duplicates, 'the 20 redelivered messages found their part markers').to.equal(20);
   });
 });

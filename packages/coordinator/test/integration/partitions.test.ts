@@ -12,6 +12,7 @@ import { partitionQueues, type TallyMode } from '@tally/shared';
 import { resetNamespace } from '@tally/testkit';
 import { listDaemons, type LiveDaemon } from '../../src/heartbeat.js';
 import {
+  pinMarkerScope,
   compare,
   countsOf,
   killDaemon,
@@ -84,6 +85,8 @@ function workloadFor(space: TestSpace, messages: number, seed: number): Workload
 }
 
 describe('partitioned queues (integration)', function () {
+  // It reads part-scoped markers, claims or windows by shard from Redis.
+  pinMarkerScope('part');
   this.timeout(300_000);
 
   for (const mode of ['atomic', 'two-step'] as TallyMode[]) {

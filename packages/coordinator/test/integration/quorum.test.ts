@@ -9,6 +9,7 @@ import { markerEntry, readMarkers } from '@tally/testkit';
 import { createLogger } from '../../src/logger.js';
 import { declareTallyQueues } from '../../src/queue-declaration.js';
 import {
+  pinMarkerScope,
   cleanup,
   compare,
   countsOf,
@@ -91,6 +92,8 @@ async function crashingConsumer(queue: string, take: number): Promise<number> {
 }
 
 describe('quorum queues (integration: the local RabbitMQ)', function () {
+  // It reads part-scoped markers, claims or windows by shard from Redis.
+  pinMarkerScope('part');
   this.timeout(300_000);
 
   it('TALLY_QUEUE_TYPE=quorum: the daemon declares quorum queues and counts exactly, with duplicates and bad messages', async () => {

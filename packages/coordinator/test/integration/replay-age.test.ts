@@ -23,7 +23,21 @@ import { countKey, shardOf } from '@tally/shared';
 import { generateWorkload, publishAll } from '@tally/workload';
 import { listDeadLetters, replayDeadLetters, type ReplayReport } from '../../src/commands/dead-queue.js';
 import { DeadLetterSummary } from '../../src/commands/dead-summary.js';
-import { cleanup, compare, countsOf, queueState, startDaemon, statsOf, stopDaemon, testSpace, AMQP_URL, CLI, REDIS_URL, type TestSpace } from './harness.js';
+import {
+  pinMarkerScope,
+  cleanup,
+  compare,
+  countsOf,
+  queueState,
+  startDaemon,
+  statsOf,
+  stopDaemon,
+  testSpace,
+  AMQP_URL,
+  CLI,
+  REDIS_URL,
+  type TestSpace,
+} from './harness.js';
 import { runTool } from './ops-tools.js';
 import { waitFor } from './runtime-probes.js';
 
@@ -58,6 +72,8 @@ async function deadOrder(space: TestSpace): Promise<Array<[string | null, string
 }
 
 describe('dead replay and the age of markers (integration)', function () {
+  // It reads part-scoped markers, claims or windows by shard from Redis.
+  pinMarkerScope('part');
   this.timeout(120_000);
 
   it('count-refused dead letters: replayed fresh they find their markers; past the TTL refused and kept in order; --force counts them again, as predicted, and is counted', async () => {

@@ -17,13 +17,15 @@ import { expect } from 'chai';
 import amqp from 'amqplib';
 import { publishAll, type Publish } from '@tally/workload';
 import { layoutKey, shardOf } from '@tally/shared';
-import { cleanup, compare, countsOf, startDaemon, statsOf, stopDaemon, testSpace, withRedis, AMQP_URL, type DaemonProcess } from './harness.js';
+import { pinMarkerScope, cleanup, compare, countsOf, startDaemon, statsOf, stopDaemon, testSpace, withRedis, AMQP_URL, type DaemonProcess } from './harness.js';
 import { asAdmin, startPrivateRedis, writeClaim } from '@tally/testkit';
 import { brokerQueue, countsAt, metricsText, readyz, sample, waitFor } from './runtime-probes.js';
 
 const STUCK_SHARD = 5;
 
 describe('a stalled head (integration: private redis-server with a narrow ACL, real RabbitMQ)', function () {
+  // It reads part-scoped markers, claims or windows by shard from Redis.
+  pinMarkerScope('part');
   this.timeout(240_000);
 
   it('RabbitMQ: a multiple-ack may span singly acked tags, but an ack naming an acked tag closes the channel', async () => {

@@ -41,6 +41,9 @@ describe('trace links (integration: OTLP receiver)', function () {
         ...tracingEnv(receiver.port),
         TALLY_BATCH_WAIT_MS: '2000',
         TALLY_BATCH_SIZE: '500',
+        // Part-scoped markers keep every message of one SKU on one shard, so one batch holds all 500;
+        // message-scoped ones would spread them by id over four marker shards, none past 128 links.
+        TALLY_MARKER_SCOPE: 'part',
         ...(limit ? { OTEL_SPAN_LINK_COUNT_LIMIT: limit } : {}),
       });
       try {
