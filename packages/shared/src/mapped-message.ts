@@ -63,6 +63,20 @@ function idValue(source: IdSource, root: Record<string, unknown>, properties: De
   }
 }
 
+/**
+ * The id value a mapping reads from a delivery whose body may be anything
+ * (a dead letter's): the first id source that has one, unchecked; undefined
+ * when none does. For display (`tally dead list`), never for counting.
+ */
+export function mappedIdValue(root: unknown, properties: DeliveryProperties, mapping: MessageMapping): unknown {
+  const object = isObject(root) ? root : {};
+  for (const source of mapping.ids) {
+    const value = idValue(source, object, properties);
+    if (value !== undefined) return value;
+  }
+  return undefined;
+}
+
 function valueAt(path: FieldPath, root: unknown, change: unknown): unknown {
   return resolvePointer(path.from === 'body' ? root : change, path.tokens);
 }

@@ -23,7 +23,7 @@
  * each one (`onForced`) before its dead copy is acked.
  */
 import amqp, { type ConfirmChannel, type GetMessage, type Options } from 'amqplib';
-import { DEAD_AT_HEADER, partitionQueue, QueueMissingError, ReplayRefusedError } from '@tally/shared';
+import { DEAD_AT_HEADER, partitionQueue, QueueMissingError, ReplayRefusedError, type MessageMapping } from '@tally/shared';
 import { connectAnyNode } from '../broker-connect.js';
 import { copyPublishOptions } from '../message-copy.js';
 import { replayQueueOf, SOURCE_QUEUE_HEADER } from './replay-target.js';
@@ -35,6 +35,8 @@ export interface DeadQueueTarget {
   readonly url: string;
   /** `<queue>.dead` */
   readonly deadQueue: string;
+  /** TALLY_MESSAGE_MAPPING: where a dead letter's id is read, as the daemon read it (null or absent: the contract's shape). */
+  readonly messageMapping?: MessageMapping | null;
 }
 
 /** The first node of TALLY_AMQP_URL that answers; none answering is TALLY_AMQP_UNAVAILABLE (broker-connect.ts). */
@@ -65,7 +67,7 @@ export async function listDeadLetters(target: DeadQueueTarget, summary: DeadLett
     for (; read < snapshot; read++) {
       const message = await channel.get(target.deadQueue, { noAck: false });
       if (message === false) break;
-      summary.add(describeDeadLetter(message, read));
+      summary.add(describeDeadLetter(message, read, target.messageMapping ?? null));
     }
     if (read > 0) channel.nackAll(true);
     await channel.close();
@@ -159,7 +161,7 @@ export async function replayDeadLetters(options: ReplayOptions): Promise<ReplayR
     for (let position = 0; position < snapshot && replayed < options.limit; position++) {
       const message = await channel.get(options.deadQueue, { noAck: false });
       if (message === false) break;
-      const entry = describeDeadLetter(message, position);
+      const entry = describeDeadLetter(message, position, options.messageMapping ?? policy?.messageMapping ?? null);
       summary.add(entry);
       if (!summary.matches(entry)) {
         kept++;

@@ -4,7 +4,7 @@
  * Every body and header is hostile: nothing is trusted to be a string, a
  * size, or valid JSON, and nothing from a body is printed beyond its id.
  */
-import { BROKER_DEAD_REASONS, CliUsageError, deadLetterReason, MESSAGE_LIMITS, TALLY_DEAD_REASONS } from '@tally/shared';
+import { BROKER_DEAD_REASONS, CliUsageError, deadLetterReason, mappedIdValue, MESSAGE_LIMITS, TALLY_DEAD_REASONS, type MessageMapping } from '@tally/shared';
 
 /** The header the daemon writes: `<code>: <detail>`. */
 export const REASON_HEADER = 'x-tally-reason';
@@ -60,27 +60,38 @@ export function reasonOf(headers: Record<string, unknown> | undefined): { reason
   return TALLY_DEAD_REASONS.includes(code) ? { reason: code, detail } : { reason: UNKNOWN_REASON, detail: header.slice(0, 200) };
 }
 
-/** The body's `id` when it is a JSON object with a string id, else the messageId property; at most the id length limit. */
-export function idOf(message: DeadLetterView): string | null {
-  let id: string | undefined;
+/**
+ * The id the daemon would have read, at most the id length limit: through
+ * TALLY_MESSAGE_MAPPING's id sources when one is declared (a body path, the
+ * messageId property, a header), else the body's `id` when it is a JSON
+ * object with a string id, else the messageId property.
+ */
+export function idOf(message: DeadLetterView, mapping: MessageMapping | null = null): string | null {
+  let root: unknown = undefined;
   if (message.content.byteLength > 0 && message.content.byteLength <= MAX_BODY_PARSED_FOR_ID) {
     try {
-      const root: unknown = JSON.parse(message.content.toString('utf8'));
-      if (root !== null && typeof root === 'object' && !Array.isArray(root) && typeof (root as { id?: unknown }).id === 'string') {
-        id = (root as { id: string }).id;
-      }
+      root = JSON.parse(message.content.toString('utf8'));
     } catch {
-      // Not JSON: the property may still name it.
+      // Not JSON: the property or a header may still name it.
     }
   }
-  id ??= text(message.properties.messageId);
+  let id: string | undefined;
+  if (mapping !== null) {
+    const value = mappedIdValue(root, message.properties, mapping);
+    id = text(value) ?? (typeof value === 'number' ? String(value) : undefined);
+  } else {
+    if (root !== null && typeof root === 'object' && !Array.isArray(root) && typeof (root as { id?: unknown }).id === 'string') {
+      id = (root as { id: string }).id;
+    }
+    id ??= text(message.properties.messageId);
+  }
   if (id === undefined || id === '') return null;
   return id.length > MESSAGE_LIMITS.maxIdLength ? `${id.slice(0, MESSAGE_LIMITS.maxIdLength)}…` : id;
 }
 
-export function describeDeadLetter(message: DeadLetterView, position: number): DeadLetterEntry {
+export function describeDeadLetter(message: DeadLetterView, position: number, mapping: MessageMapping | null = null): DeadLetterEntry {
   const { reason, detail } = reasonOf(message.properties.headers);
-  return { position, id: idOf(message), reason, detail, bytes: message.content.byteLength };
+  return { position, id: idOf(message, mapping), reason, detail, bytes: message.content.byteLength };
 }
 
 /** `--reason CODE`: one of the stable reason codes (Tally's or the broker's), or `unknown`. */

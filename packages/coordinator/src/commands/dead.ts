@@ -34,10 +34,13 @@ export interface DeadListReport {
   readonly messages: DeadLetterSummary['messages'];
 }
 
-export async function deadList(flags: DeadFlags, config: Pick<TallyConfig, 'amqpUrl' | 'deadLetterQueue'>): Promise<DeadListReport> {
+export async function deadList(
+  flags: DeadFlags,
+  config: Pick<TallyConfig, 'amqpUrl' | 'deadLetterQueue'> & Partial<Pick<TallyConfig, 'messageMapping'>>,
+): Promise<DeadListReport> {
   const reason = parseReasonFlag(flags.reason);
   const summary = await listDeadLetters(
-    { url: config.amqpUrl, deadQueue: config.deadLetterQueue },
+    { url: config.amqpUrl, deadQueue: config.deadLetterQueue, messageMapping: config.messageMapping ?? null },
     new DeadLetterSummary(reason, parseLimitFlag(flags.limit, DEFAULT_LIST_LIMIT)),
   );
   return { queue: config.deadLetterQueue, total: summary.total, byReason: summary.byReason, reason, matching: summary.matching, messages: summary.messages };
@@ -62,6 +65,7 @@ export async function deadReplay(
   return replayDeadLetters({
     url: config.amqpUrl,
     deadQueue: config.deadLetterQueue,
+    messageMapping: config.messageMapping ?? null,
     queue: config.queue,
     partitions: config.partitions,
     reason,

@@ -15,6 +15,8 @@ import {
   waitForReadyEmpty,
   AMQP_URL,
 } from './harness.js';
+import { tallyCli } from './fleet-helpers.js';
+import type { DeadListReport } from '../../src/commands/dead.js';
 
 /** The variable an operator sets to count the foreign shape, exactly as docs/operations.md and the README write it. */
 const MAPPING_ENV = { TALLY_MESSAGE_MAPPING: JSON.stringify(FOREIGN_SHAPE_MAPPING) };
@@ -81,8 +83,27 @@ describe("a message shape of the user's own, through TALLY_MESSAGE_MAPPING (inte
       const exits = await drainWithDaemon(space.env, space.queue);
       expect(exits.map((e) => e.code)).to.deep.equal(exits.map(() => 0));
 
+      // `tally dead list` reads each dead letter's id where the mapping says, as the daemon did.
+      const listed = await tallyCli(space.env, 'dead', 'list', '--json', '--limit', '1000');
+      expect(listed.code, listed.stderr).to.equal(0);
+      const entries = (JSON.parse(listed.stdout) as DeadListReport).messages;
       const dead = await drainQueue(`${space.queue}.dead`);
       expect(dead.length, 'exactly the bad messages').to.equal(workload.bad);
+      expect(entries.map((e) => e.position)).to.deep.equal(dead.map((_, i) => i));
+      let named = 0;
+      dead.forEach((message, i) => {
+        let eventId: unknown;
+        try {
+          eventId = (JSON.parse(message.content.toString('utf8')) as { eventId?: unknown }).eventId;
+        } catch {
+          eventId = undefined;
+        }
+        if (typeof eventId === 'string' && eventId !== '') {
+          expect(entries[i]!.id, `dead letter ${i}`).to.equal(eventId.slice(0, 256) + (eventId.length > 256 ? '…' : ''));
+          named++;
+        }
+      });
+      expect(named, 'dead letters listed under their mapped id').to.be.greaterThan(50);
       const expected = new Map<string, Publish>();
       for (const p of workload.publishes) if (p.kind === 'bad') expected.set(p.body.toString('base64'), p);
       let withPath = 0;

@@ -1,4 +1,5 @@
 import { expect } from 'chai';
+import { parseMessageMapping } from '@tally/shared';
 import { describeDeadLetter, DeadLetterSummary, idOf, parseLimitFlag, parseReasonFlag, reasonOf } from '../../src/commands/dead-summary.js';
 
 const view = (body: string | Buffer, headers?: Record<string, unknown>, messageId?: unknown) => ({
@@ -44,6 +45,23 @@ describe('dead-letter summary (pure)', () => {
     for (const body of ['', 'not json', '[1,2]', 'null', '{"id":""}', Buffer.from([0xff, 0xfe])]) expect(idOf(view(body))).to.equal(null);
     expect(idOf(view(JSON.stringify({ id: 'x'.repeat(1000) })))!.length).to.equal(257);
     expect(idOf(view('{"id":"big","pad":"' + 'p'.repeat(2_000_000) + '"}', undefined, 'prop'))).to.equal('prop');
+  });
+
+  it("under TALLY_MESSAGE_MAPPING reads the id where the daemon did: a body path, then a header; the contract's `id` is not one", () => {
+    const mapping = parseMessageMapping(
+      'TALLY_MESSAGE_MAPPING',
+      JSON.stringify({ id: ['/eventId', 'header:x-event-id'], changes: '/lines', sku: '0/product/sku', delta: '0/qty' }),
+    );
+    expect(idOf(view('{"eventId":"e-81","lines":[]}'), mapping)).to.equal('e-81');
+    // A bad body (why it is dead) still shows its id.
+    expect(idOf(view('{"eventId":"e-82","lines":"oops"}'), mapping)).to.equal('e-82');
+    expect(idOf(view('not json', { 'x-event-id': Buffer.from('e-83') }), mapping)).to.equal('e-83');
+    expect(idOf(view('{"eventId":7}'), mapping)).to.equal('7');
+    expect(idOf(view('{"id":"contract-1"}', undefined, 'prop-1'), mapping), 'neither /eventId nor the header').to.equal(null);
+    expect(describeDeadLetter(view('{"eventId":"e-84"}', { 'x-tally-reason': 'missing-changes: no /lines' }), 3, mapping)).to.include({
+      id: 'e-84',
+      reason: 'missing-changes',
+    });
   });
 
   it('counts every message by reason and keeps the first N that match the filter, in order', () => {
