@@ -80,6 +80,8 @@ export function benchMarkerScope(tallyEnv: Readonly<Record<string, string>>, top
 export function steadyPrepare(ctx: BenchContext<Redis>, plan: SteadyPlan): (prefix: string) => Promise<Omit<SteadyFillRecord, 'layoutFound'>> {
   return async (prefix) => {
     const settings = markerSettings(ctx.tallyEnv);
+    const scope = benchMarkerScope(ctx.tallyEnv, ctx.nodes.topology);
+    const filterBits = markerFilterBits(scope);
     const populationAt = (nowS: number) =>
       steadyPopulation({
         rate: plan.rate,
@@ -87,7 +89,7 @@ export function steadyPrepare(ctx: BenchContext<Redis>, plan: SteadyPlan): (pref
         bucketWidthS: settings.bucketWidthS,
         partsPerMessageByShard: plan.shares,
         nowS,
-        markersPerHash: markersPerSubBucket(markerFilterBits(benchMarkerScope(ctx.tallyEnv, ctx.nodes.topology))),
+        markersPerHash: markersPerSubBucket(filterBits),
       });
     let nowS = await serverNowS(ctx.redis);
     const waitS = waitForBucketS(nowS, settings.bucketWidthS, populationAt(nowS).totalMarkers * FILL_S_PER_MARKER + plan.drainBudgetS);
@@ -103,7 +105,7 @@ export function steadyPrepare(ctx: BenchContext<Redis>, plan: SteadyPlan): (pref
       mode: plan.mode,
       bucketS: settings.bucketWidthS,
       subBuckets: settings.initialSubBuckets,
-      format: markerFormatOf(benchMarkerScope(ctx.tallyEnv, ctx.nodes.topology)),
+      format: markerFormatOf(scope),
     });
     // The prefix of the drain before was deleted with UNLINK: its memory is
     // freed by a background thread, which would shrink this fill's figure
@@ -114,7 +116,7 @@ export function steadyPrepare(ctx: BenchContext<Redis>, plan: SteadyPlan): (pref
       prefix,
       population,
       seed: plan.seed,
-      filterBits: markerFilterBits(benchMarkerScope(ctx.tallyEnv, ctx.nodes.topology)),
+      filterBits,
     });
     const after = (await sampleMemory(ctx.nodes)).masters;
     const subs = population.buckets.map((b) => b.subBuckets);

@@ -114,6 +114,17 @@ export interface WireBatchTask {
 const WIRE_VERSION = 0x7a11_0002;
 const HEADER_BYTES = 16;
 
+/** Where each section of the layout above starts, for P parts and C changes: the one place encoder and decoder agree on. */
+function wireLayout(count: number, changes: number) {
+  const digestsAt = HEADER_BYTES;
+  const messagePartsAt = digestsAt + count * MARKER_DIGEST_BYTES;
+  const changeCountsAt = messagePartsAt + count * 4;
+  const deltasAt = changeCountsAt + count * 4;
+  const skuLengthsAt = deltasAt + changes * 8;
+  const skusAt = skuLengthsAt + changes * 4;
+  return { digestsAt, messagePartsAt, changeCountsAt, deltasAt, skuLengthsAt, skusAt };
+}
+
 /** What postMessage must move instead of cloning: the task's buffer. */
 export function transferListOf(wire: WireBatchTask): ArrayBuffer[] {
   return [wire.buffer];
@@ -207,12 +218,7 @@ export function encodeBatchTask(vshard: number, batchId: string, parts: WirePart
   if (allAscii) skuBytes = joined.length;
   else for (let c = 0; c < changes; c++) skuBytes += Buffer.byteLength(skus[c]!, 'utf8');
 
-  const digestsAt = HEADER_BYTES;
-  const messagePartsAt = digestsAt + count * MARKER_DIGEST_BYTES;
-  const changeCountsAt = messagePartsAt + count * 4;
-  const deltasAt = changeCountsAt + count * 4;
-  const skuLengthsAt = deltasAt + changes * 8;
-  const skusAt = skuLengthsAt + changes * 4;
+  const { digestsAt, messagePartsAt, changeCountsAt, deltasAt, skuLengthsAt, skusAt } = wireLayout(count, changes);
   const buffer = new ArrayBuffer(skusAt + skuBytes);
   const header = new Uint32Array(buffer, 0, 4);
   header[0] = WIRE_VERSION;
@@ -245,12 +251,7 @@ export function decodeBatchTask(wire: WireBatchTask): BatchTask {
   if (!(buffer instanceof ArrayBuffer) || buffer.byteLength < HEADER_BYTES) throw new TypeError('malformed batch task: no buffer');
   const [version, count, changes, skuBytes] = new Uint32Array(buffer, 0, 4) as unknown as [number, number, number, number];
   if (version !== WIRE_VERSION) throw new TypeError(`malformed batch task: wire version ${version}, expected ${WIRE_VERSION}`);
-  const digestsAt = HEADER_BYTES;
-  const messagePartsAt = digestsAt + count * MARKER_DIGEST_BYTES;
-  const changeCountsAt = messagePartsAt + count * 4;
-  const deltasAt = changeCountsAt + count * 4;
-  const skuLengthsAt = deltasAt + changes * 8;
-  const skusAt = skuLengthsAt + changes * 4;
+  const { digestsAt, messagePartsAt, changeCountsAt, deltasAt, skuLengthsAt, skusAt } = wireLayout(count, changes);
   if (skusAt + skuBytes !== buffer.byteLength)
     throw new TypeError(`malformed batch task: ${buffer.byteLength} bytes for ${count} parts, ${changes} changes, ${skuBytes} SKU bytes`);
   const messageParts = new Uint32Array(buffer, messagePartsAt, count);

@@ -94,7 +94,7 @@ local function mayHold(bucket, digests)
       local digest = digests[j]
       local word = words[j - from + 1]
       known[blockOfJ[j]] = word
-      local _, bits = coordinatesOf(digest)
+      local bits = bitsOfDigest[digest]
       if bit.band(word, bits) == bits then kept[#kept + 1] = digest end
     end
   end
