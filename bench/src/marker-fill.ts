@@ -137,7 +137,7 @@ export async function serverNowS(redis: Redis): Promise<number> {
 
 /**
  * The layout a daemon of `mode` records when it creates a prefix
- * (coordinator/src/layout-guard.ts): a daemon starting on the filled prefix
+ * (coordinator/src/fleet/layout-guard.ts): a daemon starting on the filled prefix
  * finds an existing prefix of its own mode, with the bucket width the
  * markers were laid out with, and verifies it instead of creating it.
  */

@@ -14,7 +14,7 @@ import { publishCommand } from './commands/publish.js';
 import { readStatsReport, statsText } from './commands/stats.js';
 import { statusCommand } from './commands/status.js';
 import { readTruth, verify } from './commands/verify.js';
-import { explainRedisFailures } from './redis-probe.js';
+import { explainRedisFailures } from './redis/redis-probe.js';
 
 /** One help text per command: `tally <command> --help` prints it. */
 const HELP = Object.freeze({

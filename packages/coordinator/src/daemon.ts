@@ -11,16 +11,16 @@
  */
 import { randomBytes } from 'node:crypto';
 import { redactUrl, type CounterValues, type TallyConfig } from '@tally/shared';
-import type { AmqpBrokerState } from './amqp-link.js';
-import { CLOSE_BUDGET_MS, CloseSteps, runSteps, STEP_TIMEOUT_MS } from './close-steps.js';
-import { newDaemonId } from './heartbeat.js';
-import type { Logger } from './logger.js';
+import type { AmqpBrokerState } from './amqp/amqp-link.js';
+import { CLOSE_BUDGET_MS, CloseSteps, runSteps, STEP_TIMEOUT_MS } from './process/close-steps.js';
+import { newDaemonId } from './fleet/heartbeat.js';
+import type { Logger } from './process/logger.js';
 import type { DeliveryPipeline } from './pipeline/delivery-pipeline.js';
-import { judgeReadiness, type ReadinessVerdict } from './readiness.js';
-import type { RedisProbeReport } from './redis-probe.js';
+import { judgeReadiness, type ReadinessVerdict } from './telemetry/readiness.js';
+import type { RedisProbeReport } from './redis/redis-probe.js';
 import { openRuntime, StartInterrupted, type DaemonOptions, type Runtime } from './runtime.js';
 
-export { CLOSE_BUDGET_MS } from './close-steps.js';
+export { CLOSE_BUDGET_MS } from './process/close-steps.js';
 export type { DaemonOptions } from './runtime.js';
 
 /**

@@ -15,9 +15,9 @@
  */
 import { classifyError, isTallyError, loadConfig, loadFaultInjection, type FaultInjection, type TallyConfig } from '@tally/shared';
 import { startTracing } from '@tally/runtime';
-import { EX_SOFTWARE, exitOnBug } from './bug-exit.js';
+import { EX_SOFTWARE, exitOnBug } from './process/bug-exit.js';
 import { CLOSE_BUDGET_MS, Daemon } from './daemon.js';
-import { createLogger } from './logger.js';
+import { createLogger } from './process/logger.js';
 
 /** Exit codes, as documented above. */
 const EXIT = Object.freeze({ stopped: 0, fatal: 1, config: 2, forced: EX_SOFTWARE });

@@ -26,24 +26,24 @@ import {
   type TallyConfig,
 } from '@tally/shared';
 import { createRedisClient, scanNodes, type RedisClient } from '@tally/runtime';
-import { AmqpLink, PARTITION_RELEASED } from './amqp-link.js';
-import type { BugHandler } from './bug-exit.js';
-import { STEP_TIMEOUT_MS, type CloseStep, type CloseSteps } from './close-steps.js';
-import { DEFAULT_SAMPLING, ExposureMeter } from './exposure-meter.js';
-import { Heartbeat, HEARTBEAT_TTL_BEATS, type HeartbeatSnapshot } from './heartbeat.js';
-import { ensureLayout, ensurePartitionCount } from './layout-guard.js';
-import { PartitionBalancer } from './partition-balancer.js';
-import type { Logger } from './logger.js';
+import { AmqpLink, PARTITION_RELEASED } from './amqp/amqp-link.js';
+import type { BugHandler } from './process/bug-exit.js';
+import { STEP_TIMEOUT_MS, type CloseStep, type CloseSteps } from './process/close-steps.js';
+import { DEFAULT_SAMPLING, ExposureMeter } from './telemetry/exposure-meter.js';
+import { Heartbeat, HEARTBEAT_TTL_BEATS, type HeartbeatSnapshot } from './fleet/heartbeat.js';
+import { ensureLayout, ensurePartitionCount } from './fleet/layout-guard.js';
+import { PartitionBalancer } from './fleet/partition-balancer.js';
+import type { Logger } from './process/logger.js';
 import { DeliveryPipeline } from './pipeline/delivery-pipeline.js';
-import { RedisHealth } from './redis-health.js';
-import { probeRedis, type RedisProbeReport } from './redis-probe.js';
-import { startReplicaWatch, type ReplicaWatch } from './replica-watch.js';
-import { StatsRecorder } from './stats-recorder.js';
+import { RedisHealth } from './redis/redis-health.js';
+import { probeRedis, type RedisProbeReport } from './redis/redis-probe.js';
+import { startReplicaWatch, type ReplicaWatch } from './redis/replica-watch.js';
+import { StatsRecorder } from './telemetry/stats-recorder.js';
 import { HttpEndpoints } from './telemetry/http-endpoints.js';
 import { DaemonMetrics } from './telemetry/metrics.js';
 import { createMetricsExport, METER_NAME } from './telemetry/metrics-export.js';
 import { registerSafetyGauges } from './telemetry/safety-gauges.js';
-import { WorkerPools } from './worker-pools.js';
+import { WorkerPools } from './threads/worker-pools.js';
 
 /** The metrics side of the daemon, present when TALLY_METRICS_PORT is set. */
 export interface Telemetry {

@@ -26,8 +26,8 @@ import amqp from 'amqplib';
 import { generateWorkload, publishAll, type Workload } from '@tally/workload';
 import { deleteKeys, startRabbitCluster, type RabbitCluster, type RabbitNode } from '@tally/testkit';
 import { daemonKey, type TallyMode } from '@tally/shared';
-import { declareTallyQueues } from '../src/queue-declaration.js';
-import { createLogger } from '../src/logger.js';
+import { declareTallyQueues } from '../src/amqp/queue-declaration.js';
+import { createLogger } from '../src/process/logger.js';
 import {
   pinMarkerScope,
   countsOf,

@@ -1,6 +1,6 @@
 /**
  * What Tally needs from Redis, decided from facts the start-up probe read
- * (packages/coordinator/src/redis-probe.ts does the I/O). Pure, so every rule
+ * (packages/coordinator/src/redis/redis-probe.ts does the I/O). Pure, so every rule
  * is unit-tested with fake INFO text. docs/redis-requirements.md explains each
  * rule to operators; the codes are stable, the messages may improve.
  *

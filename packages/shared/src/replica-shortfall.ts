@@ -1,7 +1,7 @@
 /**
  * An unmeetable WAIT (TALLY_REDIS_WAIT_REPLICAS = N), decided from what each
  * master says of its replicas. Pure: the coordinator's replica watch
- * (coordinator/src/replica-watch.ts) reads `INFO replication` and the slot
+ * (coordinator/src/redis/replica-watch.ts) reads `INFO replication` and the slot
  * map, this decides and words it.
  *
  * A master with fewer than N replicas able to acknowledge cannot answer a

@@ -24,8 +24,8 @@
  */
 import amqp, { type ConfirmChannel, type GetMessage, type Options } from 'amqplib';
 import { DEAD_AT_HEADER, partitionQueue, QueueMissingError, ReplayRefusedError, type MessageMapping } from '@tally/shared';
-import { connectAnyNode } from '../broker-connect.js';
-import { copyPublishOptions } from '../message-copy.js';
+import { connectAnyNode } from '../amqp/broker-connect.js';
+import { copyPublishOptions } from '../amqp/message-copy.js';
 import { replayQueueOf, SOURCE_QUEUE_HEADER } from './replay-target.js';
 import { describeDeadLetter, DeadLetterSummary, REASON_HEADER, type DeadLetterEntry } from './dead-summary.js';
 import { replayVerdict, RiskSummary, type ReplayPolicy } from './replay-guard.js';

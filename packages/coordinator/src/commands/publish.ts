@@ -1,6 +1,6 @@
 import { writeFile } from 'node:fs/promises';
 import { context, propagation, SpanKind, trace, type Tracer } from '@opentelemetry/api';
-import { connectAnyNode } from '../broker-connect.js';
+import { connectAnyNode } from '../amqp/broker-connect.js';
 import { generateWorkload, publishTarget, MESSAGE_SHAPES, WORKLOAD_DEFAULTS, type MessageShape, type Publish, type WorkloadOptions } from '@tally/workload';
 import { CliUsageError, redactUrl, type TallyConfig } from '@tally/shared';
 import {

@@ -11,8 +11,8 @@ import type amqp from 'amqplib';
 import type { Redis } from 'ioredis';
 import { describeError, layoutKey, partitionQueues, type TallyConfig, type TallyMode } from '@tally/shared';
 import { connectRedis, scanNodes, type RedisClient } from '@tally/runtime';
-import { connectAnyNode } from '../broker-connect.js';
-import { listDaemons, type LiveDaemon } from '../heartbeat.js';
+import { connectAnyNode } from '../amqp/broker-connect.js';
+import { listDaemons, type LiveDaemon } from '../fleet/heartbeat.js';
 
 export interface LayoutStatus {
   readonly virtual_shards: number;

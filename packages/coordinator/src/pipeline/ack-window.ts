@@ -14,9 +14,9 @@
  * partition whose head is stuck holds back only its own acks and its own
  * prefetch credit.
  */
-import { AckTracker } from '../ack-tracker.js';
-import type { ChannelLink } from '../delivery.js';
-import type { Logger } from '../logger.js';
+import { AckTracker } from './ack-tracker.js';
+import type { ChannelLink } from './delivery.js';
+import type { Logger } from '../process/logger.js';
 import type { Acker, Clock, Exposure } from './ports.js';
 
 /** One live channel's bookkeeping. */

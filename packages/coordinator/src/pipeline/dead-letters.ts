@@ -8,9 +8,9 @@
 import type { Tracer } from '@opentelemetry/api';
 import type { ConsumeMessage } from 'amqplib';
 import { describeError, retryUntilDone, RETRY_STOPPED, type BackoffOptions } from '@tally/shared';
-import { BadMessageLog } from '../bad-message-log.js';
-import type { ChannelLink } from '../delivery.js';
-import type { Logger } from '../logger.js';
+import { BadMessageLog } from './bad-message-log.js';
+import type { ChannelLink } from './delivery.js';
+import type { Logger } from '../process/logger.js';
 import { recordDeadLetter } from '../telemetry/batch-span.js';
 import type { AckWindow } from './ack-window.js';
 import type { Counters, DeadLetterPublisher } from './ports.js';

@@ -13,10 +13,10 @@
 import { trace, type Tracer } from '@opentelemetry/api';
 import type { ConsumeMessage } from 'amqplib';
 import type { BackoffOptions, TallyConfig } from '@tally/shared';
-import type { BugHandler } from '../bug-exit.js';
-import type { ChannelLink } from '../delivery.js';
-import type { Logger } from '../logger.js';
-import { ShardLanes } from '../shard-lanes.js';
+import type { BugHandler } from '../process/bug-exit.js';
+import type { ChannelLink } from './delivery.js';
+import type { Logger } from '../process/logger.js';
+import { ShardLanes } from './shard-lanes.js';
 import { AckWindow, type ChannelFigures } from './ack-window.js';
 import { DeadLetters } from './dead-letters.js';
 import { InFlightMessages } from './in-flight.js';

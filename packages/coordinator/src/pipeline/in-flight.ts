@@ -5,7 +5,7 @@
  * settled as a duplicate with it; this also covers the redeliveries that
  * follow a reconnect while the original is still being written.
  */
-import type { Delivery } from '../delivery.js';
+import type { Delivery } from './delivery.js';
 
 export class InFlightMessages {
   private readonly byId = new Map<string, Delivery>();

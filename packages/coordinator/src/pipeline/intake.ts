@@ -18,8 +18,8 @@ import {
   type MarkerScope,
   type TallyConfig,
 } from '@tally/shared';
-import type { ChannelLink, Delivery } from '../delivery.js';
-import type { PendingPart } from '../shard-lanes.js';
+import type { ChannelLink, Delivery } from './delivery.js';
+import type { PendingPart } from './shard-lanes.js';
 import { timestampToMs } from '../telemetry/metrics.js';
 import type { AckWindow } from './ack-window.js';
 import type { DeadLetters } from './dead-letters.js';

@@ -6,8 +6,8 @@
  */
 import type { ConsumeMessage } from 'amqplib';
 import type { BatchResult, CounterName, WireBatchTask } from '@tally/shared';
-import type { ChannelLink } from '../delivery.js';
-import type { ExposedPart } from '../exposure-meter.js';
+import type { ChannelLink } from './delivery.js';
+import type { ExposedPart } from '../telemetry/exposure-meter.js';
 
 /** Runs one shard batch on the thread that owns the shard (worker-pools.ts). */
 export interface BatchRunner {

@@ -5,8 +5,8 @@
  * Redis refused one of its parts; its waiting copies acked as duplicates.
  */
 import { COUNT_REFUSED, PART_DONE, PART_HELD, type BatchResult, type CountRefusal } from '@tally/shared';
-import type { Delivery } from '../delivery.js';
-import type { PendingPart } from '../shard-lanes.js';
+import type { Delivery } from './delivery.js';
+import type { PendingPart } from './shard-lanes.js';
 import type { AckWindow } from './ack-window.js';
 import type { DeadLetters } from './dead-letters.js';
 import type { InFlightMessages } from './in-flight.js';

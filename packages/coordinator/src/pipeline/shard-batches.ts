@@ -15,9 +15,9 @@ import {
   type TallyMode,
   type WireParts,
 } from '@tally/shared';
-import { runIsolating } from '../batch-isolation.js';
-import type { Logger } from '../logger.js';
-import type { PendingPart } from '../shard-lanes.js';
+import { runIsolating } from './batch-isolation.js';
+import type { Logger } from '../process/logger.js';
+import type { PendingPart } from './shard-lanes.js';
 import { endBatchSpan, failBatchSpan, startBatchSpan } from '../telemetry/batch-span.js';
 import type { BatchRunner, Clock, Exposure, PipelineMetrics } from './ports.js';
 

@@ -13,7 +13,7 @@
  *                                    TALLY_REDIS_WAIT_REPLICAS (0 when it can be met); only with a WAIT
  */
 import type { Attributes, Meter } from '@opentelemetry/api';
-import type { RedisProbeReport } from '../redis-probe.js';
+import type { RedisProbeReport } from '../redis/redis-probe.js';
 
 export interface SafetySources {
   readonly redisProbe: () => RedisProbeReport | null;

@@ -10,8 +10,8 @@ import { expect } from 'chai';
 import { Redis } from 'ioredis';
 import { ClassifiedFailure, countKey, encodeBatchTask, markerDigest, type PartChanges, type TallyMode, type WireParts } from '@tally/shared';
 import { markerEntry, readMarkers, testWorkerSettings } from '@tally/testkit';
-import { runIsolating } from '../../src/batch-isolation.js';
-import { WorkerPools } from '../../src/worker-pools.js';
+import { runIsolating } from '../../src/pipeline/batch-isolation.js';
+import { WorkerPools } from '../../src/threads/worker-pools.js';
 import { pinMarkerScope, REDIS_URL } from './harness.js';
 
 describe('batch failure classes across the thread boundary (real threads, real Redis)', function () {

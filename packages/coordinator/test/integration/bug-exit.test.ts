@@ -33,7 +33,7 @@ const FATAL = 60;
 
 const CASES: ReadonlyArray<{ bug: InjectedBug; where: string; stack: RegExp; file: string }> = [
   { bug: 'thread', where: 'batch', stack: /^TypeError: Cannot read properties of undefined \(reading 'parts'\)/, file: 'worker/dist/src/thread.js' },
-  { bug: 'main', where: 'delivery', stack: /^RangeError: delivery tag \d+ out of sequence/, file: 'coordinator/dist/src/ack-tracker.js' },
+  { bug: 'main', where: 'delivery', stack: /^RangeError: delivery tag \d+ out of sequence/, file: 'coordinator/dist/src/pipeline/ack-tracker.js' },
 ];
 
 describe('a bug is not an outage (integration: the daemon exits 70 and acks nothing)', function () {

@@ -2,7 +2,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { expect } from 'chai';
 import { Redis } from 'ioredis';
 import { layoutKey, legacyMarkerKey, isTallyError, MARKER_FORMAT, SHARD_HASH, type TallyMode } from '@tally/shared';
-import { ensureLayout, type Layout } from '../../src/layout-guard.js';
+import { ensureLayout, type Layout } from '../../src/fleet/layout-guard.js';
 import { cleanup, REDIS_URL, spawnDaemon, stopDaemon, testSpace, withRedis, type DaemonProcess } from './harness.js';
 
 interface Settings {

@@ -10,7 +10,7 @@ import amqp from 'amqplib';
 import { generateWorkload, publishAll, type Workload } from '@tally/workload';
 import { partitionQueues, type TallyMode } from '@tally/shared';
 import { resetNamespace } from '@tally/testkit';
-import { listDaemons, type LiveDaemon } from '../../src/heartbeat.js';
+import { listDaemons, type LiveDaemon } from '../../src/fleet/heartbeat.js';
 import {
   pinMarkerScope,
   compare,

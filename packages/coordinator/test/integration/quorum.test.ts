@@ -6,8 +6,8 @@ import amqp from 'amqplib';
 import { generateWorkload, publishAll, type Publish } from '@tally/workload';
 import { deadLetterReason, shardOf } from '@tally/shared';
 import { markerEntry, readMarkers } from '@tally/testkit';
-import { createLogger } from '../../src/logger.js';
-import { declareTallyQueues } from '../../src/queue-declaration.js';
+import { createLogger } from '../../src/process/logger.js';
+import { declareTallyQueues } from '../../src/amqp/queue-declaration.js';
 import {
   pinMarkerScope,
   cleanup,

@@ -3,7 +3,7 @@ import { expect } from 'chai';
 import { generateWorkload, publishAll } from '@tally/workload';
 import { daemonKey } from '@tally/shared';
 import type { StatusReport } from '../../src/commands/status.js';
-import { HEARTBEAT_TTL_MS, TALLY_VERSION } from '../../src/heartbeat.js';
+import { HEARTBEAT_TTL_MS, TALLY_VERSION } from '../../src/fleet/heartbeat.js';
 import { cleanup, killDaemon, startDaemon, stopDaemon, testSpace, withRedis, AMQP_URL } from './harness.js';
 import { tallyCli, until } from './fleet-helpers.js';
 

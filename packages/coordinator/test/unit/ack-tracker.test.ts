@@ -1,6 +1,6 @@
 import { expect } from 'chai';
 import { seededRandom } from '@tally/workload';
-import { AckTracker } from '../../src/ack-tracker.js';
+import { AckTracker } from '../../src/pipeline/ack-tracker.js';
 
 function shuffled(n: number, random: () => number): number[] {
   const tags = Array.from({ length: n }, (_, i) => i + 1);

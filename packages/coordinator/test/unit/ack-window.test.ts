@@ -1,7 +1,7 @@
 import { expect } from 'chai';
 import type { Channel } from 'amqplib';
 import pino from 'pino';
-import type { ChannelLink } from '../../src/delivery.js';
+import type { ChannelLink } from '../../src/pipeline/delivery.js';
 import { AckWindow } from '../../src/pipeline/ack-window.js';
 import type { Acker, Clock, Exposure } from '../../src/pipeline/ports.js';
 

@@ -1,5 +1,5 @@
 import { expect } from 'chai';
-import { amqpReplyCode, brokerRefusal } from '../../src/broker-refusal.js';
+import { amqpReplyCode, brokerRefusal } from '../../src/amqp/broker-refusal.js';
 
 const TARGET = { url: 'amqp://guest:guest@127.0.0.1:5672', queue: 'q', deadLetterQueue: 'q.dead' };
 

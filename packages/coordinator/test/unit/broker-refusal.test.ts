@@ -1,5 +1,5 @@
 import { expect } from 'chai';
-import { brokerRefusal, brokerTlsRefusal, classifyBrokerRefusal, permissionFix } from '../../src/broker-refusal.js';
+import { brokerRefusal, brokerTlsRefusal, classifyBrokerRefusal, permissionFix } from '../../src/amqp/broker-refusal.js';
 
 /** Shaped as amqplib raises a channel the broker closed: the reply code in `code`. */
 function closed(message: string, code: number): Error {

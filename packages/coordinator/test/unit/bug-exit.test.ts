@@ -1,7 +1,7 @@
 import { expect } from 'chai';
 import { ClassifiedFailure } from '@tally/shared';
-import { bugLogFields, EX_SOFTWARE, exitOnBug } from '../../src/bug-exit.js';
-import type { Logger } from '../../src/logger.js';
+import { bugLogFields, EX_SOFTWARE, exitOnBug } from '../../src/process/bug-exit.js';
+import type { Logger } from '../../src/process/logger.js';
 
 class Exited extends Error {
   constructor(readonly code: number) {

@@ -23,8 +23,8 @@ import {
   type WireBatchTask,
 } from '@tally/shared';
 import { seededRandom } from '@tally/workload';
-import type { BugHandler } from '../../src/bug-exit.js';
-import type { ChannelLink } from '../../src/delivery.js';
+import type { BugHandler } from '../../src/process/bug-exit.js';
+import type { ChannelLink } from '../../src/pipeline/delivery.js';
 import { DeliveryPipeline, type PipelineOptions } from '../../src/pipeline/delivery-pipeline.js';
 import type { Acker, BatchRunner, Clock, DeadLetterPublisher, Exposure } from '../../src/pipeline/ports.js';
 

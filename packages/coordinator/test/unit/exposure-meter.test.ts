@@ -1,6 +1,6 @@
 import { expect } from 'chai';
 import { WindowGauge, type CounterName } from '@tally/shared';
-import { ExposureMeter, type MeterSampling } from '../../src/exposure-meter.js';
+import { ExposureMeter, type MeterSampling } from '../../src/telemetry/exposure-meter.js';
 
 /** Sampled once a second: the tests below step time by whole seconds. */
 const SECONDS: MeterSampling = { periodMs: 1000, maxGapMs: 10_000 };

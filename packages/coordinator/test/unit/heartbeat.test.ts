@@ -1,5 +1,5 @@
 import { expect } from 'chai';
-import { parseHeartbeat } from '../../src/heartbeat.js';
+import { parseHeartbeat } from '../../src/fleet/heartbeat.js';
 
 const valid = {
   id: 'h:1:ab',

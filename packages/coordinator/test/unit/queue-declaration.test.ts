@@ -1,5 +1,5 @@
 import { expect } from 'chai';
-import { parseArgumentRefusal, workQueueArguments, deadQueueArguments } from '../../src/queue-declaration.js';
+import { parseArgumentRefusal, workQueueArguments, deadQueueArguments } from '../../src/amqp/queue-declaration.js';
 
 describe('queue declaration', () => {
   const options = { queue: 'q', deadLetterQueue: 'q.dead', deliveryLimit: 7 } as const;

@@ -1,5 +1,5 @@
 import { expect } from 'chai';
-import { judgeReadiness, type ReadinessFacts } from '../../src/readiness.js';
+import { judgeReadiness, type ReadinessFacts } from '../../src/telemetry/readiness.js';
 
 const healthy: ReadinessFacts = {
   state: 'running',

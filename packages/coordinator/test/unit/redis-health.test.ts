@@ -1,6 +1,6 @@
 import { expect } from 'chai';
 import { describeRefusal } from '@tally/shared';
-import { RedisHealth, REFUSAL_STALE_MS } from '../../src/redis-health.js';
+import { RedisHealth, REFUSAL_STALE_MS } from '../../src/redis/redis-health.js';
 
 function recordingLog() {
   const lines: Array<{ level: string; fields: Record<string, unknown>; message: string }> = [];

@@ -1,6 +1,6 @@
 import { expect } from 'chai';
-import type { Delivery } from '../../src/delivery.js';
-import { ShardLanes, type LaneOptions, type PendingPart } from '../../src/shard-lanes.js';
+import type { Delivery } from '../../src/pipeline/delivery.js';
+import { ShardLanes, type LaneOptions, type PendingPart } from '../../src/pipeline/shard-lanes.js';
 
 const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
 /** Lets promise callbacks (the lane's `.finally`) run. */

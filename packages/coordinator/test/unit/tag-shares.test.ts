@@ -1,5 +1,5 @@
 import { expect } from 'chai';
-import { TagShares } from '../../src/tag-shares.js';
+import { TagShares } from '../../src/telemetry/tag-shares.js';
 
 describe('TagShares (one channel of the exposure meter)', () => {
   it('adds shares per tag and takes them out by multiple-ack and single ack', () => {

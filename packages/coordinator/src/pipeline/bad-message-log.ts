@@ -1,4 +1,4 @@
-import type { Logger } from './logger.js';
+import type { Logger } from '../process/logger.js';
 
 /**
  * One log line per bad message would let a storm of them flood the logs.

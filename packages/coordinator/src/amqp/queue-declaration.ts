@@ -16,7 +16,7 @@
 import type { ChannelModel } from 'amqplib';
 import { CONSISTENT_HASH_EXCHANGE, describeError, PARTITION_WEIGHT, partitionQueues, type QueueType } from '@tally/shared';
 import { amqpReplyCode } from './broker-refusal.js';
-import type { Logger } from './logger.js';
+import type { Logger } from '../process/logger.js';
 
 export interface QueueDeclarationOptions {
   readonly queue: string;

@@ -15,7 +15,7 @@
 import type { Redis } from 'ioredis';
 import { partitionsOf } from '@tally/shared';
 import { listDaemons, type LiveDaemon } from './heartbeat.js';
-import type { Logger } from './logger.js';
+import type { Logger } from '../process/logger.js';
 
 export interface PartitionBalancerOptions {
   readonly prefix: string;

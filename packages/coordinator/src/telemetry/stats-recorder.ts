@@ -1,6 +1,6 @@
 import type { RedisClient } from '@tally/runtime';
 import { COUNTER_NAMES, statsKey, zeroCounters, type CounterName, type CounterValues } from '@tally/shared';
-import type { Logger } from './logger.js';
+import type { Logger } from '../process/logger.js';
 
 /**
  * Counts locally and adds the deltas to the `<prefix>stats` hash once a

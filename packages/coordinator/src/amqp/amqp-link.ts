@@ -25,10 +25,10 @@ import { randomUUID } from 'node:crypto';
 import amqp, { type ChannelModel, type ConfirmChannel, type ConsumeMessage, type Message } from 'amqplib';
 import { DEAD_AT_HEADER, describeError, nextNodeIndex, partitionQueue, redactUrl, retryUntilDone, TallyError, type QueueType } from '@tally/shared';
 import { amqpReplyCode, classifyBrokerRefusal, type BrokerTarget } from './broker-refusal.js';
-import type { ChannelLink } from './delivery.js';
-import type { Logger } from './logger.js';
+import type { ChannelLink } from '../pipeline/delivery.js';
+import type { Logger } from '../process/logger.js';
 import { declareTallyQueues } from './queue-declaration.js';
-import { within, TIMED_OUT } from './deadline.js';
+import { within, TIMED_OUT } from '../process/deadline.js';
 import { copyPublishOptions } from './message-copy.js';
 
 export interface AmqpLinkOptions {

@@ -26,7 +26,7 @@
 import type { Cluster, Redis } from 'ioredis';
 import { isCluster, keySlot, whenClusterReady, type RedisClient } from '@tally/runtime';
 import { describeError, describeShortMaster, findShortMasters, replicationFromInfo, shortfallChanges, type ShortMaster } from '@tally/shared';
-import type { Logger } from './logger.js';
+import type { Logger } from '../process/logger.js';
 
 /** How often the masters are asked when nothing else prompts it. */
 export const CHECK_INTERVAL_MS = 5_000;

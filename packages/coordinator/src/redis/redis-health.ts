@@ -13,7 +13,7 @@
  * Pure bookkeeping plus a log; the clock is injectable for tests.
  */
 import type { FailureClass, RedisHealthEvent } from '@tally/shared';
-import type { Logger } from './logger.js';
+import type { Logger } from '../process/logger.js';
 
 /**
  * A refusal not repeated for this long is forgotten: a step that keeps

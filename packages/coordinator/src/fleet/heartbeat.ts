@@ -16,7 +16,7 @@ import type { Redis } from 'ioredis';
 import type { RedisClient } from '@tally/runtime';
 import { daemonKey, daemonScanPattern, describeError, type TallyMode } from '@tally/shared';
 import { releaseModeLease, renewModeLease, type ModeLease } from './layout-guard.js';
-import type { Logger } from './logger.js';
+import type { Logger } from '../process/logger.js';
 
 /** How often a daemon beats by default (TALLY_HEARTBEAT_MS). */
 export const HEARTBEAT_INTERVAL_MS = 5_000;
@@ -83,8 +83,8 @@ export function newDaemonId(): string {
 
 function readVersion(): string {
   try {
-    // dist/src/heartbeat.js -> packages/coordinator/package.json
-    const json = JSON.parse(readFileSync(new URL('../../package.json', import.meta.url), 'utf8')) as { version?: unknown };
+    // dist/src/fleet/heartbeat.js -> packages/coordinator/package.json
+    const json = JSON.parse(readFileSync(new URL('../../../package.json', import.meta.url), 'utf8')) as { version?: unknown };
     return typeof json.version === 'string' ? json.version : 'unknown';
   } catch {
     return 'unknown';

@@ -5,9 +5,9 @@
  * daemon gathers the facts, this words them.
  */
 import { describeShortMaster } from '@tally/shared';
-import type { RedisRefusalState } from './redis-health.js';
-import { describeKind } from './redis-health.js';
-import type { ShortMasterSince } from './replica-watch.js';
+import type { RedisRefusalState } from '../redis/redis-health.js';
+import { describeKind } from '../redis/redis-health.js';
+import type { ShortMasterSince } from '../redis/replica-watch.js';
 
 export interface ReadinessFacts {
   readonly state: string;
