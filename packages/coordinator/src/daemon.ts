@@ -11,7 +11,7 @@
  */
 import { randomBytes } from 'node:crypto';
 import { redactUrl, type CounterValues, type TallyConfig } from '@tally/shared';
-import type { AmqpBrokerState } from './amqp/amqp-link.js';
+import type { AmqpBrokerState } from './amqp/message-source.js';
 import { CLOSE_BUDGET_MS, CloseSteps, runSteps, STEP_TIMEOUT_MS } from './process/close-steps.js';
 import { newDaemonId } from './fleet/heartbeat.js';
 import type { Logger } from './process/logger.js';
@@ -42,7 +42,7 @@ export type DaemonState = Lifecycle['state'];
 
 export class Daemon {
   private lifecycle: Lifecycle = { state: 'created' };
-  /** The teardown of whatever has been opened: filled by openRuntime, run by a failed start and by a stop. */
+  /** The teardown of whatever has been opened: filled by the openers (runtime.ts), run by a failed start and by a stop. */
   private readonly closeSteps: CloseSteps;
   /** The shutdown step running now, for main.ts's backstop to name. */
   private stopStep: string | null = null;
@@ -99,12 +99,12 @@ export class Daemon {
     const ageMs = open?.pipeline.oldestUnackedAgeMs() ?? null;
     return {
       state: this.lifecycle.state,
-      consuming: open?.runtime.link.consuming ?? false,
-      redisReady: open?.runtime.redis.status === 'ready',
+      consuming: open?.runtime.source.consuming ?? false,
+      redisReady: open?.runtime.redis.client.status === 'ready',
       messagesInProgress: open?.pipeline.messagesInProgress ?? 0,
       oldestUnackedS: ageMs === null ? null : Math.round(ageMs) / 1000,
-      redis: open?.runtime.redisProbe ?? null,
-      amqp: open?.runtime.link.brokerState ?? null,
+      redis: open?.runtime.redis.probe ?? null,
+      amqp: open?.runtime.source.brokerState ?? null,
     };
   }
 
@@ -116,8 +116,8 @@ export class Daemon {
       state: status.state,
       consuming: status.consuming,
       redisConnected: status.redisReady,
-      refusal: open?.runtime.health.current() ?? null,
-      replicasShort: open?.runtime.replicaWatch?.short ?? [],
+      refusal: open?.runtime.redis.health.current() ?? null,
+      replicasShort: open?.runtime.redis.replicaWatch?.short ?? [],
       oldestUnackedMs: open?.pipeline.oldestUnackedAgeMs() ?? null,
       stallMs: this.config.stallMs,
       nowMs: Date.now(),
@@ -173,9 +173,9 @@ export class Daemon {
         },
       });
       // Threads ready before the first delivery: no prefetch window held while they start.
-      await opened.runtime.pools.warm();
+      await opened.runtime.threads.warm();
       if (!this.stillStarting()) throw new StartInterrupted();
-      await opened.runtime.link.start();
+      await opened.runtime.source.start();
     } catch (error) {
       // A stop came meanwhile: it closes what it finds; anything opened since is closed here, after it.
       const interrupted = !this.stillStarting();
@@ -189,7 +189,7 @@ export class Daemon {
     const { runtime, pipeline } = opened;
     this.enter({ state: 'running', runtime, pipeline }, 'running');
     pipeline.startStallChecks();
-    void runtime.heartbeat.beatOnce(); // show "consuming" now, not at the next interval
+    void runtime.fleet.heartbeat.beatOnce(); // show "consuming" now, not at the next interval
   }
 
   /**
@@ -248,9 +248,9 @@ export class Daemon {
           {
             name: 'stop consuming',
             run: async () => {
-              await runtime.link.stopConsuming(Math.min(STEP_TIMEOUT_MS, graceMs));
+              await runtime.source.stopConsuming(Math.min(STEP_TIMEOUT_MS, graceMs));
               // With partitions the beat says `leaving`: the others take this daemon's partitions at their next beat.
-              void runtime.heartbeat.beatOnce();
+              void runtime.fleet.heartbeat.beatOnce();
             },
           },
           {
@@ -274,7 +274,7 @@ export class Daemon {
     }
     // The threads stop before the channel closes (CLOSE_ORDER says why).
     await this.closeSteps.close(progress, Math.max(performance.now(), graceEndsAt) + CLOSE_BUDGET_MS);
-    const counters = open?.runtime.stats.sinceStart ?? null;
+    const counters = open?.runtime.counters.stats.sinceStart ?? null;
     this.enter({ state: 'stopped', counters }, 'stopped', { counters: counters ?? undefined });
   }
 }

@@ -26,6 +26,7 @@ import amqp, { type ChannelModel, type ConfirmChannel, type ConsumeMessage, type
 import { DEAD_AT_HEADER, describeError, nextNodeIndex, partitionQueue, redactUrl, retryUntilDone, TallyError, type QueueType } from '@tally/shared';
 import { amqpReplyCode, classifyBrokerRefusal, type BrokerTarget } from './broker-refusal.js';
 import type { ChannelLink } from '../pipeline/delivery.js';
+import type { AmqpBrokerState, MessageSource, SourceHandlers } from './message-source.js';
 import type { Logger } from '../process/logger.js';
 import { declareTallyQueues } from './queue-declaration.js';
 import { within, TIMED_OUT } from '../process/deadline.js';
@@ -53,14 +54,6 @@ export interface AmqpLinkOptions {
 /** How long a released partition waits for its deliveries to be acked before its channel closes. */
 export const PARTITION_HANDOFF_MS = 5_000;
 
-export interface AmqpLinkHandlers {
-  onDelivery(link: ChannelLink, message: ConsumeMessage): void;
-  onLinkUp(link: ChannelLink): void;
-  onLinkDown(link: ChannelLink, reason: string): void;
-  /** Deliveries of a channel not yet acked: a released partition's channel closes once this is 0 (or after handoffMs). */
-  unackedOn?(link: ChannelLink): number;
-}
-
 /** The reason onLinkDown gives for a partition this daemon handed over: not a loss. */
 export const PARTITION_RELEASED = 'partition released';
 
@@ -75,16 +68,6 @@ interface PartitionSubscription {
 }
 
 type LinkState = 'idle' | 'connecting' | 'consuming' | 'stopping' | 'closed';
-
-/** The broker's side of the link, for status, /readyz detail and gauges. */
-export interface AmqpBrokerState {
-  /** RabbitMQ blocks the connection (memory or disk alarm): dead-letter publishes wait until it unblocks. */
-  readonly blocked: boolean;
-  readonly blockedReason: string | null;
-  readonly blockedSince: string | null;
-  /** Dead-letter copies the broker returned unroutable since start; each original stayed unacked and was retried. */
-  readonly unroutableDeadLetters: number;
-}
 
 /**
  * Correlates a returned dead-letter copy with its publish: the broker sends
@@ -104,7 +87,7 @@ export class UnroutableDeadLetterError extends Error {
   }
 }
 
-export class AmqpLink {
+export class AmqpLink implements MessageSource {
   private state: LinkState = 'idle';
   private model: ChannelModel | null = null;
   private link: ChannelLink | null = null;
@@ -130,11 +113,11 @@ export class AmqpLink {
   constructor(
     private readonly options: AmqpLinkOptions,
     private readonly log: Logger,
-    private readonly handlers: AmqpLinkHandlers,
+    private readonly handlers: SourceHandlers,
   ) {}
 
-  get current(): ChannelLink | null {
-    return this.link?.alive ? this.link : null;
+  get connected(): boolean {
+    return this.link?.alive === true;
   }
 
   get brokerState(): AmqpBrokerState {

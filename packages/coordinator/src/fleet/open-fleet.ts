@@ -1,0 +1,100 @@
+/**
+ * What this daemon shares with the others of its prefix, opened once Redis
+ * answers: the layout check (virtual shards, marker format, mode lease,
+ * partition count; a mismatch refuses the start before any thread starts),
+ * the partition balancer (TALLY_PARTITIONS > 1) and the heartbeat that
+ * renews the lease and drives the balancer.
+ */
+import { defaultMarkerScope, describeError, MarkerFormatRefusedError } from '@tally/shared';
+import { scanNodes } from '@tally/runtime';
+import { checkNotInterrupted, type LiveViews, type StartContext } from '../process/start-context.js';
+import type { RedisEdge } from '../redis/open-redis.js';
+import { untilRedis } from '../redis/until-redis.js';
+import { Heartbeat, HEARTBEAT_TTL_BEATS, type HeartbeatSnapshot } from './heartbeat.js';
+import { ensureLayout, ensurePartitionCount, type Layout } from './layout-guard.js';
+import { PartitionBalancer } from './partition-balancer.js';
+
+export interface FleetEdge {
+  /** The prefix's recorded layout: every daemon of the prefix uses its marker settings, whatever its own. */
+  readonly layout: Layout;
+  /** Renews this daemon's heartbeat key and the mode lease its layout check took. */
+  readonly heartbeat: Heartbeat;
+  /** TALLY_PARTITIONS > 1: the partitions this daemon owns, after every beat; null with one queue. */
+  readonly balancer: PartitionBalancer | null;
+}
+
+export async function openFleet(context: StartContext, redis: RedisEdge, live: LiveViews): Promise<FleetEdge> {
+  const { config, log, closeSteps } = context;
+  const { probe, client } = redis;
+  const lease = { holder: context.daemonId, ttlMs: HEARTBEAT_TTL_BEATS * config.heartbeatMs };
+  // Before the layout is recorded: a new prefix must not be laid out with a scope this Redis cannot serve.
+  if (config.markerScope === 'message' && probe.topology === 'cluster') throw messageScopeOnCluster(config.prefix);
+  const proposedScope = config.markerScope ?? defaultMarkerScope(probe.topology);
+  const layout = await untilRedis(context, 'layout check', () => ensureLayout(client, { ...config, markerScope: proposedScope }, lease));
+  checkNotInterrupted(context);
+  log.info({ virtualShards: layout.virtualShards, created: layout.created, daemonId: context.daemonId, markers: layout.markers }, 'shard layout verified');
+  if (layout.markers.scope === 'message' && probe.topology === 'cluster') throw messageScopeOnCluster(config.prefix);
+  // Recorded like the virtual shards: daemons of another TALLY_PARTITIONS would compute other owners (docs/operations.md).
+  await untilRedis(context, 'partition count check', () => ensurePartitionCount(client, config.prefix, config.partitions));
+  checkNotInterrupted(context);
+  if (config.markerScope !== null && layout.markers.scope !== config.markerScope) {
+    log.warn(
+      { configured: config.markerScope, recorded: layout.markers.scope },
+      'TALLY_MARKER_SCOPE differs from the scope the prefix was laid out with; using the recorded one (every daemon of a prefix must)',
+    );
+  }
+
+  const partitioned = config.partitions > 1;
+  const balancer = partitioned
+    ? new PartitionBalancer(
+        { prefix: config.prefix, queue: config.queue, partitions: config.partitions, selfId: context.daemonId },
+        () => scanNodes(client),
+        (partitions) => {
+          live.source?.assign(partitions);
+          // Three beats without a delivery over a queue with ready messages: subscribe again (amqp-link.ts says why).
+          void live.source
+            ?.checkIdlePartitions(3 * config.heartbeatMs)
+            .catch((error) => log.warn({ err: describeError(error) }, 'idle partition check failed'));
+        },
+        () => context.stopping(),
+        log,
+      )
+    : null;
+
+  // From the layout check on, not from the source: the beat renews the mode lease the check took (layout-guard.ts).
+  const heartbeat = new Heartbeat(
+    client,
+    context.daemonId,
+    {
+      prefix: config.prefix,
+      mode: config.mode,
+      queue: config.queue,
+      intervalMs: config.heartbeatMs,
+      ttlMs: lease.ttlMs,
+      partitions: config.partitions,
+      ...(balancer === null ? {} : { afterBeat: () => balancer.rebalance() }),
+    },
+    (): HeartbeatSnapshot => {
+      const ageMs = live.pipeline?.oldestUnackedAgeMs() ?? null;
+      return {
+        consuming: live.source?.consuming ?? false,
+        oldestUnackedS: ageMs === null ? null : ageMs / 1000,
+        inFlight: live.pipeline?.unacked ?? 0,
+        amqpNode: live.source?.node ?? null,
+        ...(partitioned ? { partitions: live.source?.partitionsHeld ?? [], leaving: context.stopping() } : {}),
+      };
+    },
+    log,
+  );
+  heartbeat.start();
+  closeSteps.add({ name: 'stopping the heartbeat', timeoutMs: 500, run: () => heartbeat.stop() });
+  return { layout, heartbeat, balancer };
+}
+
+/** Message-scoped markers on a Redis Cluster: a message's counts span hash slots, so no script can write them with its one marker. */
+function messageScopeOnCluster(prefix: string): MarkerFormatRefusedError {
+  return new MarkerFormatRefusedError(
+    `TALLY_MARKER_SCOPE=message needs a standalone Redis, and this one is a cluster (prefix "${prefix}"): a message's counts span hash slots, ` +
+      `so they cannot be written with its one marker. Use TALLY_MARKER_SCOPE=part (the default on a cluster) with a new TALLY_PREFIX.`,
+  );
+}
