@@ -10,6 +10,7 @@ import type { FailureClass } from './failure-class.js';
 import { MARKER_DIGEST_BYTES, type DigestText, type MarkerScope } from './markers.js';
 import type { PartChanges } from './shards.js';
 import type { RedisTopology } from './redis-requirements.js';
+import { decodePositions, type BatchPositions, type WatermarkReport } from './stream-positions.js';
 
 /** Fixed for the life of a thread: passed as piscina's workerData. */
 export interface WorkerSettings {
@@ -42,6 +43,12 @@ export interface WorkerSettings {
   readonly claimToken: string;
   /** Two-step: a claim older than this is taken over (its daemon died or stalled). */
   readonly claimTtlMs: number;
+  /**
+   * TALLY_SOURCE: `stream` writes every batch with watermarks instead of
+   * markers (stream-positions.ts, worker/src/stream-batch.ts), whatever
+   * `mode` says; absent means `queue`.
+   */
+  readonly source?: 'queue' | 'stream';
 }
 
 export interface BatchTask {
@@ -72,6 +79,8 @@ export interface BatchTask {
   readonly shares?: Float64Array;
   /** W3C traceparent of the coordinator's `tally.batch` span, when tracing is on. */
   readonly traceparent?: string;
+  /** Stream mode: each part's partition and offset, and the watermarks expected (stream-positions.ts). */
+  readonly positions?: BatchPositions;
 }
 
 /** How a log line names part `index` of a task: its marker digest in hex (its message id in a task a test built from ids). */
@@ -108,6 +117,8 @@ export interface WireBatchTask {
   /** Moved, not copied: detached on the sending side once posted (see transferListOf). */
   readonly buffer: ArrayBuffer;
   readonly traceparent?: string;
+  /** Stream mode: stream-positions.ts's buffer, moved like `buffer`. */
+  readonly positions?: ArrayBuffer;
 }
 
 /** Bumped when the layout above changes: a thread of another build refuses the task (a bug), never misreads it. */
@@ -127,7 +138,7 @@ function wireLayout(count: number, changes: number) {
 
 /** What postMessage must move instead of cloning: the task's buffer. */
 export function transferListOf(wire: WireBatchTask): ArrayBuffer[] {
-  return [wire.buffer];
+  return wire.positions === undefined ? [wire.buffer] : [wire.buffer, wire.positions];
 }
 
 /** The parts of a batch as the encoder reads them, by index: no object per part is made to hand them over. */
@@ -184,7 +195,7 @@ function ensureScratch(parts: number, changes: number): void {
 }
 
 /** Encodes a batch into one transferable buffer (layout above). */
-export function encodeBatchTask(vshard: number, batchId: string, parts: WireParts, traceparent?: string): WireBatchTask {
+export function encodeBatchTask(vshard: number, batchId: string, parts: WireParts, traceparent?: string, positions?: ArrayBuffer): WireBatchTask {
   const count = parts.count;
   ensureScratch(count, 0);
   const { skus } = scratch;
@@ -242,7 +253,7 @@ export function encodeBatchTask(vshard: number, batchId: string, parts: WirePart
     }
   // No SKU of this batch stays reachable from the scratch.
   skus.fill('', 0, changes);
-  return { vshard, batchId, buffer, ...(traceparent === undefined ? {} : { traceparent }) };
+  return { vshard, batchId, buffer, ...(traceparent === undefined ? {} : { traceparent }), ...(positions === undefined ? {} : { positions }) };
 }
 
 /** The inverse of encodeBatchTask, run in the worker thread. Throws on a malformed task (a bug, not input). */
@@ -286,6 +297,7 @@ export function decodeBatchTask(wire: WireBatchTask): BatchTask {
     changes: parts,
     shares,
     ...(wire.traceparent === undefined ? {} : { traceparent: wire.traceparent }),
+    ...(wire.positions === undefined ? {} : { positions: decodePositions(wire.positions, count) }),
   };
 }
 
@@ -313,7 +325,9 @@ export interface BatchResult {
    * Per part: 0 new (counted now, or refused: see refusals), 1 its marker
    * was already occupied (a duplicate), 2 held: another daemon's live claim
    * has it (two-step), so nothing of it was counted and the coordinator runs
-   * it again later.
+   * it again later. Stream mode: 0 applied now, 1 at or below the
+   * watermark (applied before: a replay), 3 not applied because the
+   * partition's watermark went backwards (PART_REWIND: replayed from the log).
    */
   readonly marked: Uint8Array;
   /** Count writes that failed and were retried. */
@@ -327,6 +341,8 @@ export interface BatchResult {
   /** Two-step: parts claimed over another daemon's expired claim (it died or stalled). */
   readonly claimTakeovers: number;
   readonly timings: { readonly precheckMs: number; readonly writeMs: number; readonly occupyMs: number };
+  /** Stream mode: per partition of the batch, its watermark on the batch's shard after it (stream-positions.ts). */
+  readonly watermarks?: readonly WatermarkReport[];
 }
 
 /**

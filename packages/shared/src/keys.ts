@@ -17,6 +17,16 @@ export function receiptKey(prefix: string, vshard: number, batchId: string): str
   return `${prefix}w:{${vshard}}:${batchId}`;
 }
 
+/** Stream mode: a virtual shard's watermarks, one field per partition (stream-positions.ts), in the slot of the shard's counts. */
+export function watermarkKey(prefix: string, vshard: number): string {
+  return `${prefix}wm:{${vshard}}`;
+}
+
+/** Stream mode: the committed checkpoint of every partition, one field per partition (a JSON record). */
+export function checkpointKey(prefix: string): string {
+  return `${prefix}checkpoints`;
+}
+
 export function statsKey(prefix: string): string {
   return `${prefix}stats`;
 }

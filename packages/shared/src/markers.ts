@@ -264,6 +264,12 @@ export const PART_NEW = 0;
 export const PART_DONE = 1;
 /** Another daemon's live claim holds it: leave it for later, count nothing now. */
 export const PART_HELD = 2;
+/**
+ * Stream mode: not applied, because its partition's watermark on the shard
+ * was found below the one the coordinator expected (Redis lost acknowledged
+ * writes); the partition is replayed from the log, this part with it.
+ */
+export const PART_REWIND = 3;
 
 /** claim_markers.lua's flag characters (script-replies.ts), as the part states a BatchResult carries. */
 const CLAIM_FLAG_STATES: ReadonlyMap<string, number> = new Map([
