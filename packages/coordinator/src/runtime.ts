@@ -11,8 +11,7 @@
  *   ─► worker threads                  threads/open-threads.ts
  *   ─► message source (not started: the daemon starts it) and the pipeline
  */
-import { PARTITION_RELEASED } from './amqp/amqp-link.js';
-import type { MessageSource, SourceHandlers } from './amqp/message-source.js';
+import { PARTITION_RELEASED, type MessageSource, type SourceHandlers } from './amqp/message-source.js';
 import { openSource } from './amqp/open-source.js';
 import { openFleet, type FleetEdge } from './fleet/open-fleet.js';
 import { DeliveryPipeline } from './pipeline/delivery-pipeline.js';

@@ -82,7 +82,8 @@ export function decodePositions(buffer: ArrayBuffer, parts: number): BatchPositi
   if (count !== parts) throw new TypeError(`malformed batch positions: ${count} positions for ${parts} parts`);
   const u32Bytes = 4 * (2 + count + groups);
   const f64At = u32Bytes + (u32Bytes % 8);
-  if (buffer.byteLength !== f64At + 8 * (count + groups)) throw new TypeError(`malformed batch positions: ${buffer.byteLength} bytes for ${count} parts, ${groups} partitions`);
+  if (buffer.byteLength !== f64At + 8 * (count + groups))
+    throw new TypeError(`malformed batch positions: ${buffer.byteLength} bytes for ${count} parts, ${groups} partitions`);
   const u32 = new Uint32Array(buffer, 0, 2 + count + groups);
   const f64 = new Float64Array(buffer, f64At, count + groups);
   const expectations: PartitionExpectation[] = [];

@@ -2,7 +2,7 @@
  * How a CLI command reaches RabbitMQ: the nodes of TALLY_AMQP_URL in order,
  * one attempt each, the first that answers wins. A command is short and
  * started by hand, so there is no backoff and no second round; the daemon's
- * own reconnects are in amqp-link.ts.
+ * own reconnects are in broker-connection.ts.
  */
 import amqp, { type ChannelModel } from 'amqplib';
 import { describeError, redactUrl, splitAmqpUrls, TallyError } from '@tally/shared';

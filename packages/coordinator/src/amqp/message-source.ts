@@ -2,12 +2,16 @@
  * The boundary between where deliveries come from and the pipeline that
  * counts them. The pipeline acks and dead-letters through it (pipeline/
  * ports.ts Acker, DeadLetterPublisher); the daemon starts, stops and reads it.
- * amqp-link.ts is the source of a queue (TALLY_SOURCE=queue); a test's fake
- * stands in for it in-process.
+ * queue-source.ts is the source of a queue (TALLY_SOURCE=queue),
+ * stream-source.ts of a stream (TALLY_SOURCE=stream); a test's fake stands in
+ * for them in-process.
  */
 import type { ConsumeMessage } from 'amqplib';
 import type { ChannelLink } from '../pipeline/delivery.js';
 import type { Acker, DeadLetterPublisher } from '../pipeline/ports.js';
+
+/** The reason onLinkDown gives for a partition this daemon handed over: not a loss. */
+export const PARTITION_RELEASED = 'partition released';
 
 /** What a source calls as deliveries and channels come and go (the composition wires them to the pipeline). */
 export interface SourceHandlers {
@@ -48,6 +52,6 @@ export interface MessageSource extends Acker, DeadLetterPublisher {
   readonly partitionsHeld: number[];
   /** TALLY_PARTITIONS > 1: the partitions it owns now (fleet/partition-balancer.ts). */
   assign(partitions: readonly number[]): void;
-  /** TALLY_PARTITIONS > 1: a watchdog over subscriptions idle over ready messages (amqp-link.ts says why). */
+  /** TALLY_PARTITIONS > 1: a watchdog over subscriptions idle over ready messages (partition-channels.ts says why). */
   checkIdlePartitions(idleMs: number): Promise<void>;
 }

@@ -1,16 +1,15 @@
 /**
  * The message source, built last (its handlers feed the pipeline) and not
- * started: the daemon starts it once the threads are warm. Today the source
- * of a queue (amqp-link.ts).
+ * started: the daemon starts it once the threads are warm.
  */
 import { STEP_TIMEOUT_MS } from '../process/close-steps.js';
 import type { StartContext } from '../process/start-context.js';
-import { AmqpLink } from './amqp-link.js';
+import { QueueSource } from './queue-source.js';
 import type { MessageSource, SourceHandlers } from './message-source.js';
 
 export function openSource(context: StartContext, handlers: SourceHandlers): MessageSource {
   const { config, log } = context;
-  const link = new AmqpLink(
+  const link = new QueueSource(
     {
       nodes: config.amqpNodes,
       queue: config.queue,

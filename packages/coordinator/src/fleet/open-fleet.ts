@@ -51,7 +51,7 @@ export async function openFleet(context: StartContext, redis: RedisEdge, live: L
         () => scanNodes(client),
         (partitions) => {
           live.source?.assign(partitions);
-          // Three beats without a delivery over a queue with ready messages: subscribe again (amqp-link.ts says why).
+          // Three beats without a delivery over a queue with ready messages: subscribe again (partition-channels.ts says why).
           void live.source
             ?.checkIdlePartitions(3 * config.heartbeatMs)
             .catch((error) => log.warn({ err: describeError(error) }, 'idle partition check failed'));

@@ -6,7 +6,7 @@
  * there (the broker redelivers it).
  *
  * With partitioned queues (TALLY_PARTITIONS > 1) every partition a daemon
- * holds has a channel of its own (amqp-link.ts), so each has its own
+ * holds has a channel of its own (partition-channels.ts), so each has its own
  * tracker, its own multiple-acks and its own stall: delivery tags are
  * numbered per channel, 1, 2, 3, … without gaps, which is what the tracker's
  * contiguous-run arithmetic needs, and a multiple-ack on one partition's

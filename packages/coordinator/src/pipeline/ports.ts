@@ -1,6 +1,6 @@
 /**
  * What the delivery pipeline needs from the world, each as narrow as the
- * pipeline uses it. The daemon passes the real edges (AmqpLink, WorkerPools,
+ * pipeline uses it. The daemon passes the real edges (the message source, WorkerPools,
  * StatsRecorder, ExposureMeter, DaemonMetrics); the unit tests pass fakes,
  * so every delivery rule runs in-process without a thread or a server.
  */
@@ -17,13 +17,13 @@ export interface BatchRunner {
   readonly stopped: boolean;
 }
 
-/** Acks on a channel (amqp-link.ts). */
+/** Acks on a channel (the message source: amqp/message-source.ts). */
 export interface Acker {
   /** Acks `upTo`; with `multiple`, every outstanding tag up to it. */
   ack(channel: ChannelLink, upTo: number, multiple: boolean): void;
 }
 
-/** Publishes a copy to the dead-letter queue (amqp-link.ts). */
+/** Publishes a copy to the dead-letter queue (amqp/dead-letter-publishing.ts). */
 export interface DeadLetterPublisher {
   /** Resolves once the broker confirmed the copy, with its reason in `x-tally-reason`. */
   deadLetter(channel: ChannelLink, message: ConsumeMessage, reason: string): Promise<void>;
