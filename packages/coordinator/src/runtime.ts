@@ -13,10 +13,12 @@
  */
 import { PARTITION_RELEASED, type MessageSource, type SourceHandlers } from './amqp/message-source.js';
 import { openSource } from './amqp/open-source.js';
+import type { StreamSource } from './amqp/stream-source.js';
 import { openFleet, type FleetEdge } from './fleet/open-fleet.js';
 import { DeliveryPipeline } from './pipeline/delivery-pipeline.js';
 import { checkNotInterrupted, type LiveViews, type StartContext, type Threads } from './process/start-context.js';
 import { openRedis, type RedisEdge } from './redis/open-redis.js';
+import { StreamState } from './stream/stream-state.js';
 import { untilRedis } from './redis/until-redis.js';
 import { openCounters, type CountersEdge } from './telemetry/open-counters.js';
 import { openTelemetry, type Telemetry } from './telemetry/open-telemetry.js';
@@ -49,7 +51,16 @@ export async function openRuntime(context: StartContext): Promise<{ runtime: Run
   const threads = options.edges?.openThreads?.(context) ?? openThreads(context, redis, fleet.layout, counters);
   checkNotInterrupted(context);
   const handlers = sourceHandlers(context, live, fleet);
-  const source = options.edges?.openSource?.(context, handlers) ?? openSource(context, handlers);
+  // TALLY_SOURCE=stream: the watermarks and id windows the pipeline and the source share; a rollback a batch finds rewinds the source.
+  const stream =
+    config.source === 'stream'
+      ? new StreamState({
+          virtualShards: config.virtualShards,
+          newWindow: () => null,
+          onRollback: (partition, vshard, found, expected) => (live.source as StreamSource | null)?.rollback(partition, vshard, found, expected),
+        })
+      : null;
+  const source = options.edges?.openSource?.(context, handlers) ?? openSource(context, handlers, { redis, counters, stream });
   // The prefix's recorded marker scope, not TALLY_MARKER_SCOPE: every daemon of a prefix must split messages alike.
   const pipeline = new DeliveryPipeline(
     { ...config, recordedMarkerScope: fleet.layout.markers.scope, injectBug: options.injectBug ?? null },
@@ -61,6 +72,7 @@ export async function openRuntime(context: StartContext): Promise<{ runtime: Run
       exposure: counters.exposure,
       metrics: telemetry?.metrics ?? null,
       log: context.log,
+      ...(stream === null ? {} : { streamLog: stream }),
       ...(options.onBug === undefined ? {} : { onBug: options.onBug }),
     },
   );

@@ -10,6 +10,15 @@ export type TallyMode = 'two-step' | 'atomic';
 /** Modes this build can run; see README "Atomic mode" for when to pick which. */
 export const SUPPORTED_MODES: readonly TallyMode[] = Object.freeze(['two-step', 'atomic']);
 
+/**
+ * Where messages come from (TALLY_SOURCE). `queue`: a queue that delivers at
+ * least once, deduplicated by markers (TALLY_MODE). `stream`: RabbitMQ
+ * streams, a log whose offsets make every replay recognisable, applied
+ * exactly once by watermarks with no marker (docs/streams.md).
+ */
+export type TallySource = 'queue' | 'stream';
+export const SOURCES: readonly TallySource[] = Object.freeze(['queue', 'stream']);
+
 /** The type of the queues Tally declares; an existing queue is used as it is. See docs/scale-out.md. */
 export type QueueType = 'classic' | 'quorum';
 export const QUEUE_TYPES: readonly QueueType[] = Object.freeze(['classic', 'quorum']);
@@ -49,7 +58,19 @@ export interface TallyConfig {
   /** How often a daemon refreshes its heartbeat and mode lease; both expire after 3 intervals. */
   readonly heartbeatMs: number;
   readonly prefix: string;
+  /** TALLY_SOURCE. */
+  readonly source: TallySource;
+  /** Queue source: how markers are written. A stream source has no markers: the mode does not apply (and TALLY_MODE is refused). */
   readonly mode: TallyMode;
+  /**
+   * Stream source: TALLY_STREAM_DEDUP. On: a producer's duplicate (the same
+   * id published again, at a later offset) is skipped when it comes within
+   * TALLY_MARKER_TTL_S of the first, by an id window in the daemon's memory
+   * (id-window.ts). Off: every offset counts (producers that never retry).
+   */
+  readonly streamDedup: boolean;
+  /** Stream source: TALLY_STREAM_CHECKPOINT_MS, how often a partition's committed offset is written to Redis. */
+  readonly checkpointMs: number;
   readonly workers: number;
   readonly prefetch: number;
   readonly batchSize: number;
@@ -115,7 +136,10 @@ export const DEFAULTS = Object.freeze({
   redisUrl: 'redis://127.0.0.1:6379',
   queue: 'inventory.changes',
   prefix: 'tally:',
+  source: 'queue' as TallySource,
   mode: 'two-step' as TallyMode,
+  streamDedup: true,
+  checkpointMs: 1_000,
   queueType: 'classic' as QueueType,
   deliveryLimit: 20,
   heartbeatMs: 5_000,
@@ -166,6 +190,7 @@ export const LIMITS = Object.freeze({
   redisWaitTimeoutMs: [1, 60_000],
   deliveryLimit: [1, 1_000],
   heartbeatMs: [100, 60_000],
+  checkpointMs: [10, 600_000],
   // One channel per partition a daemon holds; RabbitMQ's default channel_max is 2047 per connection.
   partitions: [1, 1024],
 } as const);
@@ -319,6 +344,14 @@ function mode(env: Env, name: string): TallyMode {
   return raw as TallyMode;
 }
 
+function source(env: Env, name: string): TallySource {
+  const raw = read(env, name) ?? DEFAULTS.source;
+  if (!(SOURCES as readonly string[]).includes(raw)) {
+    throw new ConfigError(name, `expected one of ${SOURCES.join(', ')}, got ${JSON.stringify(raw)}`);
+  }
+  return raw as TallySource;
+}
+
 function markerScope(env: Env, name: string): MarkerScope | null {
   const raw = read(env, name);
   if (raw === undefined) return DEFAULTS.markerScope;
@@ -402,6 +435,14 @@ export function loadConfig(env: Env = process.env): TallyConfig {
   }
   const queue = queueName(env, 'TALLY_QUEUE', DEFAULTS.queue);
   const metricsPortRaw = read(env, 'TALLY_METRICS_PORT');
+  const from = source(env, 'TALLY_SOURCE');
+  // A stream is applied exactly once by construction: a mode asked for would be a promise of something else.
+  if (from === 'stream' && read(env, 'TALLY_MODE') !== undefined) {
+    throw new ConfigError(
+      'TALLY_MODE',
+      `does not apply with TALLY_SOURCE=stream, which is exact by construction (watermarks, no markers); unset TALLY_MODE, got ${JSON.stringify(read(env, 'TALLY_MODE'))}`,
+    );
+  }
   return Object.freeze({
     ...amqpUrls(env, 'TALLY_AMQP_URL', DEFAULTS.amqpUrl),
     ...redisUrls(env, 'TALLY_REDIS_URL', DEFAULTS.redisUrl),
@@ -412,7 +453,10 @@ export function loadConfig(env: Env = process.env): TallyConfig {
     heartbeatMs: integer(env, 'TALLY_HEARTBEAT_MS', DEFAULTS.heartbeatMs, LIMITS.heartbeatMs),
     partitions: integer(env, 'TALLY_PARTITIONS', DEFAULTS.partitions, LIMITS.partitions),
     prefix: prefix(env, 'TALLY_PREFIX', DEFAULTS.prefix),
+    source: from,
     mode: mode(env, 'TALLY_MODE'),
+    streamDedup: flag(env, 'TALLY_STREAM_DEDUP', DEFAULTS.streamDedup),
+    checkpointMs: integer(env, 'TALLY_STREAM_CHECKPOINT_MS', DEFAULTS.checkpointMs, LIMITS.checkpointMs),
     workers,
     prefetch: integer(env, 'TALLY_PREFETCH', DEFAULTS.prefetch, LIMITS.prefetch),
     batchSize: integer(env, 'TALLY_BATCH_SIZE', DEFAULTS.batchSize, LIMITS.batchSize),
@@ -462,6 +506,13 @@ export interface FaultInjection {
    * daemon must log the stack once, ack nothing and exit 70. null: off.
    */
   readonly bug: InjectedBug | null;
+  /**
+   * TALLY_FAULT_STREAM_OVERLAP=1: a stream daemon consumes every partition,
+   * whatever the balancer assigns it, so two daemons read one partition at
+   * once on purpose (the handoff overlap, held open): the watermarks must
+   * keep the counts exact. false: off.
+   */
+  readonly streamOverlap: boolean;
 }
 
 export const INJECTED_BUGS = Object.freeze(['thread', 'main'] as const);
@@ -476,5 +527,6 @@ export function loadFaultInjection(env: Env = process.env): FaultInjection {
   return Object.freeze({
     threadExitAfterWrite: raw === undefined ? null : integer(env, 'TALLY_FAULT_THREAD_EXIT_AFTER_WRITE', 0, [1, 1_000_000_000]),
     bug: (bug ?? null) as InjectedBug | null,
+    streamOverlap: flag(env, 'TALLY_FAULT_STREAM_OVERLAP', false),
   });
 }

@@ -20,6 +20,12 @@ export const COUNTERS = Object.freeze({
     'message parts held back because another daemon had claimed them (two-step: a copy of the message was being counted elsewhere at that instant); each is retried until that daemon marks it or its claim runs out',
   claim_takeovers:
     "message parts counted over another daemon's expired claim (two-step: that daemon died or stalled past TALLY_MARKER_CLAIM_TTL_S); if it had written their counts, they are counted again, as after a crash in the window",
+  replayed:
+    'stream source: messages read again from the log whose parts were at or below their watermarks (a restart, a handover, a rewind): applied once before, skipped now',
+  stream_rollbacks:
+    'stream source: watermarks found below what this daemon had seen (Redis lost acknowledged writes: a failover without WAIT, a restart without AOF); each partition was replayed from the log',
+  stream_gap_offsets:
+    'stream source: offsets the log no longer held when a partition resumed (retention deleted them before they were counted): lost to counting, and alerted',
   // Exposure: time integrals, not events, taken while the daemon is under
   // load. Divided by loaded_ms they give how many messages a crash under load
   // puts at risk; the deviation estimator (`tally deviation`) reads them.

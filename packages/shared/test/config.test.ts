@@ -52,6 +52,10 @@ const BAD_VALUES: ReadonlyArray<readonly [variable: string, values: readonly str
   ['TALLY_DELIVERY_LIMIT', ['0', '-1', '1001', 'twenty', '2.5']],
   ['TALLY_HEARTBEAT_MS', ['99', '60001', '5s', '1.5']],
   ['TALLY_PARTITIONS', ['0', '1025', 'eight', '1.5']],
+  ['TALLY_SOURCE', ['streams', 'Stream', 'queue,stream', 'log']],
+  ['TALLY_STREAM_DEDUP', ['maybe', '2']],
+  ['TALLY_STREAM_CHECKPOINT_MS', ['9', '600001', '1s']],
+  ['TALLY_FAULT_STREAM_OVERLAP', ['both', '2']],
   // The declaration's own refusals are in message-mapping.test.ts.
   ['TALLY_MESSAGE_MAPPING', ['/eventId', '{}', '{"id":"eventId","changes":"/lines","sku":"0/sku","delta":"0/qty"}']],
 ];
@@ -71,7 +75,10 @@ describe('loadConfig', () => {
       heartbeatMs: 5_000,
       partitions: 1,
       prefix: 'tally:',
+      source: 'queue',
       mode: 'two-step',
+      streamDedup: true,
+      checkpointMs: 1_000,
       workers: Math.min(Math.max(1, availableParallelism() - 1), 16),
       prefetch: 2000,
       batchSize: 500,
@@ -118,6 +125,22 @@ describe('loadConfig', () => {
     expect(loadConfig(env)).to.deep.equal(loadConfig({}));
   });
 
+  it('reads TALLY_SOURCE=stream, and refuses TALLY_MODE beside it: a stream is exact by construction', () => {
+    const stream = loadConfig({ TALLY_SOURCE: 'stream', TALLY_STREAM_DEDUP: 'false', TALLY_STREAM_CHECKPOINT_MS: '250' });
+    expect(stream).to.include({ source: 'stream', streamDedup: false, checkpointMs: 250 });
+    for (const mode of ['two-step', 'atomic']) {
+      let thrown: unknown = null;
+      try {
+        loadConfig({ TALLY_SOURCE: 'stream', TALLY_MODE: mode });
+      } catch (error) {
+        thrown = error;
+      }
+      expect((thrown as ConfigError | null)?.code, mode).to.equal('TALLY_CONFIG_INVALID');
+      expect(String(thrown)).to.match(/^ConfigError: TALLY_MODE.*TALLY_SOURCE=stream/);
+    }
+    expect(loadConfig({ TALLY_SOURCE: 'queue', TALLY_MODE: 'atomic' }).mode).to.equal('atomic');
+  });
+
   it('ignores variables outside TALLY_*', () => {
     expect(loadConfig({ AMQP_URL: 'http://x', TALLY: 'x', tally_workers: '999' })).to.deep.equal(loadConfig({}));
   });
@@ -152,7 +175,7 @@ describe('loadConfig', () => {
       const read = new Set([...source.matchAll(/'(TALLY_[A-Z_]+)'/g)].map((m) => m[1]!));
       const covered = new Set(BAD_VALUES.map(([name]) => name));
       expect([...covered].sort()).to.deep.equal([...read].sort());
-      expect(covered.size).to.equal(33);
+      expect(covered.size).to.equal(37);
     });
 
     it('names the accepted range for integers', () => {
@@ -404,5 +427,10 @@ describe('loadFaultInjection', () => {
     expect(loadFaultInjection({}).bug).to.equal(null);
     expect(loadFaultInjection({ TALLY_FAULT_BUG: 'thread' }).bug).to.equal('thread');
     expect(loadFaultInjection({ TALLY_FAULT_BUG: 'main' }).bug).to.equal('main');
+  });
+
+  it('makes stream daemons overlap only when TALLY_FAULT_STREAM_OVERLAP is on', () => {
+    expect(loadFaultInjection({}).streamOverlap).to.equal(false);
+    expect(loadFaultInjection({ TALLY_FAULT_STREAM_OVERLAP: '1' }).streamOverlap).to.equal(true);
   });
 });

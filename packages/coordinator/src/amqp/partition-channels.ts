@@ -15,6 +15,7 @@
 import type { Channel, ChannelModel, ConsumeMessage } from 'amqplib';
 import { describeError } from '@tally/shared';
 import type { ChannelLink } from '../pipeline/delivery.js';
+import type { StreamCursor } from '../stream/stream-cursor.js';
 import { within, TIMED_OUT } from '../process/deadline.js';
 import type { Logger } from '../process/logger.js';
 import { PARTITION_RELEASED } from './message-source.js';
@@ -30,15 +31,18 @@ export interface PartitionChannelsOptions {
   readonly handoffMs?: number;
 }
 
+/** How a partition's consumer starts: its arguments (a stream's start offset) and, on a stream, the cursor its link carries. */
+export interface SubscriptionStart {
+  readonly arguments: Record<string, unknown>;
+  readonly stream?: StreamCursor;
+}
+
 export interface PartitionChannelsHooks {
   nextGeneration(): number;
   /** A new channel that may publish dead letters (dead-letter-publishing.ts watches its returns). */
   watch(channel: Channel): void;
-  /**
-   * The consumer's arguments for a partition about to be subscribed (a
-   * stream's start offset); null: not now (the next assign() tries again).
-   */
-  consumeArguments(partition: number, model: ChannelModel): Promise<Record<string, unknown> | null> | Record<string, unknown> | null;
+  /** How a partition about to be subscribed starts; null: not now (the next assign() tries again). */
+  start(partition: number, model: ChannelModel): Promise<SubscriptionStart | null> | SubscriptionStart | null;
   onDelivery(link: ChannelLink, message: ConsumeMessage): void;
   onLinkUp(link: ChannelLink): void;
   onLinkDown(link: ChannelLink, reason: string): void;
@@ -120,13 +124,19 @@ export class PartitionChannels {
   }
 
   private async subscribe(model: ChannelModel, partition: number): Promise<void> {
-    const args = await this.hooks.consumeArguments(partition, model);
-    if (args === null || this.hooks.live() !== model || !this.desired.has(partition) || this.subscriptions.has(partition)) return;
+    const start = await this.hooks.start(partition, model);
+    if (start === null || this.hooks.live() !== model || !this.desired.has(partition) || this.subscriptions.has(partition)) return;
     const queue = this.options.queueOf(partition);
     const channel = await model.createConfirmChannel();
     channel.on('error', (error: Error) => this.log.warn({ partition, err: describeError(error) }, 'amqp channel error'));
     await channel.prefetch(this.options.prefetch);
-    const link: ChannelLink = { generation: this.hooks.nextGeneration(), channel, alive: true, partition };
+    const link: ChannelLink = {
+      generation: this.hooks.nextGeneration(),
+      channel,
+      alive: true,
+      partition,
+      ...(start.stream === undefined ? {} : { stream: start.stream }),
+    };
     const sub: Subscription = { link, consumerTag: null, releasing: false, lastDeliveryAt: performance.now() };
     this.subscriptions.set(partition, sub);
     channel.on('close', () => this.down(sub, sub.releasing ? PARTITION_RELEASED : 'channel closed'));
@@ -143,10 +153,10 @@ export class PartitionChannels {
         sub.lastDeliveryAt = performance.now();
         this.hooks.onDelivery(link, message);
       },
-      { noAck: false, arguments: args },
+      { noAck: false, arguments: start.arguments },
     );
     sub.consumerTag = consumerTag;
-    this.log.info({ partition, queue, generation: link.generation, ...args }, 'partition subscribed');
+    this.log.info({ partition, queue, generation: link.generation, ...start.arguments }, 'partition subscribed');
   }
 
   /** Hands a partition over: cancel, let what it holds be acked for up to handoffMs, then close its channel. */
@@ -181,12 +191,13 @@ export class PartitionChannels {
     const sub = this.subscriptions.get(partition);
     if (sub === undefined || sub.releasing) return;
     sub.releasing = true;
-    if (sub.link.alive)
-      await within(
-        1_000,
-        sub.link.channel.close().catch(() => {}),
-      );
+    const { channel } = sub.link;
+    // Down at once, before the broker confirms the close: nothing of this link may be acked or written from now on.
     this.down(sub, reason);
+    await within(
+      1_000,
+      channel.close().catch(() => {}),
+    );
     this.reconcile();
   }
 

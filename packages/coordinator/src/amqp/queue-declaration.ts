@@ -14,7 +14,7 @@
  * limit set, that overflow never triggers).
  */
 import type { ChannelModel } from 'amqplib';
-import { CONSISTENT_HASH_EXCHANGE, describeError, PARTITION_WEIGHT, partitionQueues, type QueueType } from '@tally/shared';
+import { CONSISTENT_HASH_EXCHANGE, describeError, PARTITION_WEIGHT, partitionQueues, TallyError, type QueueType } from '@tally/shared';
 import { amqpReplyCode } from './broker-refusal.js';
 import type { Logger } from '../process/logger.js';
 
@@ -210,4 +210,64 @@ async function declarePartitions(model: ChannelModel, options: QueueDeclarationO
     await binder.close().catch(() => {});
   }
   return declared;
+}
+
+/** The options of a stream source's declarations (TALLY_SOURCE=stream). */
+export interface StreamDeclarationOptions {
+  readonly queue: string;
+  readonly deadLetterQueue: string;
+  /** TALLY_PARTITIONS: 1, one stream named `queue`; N > 1, streams `<queue>.<p>` behind the consistent-hash exchange `queue`. */
+  readonly partitions: number;
+}
+
+/** A queue of the stream source's name exists and is not a stream: counting from it by offset is impossible. */
+export class NotAStreamError extends TallyError {
+  constructor(queue: string, found: string) {
+    super(
+      'TALLY_AMQP_REFUSED',
+      `${queue} exists as a ${found} queue, and TALLY_SOURCE=stream needs a stream there (x-queue-type: stream); ` +
+        `drain and delete it, or use another TALLY_QUEUE for the streams`,
+    );
+  }
+}
+
+/**
+ * TALLY_SOURCE=stream: `<queue>.dead` (a classic queue: dead letters are
+ * few and replayed by `tally dead replay`), then the stream(s), and with
+ * partitions the exchange and its bindings. A stream that exists is used as
+ * the operator declared it (retention: x-max-age, x-max-length-bytes); one
+ * Tally creates gets no retention (it keeps everything until a policy or an
+ * operator sets one: docs/streams.md says what to set), which is logged.
+ */
+export async function declareTallyStreams(model: ChannelModel, options: StreamDeclarationOptions, log: Logger): Promise<void> {
+  const dead = await declareQueue(model, options.deadLetterQueue, 'classic', {});
+  if (!dead.asRequested)
+    log.warn({ queue: dead.queue, found: dead.type, brokerSays: dead.brokerSays }, 'dead-letter queue exists with other arguments; using it as it is');
+  const streams = options.partitions === 1 ? [options.queue] : partitionQueues(options.queue, options.partitions);
+  if (options.partitions > 1) {
+    const channel = await model.createChannel();
+    channel.on('error', () => {});
+    try {
+      await channel.assertExchange(options.queue, CONSISTENT_HASH_EXCHANGE, { durable: true });
+    } finally {
+      await channel.close().catch(() => {});
+    }
+  }
+  const binder = options.partitions > 1 ? await model.createChannel() : null;
+  binder?.on('error', () => {});
+  try {
+    for (const stream of streams) {
+      const brokerSays = await tryDeclare(model, stream, { 'x-queue-type': 'stream' });
+      if (brokerSays === null)
+        log.info({ stream }, 'stream ready (declared now, or found without retention arguments: it keeps every message until a policy says otherwise)');
+      else {
+        const refusal = parseArgumentRefusal(brokerSays);
+        if (refusal?.argument === 'x-queue-type') throw new NotAStreamError(stream, String(refusal.current ?? 'classic'));
+        log.info({ stream, brokerSays }, 'stream exists with arguments of its own (retention); using it as it is');
+      }
+      if (binder !== null) await binder.bindQueue(stream, options.queue, PARTITION_WEIGHT);
+    }
+  } finally {
+    await binder?.close().catch(() => {});
+  }
 }

@@ -87,7 +87,7 @@ export class QueueSource implements MessageSource {
             {
               nextGeneration: () => ++this.generation,
               watch: (channel) => this.deadLetters.watch(channel),
-              consumeArguments: () => ({}),
+              start: () => ({ arguments: {} }),
               onDelivery: (link, message) => this.handlers.onDelivery(link, message),
               onLinkUp: (link) => this.handlers.onLinkUp(link),
               onLinkDown: (link, reason) => this.handlers.onLinkDown(link, reason),

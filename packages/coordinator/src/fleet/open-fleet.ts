@@ -44,7 +44,8 @@ export async function openFleet(context: StartContext, redis: RedisEdge, live: L
     );
   }
 
-  const partitioned = config.partitions > 1;
+  // Streams have no single active consumer: even one stream is given to one daemon at a time, by the heartbeats.
+  const partitioned = config.partitions > 1 || config.source === 'stream';
   const balancer = partitioned
     ? new PartitionBalancer(
         { prefix: config.prefix, queue: config.queue, partitions: config.partitions, selfId: context.daemonId },

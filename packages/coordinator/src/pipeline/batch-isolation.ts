@@ -74,6 +74,7 @@ export function concatResults(left: BatchResult, right: BatchResult): BatchResul
     waitTimeouts: left.waitTimeouts + right.waitTimeouts,
     refusals: [...left.refusals, ...shifted],
     claimTakeovers: left.claimTakeovers + right.claimTakeovers,
+    ...(left.watermarks === undefined && right.watermarks === undefined ? {} : { watermarks: [...(left.watermarks ?? []), ...(right.watermarks ?? [])] }),
     timings: {
       precheckMs: left.timings.precheckMs + right.timings.precheckMs,
       writeMs: left.timings.writeMs + right.timings.writeMs,

@@ -16,7 +16,7 @@ import type { BackoffOptions, TallyConfig } from '@tally/shared';
 import type { BugHandler } from '../process/bug-exit.js';
 import type { ChannelLink } from './delivery.js';
 import type { Logger } from '../process/logger.js';
-import { ShardLanes } from './shard-lanes.js';
+import { ShardLanes, type PendingPart } from './shard-lanes.js';
 import { AckWindow, type ChannelFigures } from './ack-window.js';
 import { DeadLetters } from './dead-letters.js';
 import { InFlightMessages } from './in-flight.js';
@@ -30,6 +30,7 @@ import {
   type DeadLetterPublisher,
   type Exposure,
   type PipelineMetrics,
+  type StreamLog,
 } from './ports.js';
 import { Settlement } from './settlement.js';
 import { ShardBatches } from './shard-batches.js';
@@ -41,6 +42,7 @@ export type PipelineOptions = Pick<
   TallyConfig,
   'queue' | 'mode' | 'virtualShards' | 'acceptTypes' | 'maxMessageBytes' | 'prefetch' | 'stallMs' | 'batchSize' | 'batchMaxChanges' | 'batchWaitMs'
 > &
+  Partial<Pick<TallyConfig, 'source'>> &
   Pick<IntakeOptions, 'recordedMarkerScope' | 'injectBug' | 'messageMapping'> & {
     /** CLAIM_RETRY_MS by default. */
     readonly claimRetryMs?: number;
@@ -58,6 +60,8 @@ export interface PipelineDeps {
   readonly clock?: Clock;
   readonly tracer?: Tracer;
   readonly log: Logger;
+  /** Stream source (TALLY_SOURCE=stream): the watermarks seen (stream/stream-state.ts). Required then; absent for a queue. */
+  readonly streamLog?: StreamLog;
   /**
    * Told of a bug met on the batch or delivery path (invariant 13,
    * bug-exit.ts): main.ts's handler logs it and exits 70. Acks stop first.
@@ -69,7 +73,7 @@ export interface PipelineDeps {
 export class DeliveryPipeline {
   private readonly acks: AckWindow;
   private readonly deadLetters: DeadLetters;
-  private readonly inFlight = new InFlightMessages();
+  private readonly inFlight: InFlightMessages;
   private readonly lanes: ShardLanes;
   private readonly intake: Intake;
   private readonly onBug: BugHandler | undefined;
@@ -83,29 +87,38 @@ export class DeliveryPipeline {
     const clock = deps.clock ?? SYSTEM_CLOCK;
     const tracer = deps.tracer ?? trace.getTracer('tally.coordinator');
     const metrics = deps.metrics ?? null;
+    const stream = options.source === 'stream';
+    const streamLog = deps.streamLog ?? null;
+    if (stream && streamLog === null) throw new TypeError('a stream pipeline needs its stream log');
+    this.inFlight = new InFlightMessages(!stream);
     this.acks = new AckWindow(deps.acker, deps.exposure, clock, deps.log, options.stallMs);
     this.deadLetters = new DeadLetters(deps.deadLetters, deps.counters, this.acks, tracer, options.queue, deps.log, options.backoff);
-    const batches = new ShardBatches(options, deps.runner, deps.exposure, metrics, clock, tracer, deps.log);
-    const settlement = new Settlement(
-      options.claimRetryMs ?? CLAIM_RETRY_MS,
-      deps.counters,
-      deps.exposure,
+    const batches = new ShardBatches(options, { runner: deps.runner, exposure: deps.exposure, metrics, clock, tracer, log: deps.log, streamLog });
+    const settlement = new Settlement({
+      claimRetryMs: options.claimRetryMs ?? CLAIM_RETRY_MS,
+      counters: deps.counters,
+      exposure: deps.exposure,
       metrics,
       clock,
-      this.acks,
-      this.deadLetters,
-      this.inFlight,
-      (vshard, part, delayMs) => this.lanes.hold(vshard, part, delayMs),
-    );
+      acks: this.acks,
+      deadLetters: this.deadLetters,
+      inFlight: this.inFlight,
+      hold: (vshard, part, delayMs) => this.lanes.hold(vshard, part, delayMs),
+      streamLog,
+    });
     // A batch retries every server failure itself: whatever escapes it is a bug (invariant 13).
-    this.lanes = new ShardLanes(options, (vshard, parts) =>
-      batches
+    this.lanes = new ShardLanes(options, (vshard, pending) => {
+      // Stream source: a part whose channel died waits for nothing; its offset is read again on the next channel.
+      // Written anyway, a part left from before a rewind could carry a watermark past the range being replayed.
+      const parts = stream ? liveParts(pending, settlement) : pending;
+      if (parts.length === 0) return Promise.resolve();
+      return batches
         .run(vshard, parts)
         .then((result) => {
           if (result !== null) settlement.batchDone(vshard, parts, result);
         })
-        .catch((error: unknown) => this.bug(error, 'batch')),
-    );
+        .catch((error: unknown) => this.bug(error, 'batch'));
+    });
     this.onBug = deps.onBug;
     this.intake = new Intake(options, this.acks, deps.counters, this.deadLetters, this.inFlight, this.lanes, clock);
   }
@@ -231,4 +244,17 @@ export class DeliveryPipeline {
       await Promise.all([this.lanes.whenIdle(), this.deadLetters.whenSettled()]);
     }
   }
+}
+
+/** The parts whose channel is still live; the others' deliveries are abandoned (read again from the log). */
+function liveParts(pending: PendingPart[], settlement: Settlement): PendingPart[] {
+  let dead = 0;
+  for (const part of pending) if (!part.delivery.link.alive) dead++;
+  if (dead === 0) return pending;
+  const live: PendingPart[] = [];
+  for (const part of pending) {
+    if (part.delivery.link.alive) live.push(part);
+    else settlement.abandon(part.delivery);
+  }
+  return live;
 }

@@ -1,5 +1,6 @@
 import type { Channel, ConsumeMessage } from 'amqplib';
 import type { DigestText } from '@tally/shared';
+import type { StreamCursor } from '../stream/stream-cursor.js';
 
 /**
  * One delivery from the moment it is parsed until it is acked. A delivery
@@ -36,6 +37,8 @@ export interface Delivery {
    * instead of being acked, and its replay counts only the refused part.
    */
   refusal: string | null;
+  /** Stream source: where the message sits in its partition's log; absent for a queue. */
+  readonly position?: { readonly partition: number; readonly offset: number };
 }
 
 /** A channel generation: deliveries remember which one they came from. */
@@ -49,4 +52,6 @@ export interface ChannelLink {
    * absent with one queue.
    */
   readonly partition?: number;
+  /** Stream source: what this subscription counts, reads into the id window only, or skips (stream-cursor.ts); absent for a queue. */
+  readonly stream?: StreamCursor;
 }

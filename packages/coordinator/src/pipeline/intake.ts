@@ -18,6 +18,7 @@ import {
   type MarkerScope,
   type TallyConfig,
 } from '@tally/shared';
+import type { StreamCursor } from '../stream/stream-cursor.js';
 import type { ChannelLink, Delivery } from './delivery.js';
 import type { PendingPart } from './shard-lanes.js';
 import { timestampToMs } from '../telemetry/metrics.js';
@@ -27,7 +28,7 @@ import type { InFlightMessages } from './in-flight.js';
 import type { Clock, Counters } from './ports.js';
 
 export type IntakeOptions = Pick<TallyConfig, 'virtualShards' | 'acceptTypes' | 'maxMessageBytes' | 'prefetch'> &
-  Partial<Pick<TallyConfig, 'messageMapping'>> & {
+  Partial<Pick<TallyConfig, 'messageMapping' | 'source'>> & {
     /**
      * What one marker stands for, as the prefix's layout records it (not as
      * TALLY_MARKER_SCOPE asks: every daemon of a prefix must split alike).
@@ -68,6 +69,17 @@ export class Intake {
     const { counters, options } = this;
     if (!this.acks.received(channel, tag)) return; // a late delivery from a dead channel: it will be redelivered
     if (options.injectBug === 'main') this.acks.received(channel, tag); // fault injection: a tag out of sequence
+    const cursor = channel.stream;
+    let offset = 0;
+    if (cursor !== undefined) {
+      offset = streamOffsetOf(message);
+      const verdict = cursor.classify(offset, message.content);
+      if (verdict !== 'count') {
+        if (verdict === 'window') this.readIntoWindow(cursor, message, offset);
+        this.acks.finish(channel, tag);
+        return;
+      }
+    }
     counters.add('received');
 
     const parsed = this.parseDelivery(message.content, message.properties);
@@ -76,8 +88,15 @@ export class Intake {
       return;
     }
     const digest = markerDigestText(parsed.message.id);
+    // A producer's duplicate: the same id earlier in this partition's log, within the window (TALLY_STREAM_DEDUP).
+    if (cursor?.window != null && cursor.window.admit(digest, offset, this.clock.epochMs()) === 'duplicate') {
+      counters.add('duplicates');
+      this.acks.finish(channel, tag);
+      return;
+    }
+    // A stream is split per virtual shard whatever the prefix's marker scope: each shard's watermark covers its own parts.
     const parts =
-      options.recordedMarkerScope === 'message'
+      options.recordedMarkerScope === 'message' && cursor === undefined
         ? wholeMessageInto(this.split, parsed.message.changes, markerShardOf(digest, options.virtualShards), options.acceptTypes)
         : splitInto(this.split, parsed.message.changes, options.virtualShards, options.acceptTypes);
     if (parts.size === 0) {
@@ -100,6 +119,7 @@ export class Intake {
       traceparent: message.properties.headers?.traceparent,
       message,
       refusal: null,
+      ...(cursor === undefined ? {} : { position: { partition: cursor.partition, offset } }),
     };
     // Invariant 4: a copy of an id already in flight waits for the first and is settled as a duplicate with it.
     if (this.inFlight.admit(delivery)) for (let i = 0; i < parts.size; i++) this.lanes.add(parts.shards[i]!, { delivery, changes: parts.parts[i]! });
@@ -110,4 +130,19 @@ export class Intake {
     // Per channel: each partition's channel has its own credit (TALLY_PREFETCH each).
     if (this.acks.unackedOn(channel) >= options.prefetch) this.lanes.flushAll();
   }
+
+  /** A message before the offset counting resumes from: its id joins the window (its bad or id-less siblings were dead-lettered when first read). */
+  private readIntoWindow(cursor: StreamCursor, message: ConsumeMessage, offset: number): void {
+    if (cursor.window === null) return;
+    const parsed = this.parseDelivery(message.content, message.properties);
+    if (parsed.ok) cursor.window.admit(markerDigestText(parsed.message.id), offset, this.clock.epochMs());
+  }
+}
+
+/** The offset RabbitMQ gives every delivery from a stream; a stream delivery without one is a broker we do not understand: a bug to stop on. */
+export function streamOffsetOf(message: ConsumeMessage): number {
+  const offset: unknown = message.properties.headers?.['x-stream-offset'];
+  if (typeof offset !== 'number' || !Number.isSafeInteger(offset) || offset < 0)
+    throw new TypeError(`a stream delivery without a valid x-stream-offset header: ${JSON.stringify(offset)}`);
+  return offset;
 }

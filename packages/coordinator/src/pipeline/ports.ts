@@ -56,6 +56,20 @@ export interface Exposure {
   ackedOne(link: unknown, tag: number): void;
 }
 
+/**
+ * Stream source: the watermarks this daemon has seen, per partition and
+ * virtual shard (stream/stream-state.ts). A batch carries the ones it
+ * expects; its result moves them on, or reports that one went backwards.
+ */
+export interface StreamLog {
+  /** The watermark last seen for (partition, shard); -1 when none. */
+  expected(partition: number, vshard: number): number;
+  /** A batch left the watermark of (partition, shard) here. */
+  applied(partition: number, vshard: number, watermark: number): void;
+  /** A batch found the watermark of (partition, shard) below what was expected: Redis lost writes; replay the partition from `found` + 1. */
+  rolledBack(partition: number, vshard: number, found: number, expected: number): void;
+}
+
 /** The batch and delivery histograms (telemetry/metrics.ts); absent without TALLY_METRICS_PORT. */
 export interface PipelineMetrics {
   recordBatch(parts: number, elapsedMs: number, result: BatchResult): void;

@@ -4,34 +4,54 @@
  * a duplicate or a partial duplicate; dead-lettered `count-refused` when
  * Redis refused one of its parts; its waiting copies acked as duplicates.
  */
-import { COUNT_REFUSED, PART_DONE, PART_HELD, type BatchResult, type CountRefusal } from '@tally/shared';
+import { COUNT_REFUSED, PART_DONE, PART_HELD, PART_REWIND, type BatchResult, type CountRefusal } from '@tally/shared';
 import type { Delivery } from './delivery.js';
 import type { PendingPart } from './shard-lanes.js';
 import type { AckWindow } from './ack-window.js';
 import type { DeadLetters } from './dead-letters.js';
 import type { InFlightMessages } from './in-flight.js';
-import type { Clock, Counters, Exposure, PipelineMetrics } from './ports.js';
+import type { Clock, Counters, Exposure, PipelineMetrics, StreamLog } from './ports.js';
 
 /** Puts a part back into its lane after a delay (shard-lanes.ts hold). */
 export type HoldPart = (vshard: number, part: PendingPart, delayMs: number) => void;
 
+export interface SettlementDeps {
+  /** How long a part held by another daemon's claim waits before it is tried again. */
+  readonly claimRetryMs: number;
+  readonly counters: Counters;
+  readonly exposure: Exposure;
+  readonly metrics: PipelineMetrics | null;
+  readonly clock: Clock;
+  readonly acks: AckWindow;
+  readonly deadLetters: DeadLetters;
+  readonly inFlight: InFlightMessages;
+  readonly hold: HoldPart;
+  /** Stream source: the watermarks a batch moved on, or found gone backwards; null for a queue. */
+  readonly streamLog: StreamLog | null;
+}
+
 export class Settlement {
-  constructor(
-    /** How long a part held by another daemon's claim waits before it is tried again. */
-    private readonly claimRetryMs: number,
-    private readonly counters: Counters,
-    private readonly exposure: Exposure,
-    private readonly metrics: PipelineMetrics | null,
-    private readonly clock: Clock,
-    private readonly acks: AckWindow,
-    private readonly deadLetters: DeadLetters,
-    private readonly inFlight: InFlightMessages,
-    private readonly hold: HoldPart,
-  ) {}
+  private readonly counters: Counters;
+  private readonly exposure: Exposure;
+  private readonly metrics: PipelineMetrics | null;
+  private readonly acks: AckWindow;
+
+  constructor(private readonly deps: SettlementDeps) {
+    this.counters = deps.counters;
+    this.exposure = deps.exposure;
+    this.metrics = deps.metrics;
+    this.acks = deps.acks;
+  }
 
   /** A shard batch returned: count what it reports, then settle each delivery whose last part this was. */
   batchDone(vshard: number, parts: readonly PendingPart[], result: BatchResult): void {
     const { counters } = this;
+    const { streamLog } = this.deps;
+    if (streamLog !== null)
+      for (const report of result.watermarks ?? []) {
+        if (report.rolledBack) streamLog.rolledBack(report.partition, vshard, report.offset, report.expected);
+        else streamLog.applied(report.partition, vshard, report.offset);
+      }
     counters.add('occupation_failures', result.occupationFailures);
     counters.add('write_retries', result.writeRetries);
     counters.add('count_errors', result.refusals.length);
@@ -44,12 +64,17 @@ export class Settlement {
     let held = 0;
     for (let i = 0; i < parts.length; i++) {
       const delivery = parts[i]!.delivery;
+      if (result.marked[i] === PART_REWIND) {
+        // Its partition is being replayed from before it: this delivery is read again there, on a new channel.
+        this.abandon(delivery);
+        continue;
+      }
       if (result.marked[i] === PART_HELD) {
         // Another daemon is counting a copy of this message right now: run
         // this part again shortly; by then it is marked (a duplicate) or its
         // claim has run out (that daemon died: counted here).
         held++;
-        this.hold(vshard, parts[i]!, this.claimRetryMs);
+        this.deps.hold(vshard, parts[i]!, this.deps.claimRetryMs);
         this.heldByClaim(delivery);
         continue;
       }
@@ -72,19 +97,33 @@ export class Settlement {
     for (const { link, tag } of delivery.waiters ?? []) this.acks.heldByClaim(link, tag);
   }
 
+  /**
+   * Stream source: a delivery that will not finish on its channel (its
+   * partition is replayed, or its channel died before its batch left): no
+   * longer in flight, never acked; its offsets are read again.
+   */
+  abandon(delivery: Delivery): void {
+    if (delivery.remaining === Number.POSITIVE_INFINITY) return;
+    delivery.remaining = Number.POSITIVE_INFINITY;
+    this.deps.inFlight.release(delivery);
+  }
+
   /** Every part of a delivery is written and marked: classify it and release its waiters. */
   private settle(delivery: Delivery): void {
     const { counters, metrics, acks } = this;
-    this.inFlight.release(delivery);
-    const now = metrics ? this.clock.now() : 0;
-    const wallNow = metrics ? this.clock.epochMs() : 0;
+    this.deps.inFlight.release(delivery);
+    const now = metrics ? this.deps.clock.now() : 0;
+    const wallNow = metrics ? this.deps.clock.epochMs() : 0;
     metrics?.recordAck(delivery.receivedAt, delivery.publishedAt, wallNow, now);
     if (delivery.refusal !== null) {
       // A part Redis refused counted nothing and has no marker; the others are
       // counted and marked. Dead-lettered, not acked: the replay (after the
       // key is repaired) counts the refused part once and skips the others by
       // their markers (within the marker TTL).
-      this.deadLetters.send(delivery.link, delivery.message, COUNT_REFUSED, `${COUNT_REFUSED}: ${delivery.refusal}`, delivery.traceparent);
+      this.deps.deadLetters.send(delivery.link, delivery.message, COUNT_REFUSED, `${COUNT_REFUSED}: ${delivery.refusal}`, delivery.traceparent);
+    } else if (delivery.position !== undefined) {
+      // A stream: a part at or below its watermark was applied before (a replay after a restart, a handover or a rewind).
+      counters.add(delivery.markedParts === 0 ? 'counted' : 'replayed');
     } else if (delivery.markedParts === delivery.parts) counters.add('duplicates');
     else if (delivery.markedParts === 0) {
       counters.add('counted');

@@ -8,6 +8,7 @@ import type { Tracer } from '@opentelemetry/api';
 import {
   describeError,
   encodeBatchTask,
+  encodePositions,
   retryUntilDone,
   RETRY_STOPPED,
   type BackoffOptions,
@@ -19,7 +20,7 @@ import { runIsolating } from './batch-isolation.js';
 import type { Logger } from '../process/logger.js';
 import type { PendingPart } from './shard-lanes.js';
 import { endBatchSpan, failBatchSpan, startBatchSpan } from '../telemetry/batch-span.js';
-import type { BatchRunner, Clock, Exposure, PipelineMetrics } from './ports.js';
+import type { BatchRunner, Clock, Exposure, PipelineMetrics, StreamLog } from './ports.js';
 
 export interface ShardBatchOptions {
   readonly queue: string;
@@ -28,16 +29,40 @@ export interface ShardBatchOptions {
   readonly backoff?: BackoffOptions;
 }
 
+export interface ShardBatchDeps {
+  readonly runner: BatchRunner;
+  readonly exposure: Exposure;
+  readonly metrics: PipelineMetrics | null;
+  readonly clock: Clock;
+  readonly tracer: Tracer;
+  readonly log: Logger;
+  /** Stream source: the watermarks each batch expects; null for a queue. */
+  readonly streamLog: StreamLog | null;
+}
+
 export class ShardBatches {
+  private readonly runner: BatchRunner;
+  private readonly exposure: Exposure;
+  private readonly metrics: PipelineMetrics | null;
+  private readonly clock: Clock;
+  private readonly tracer: Tracer;
+  private readonly log: Logger;
+  private readonly streamLog: StreamLog | null;
+
   constructor(
     private readonly options: ShardBatchOptions,
-    private readonly runner: BatchRunner,
-    private readonly exposure: Exposure,
-    private readonly metrics: PipelineMetrics | null,
-    private readonly clock: Clock,
-    private readonly tracer: Tracer,
-    private readonly log: Logger,
-  ) {}
+    deps: ShardBatchDeps,
+  ) {
+    ({
+      runner: this.runner,
+      exposure: this.exposure,
+      metrics: this.metrics,
+      clock: this.clock,
+      tracer: this.tracer,
+      log: this.log,
+      streamLog: this.streamLog,
+    } = deps);
+  }
 
   /**
    * Runs the batch on its owner thread until it completes; null when it was
@@ -73,7 +98,7 @@ export class ShardBatches {
         // Each part's share of its message is 1/this, for the threads' window gauge.
         messageParts: (i) => parts[from + i]!.delivery.parts,
       };
-      const outcome = await retryUntilDone(() => runner.run(encodeBatchTask(vshard, id, wireParts, traceparent)), {
+      const outcome = await retryUntilDone(() => runner.run(encodeBatchTask(vshard, id, wireParts, traceparent, this.positionsOf(vshard, parts, from, to))), {
         // Stopping: the threads were terminated; the deliveries stay unacked and go back to the broker.
         stopWhen: () => runner.stopped,
         giveUp: (failureClass) => failureClass === 'data',
@@ -110,6 +135,22 @@ export class ShardBatches {
     endBatchSpan(span, result);
     this.metrics?.recordBatch(parts.length, this.clock.now() - started, result);
     return result;
+  }
+
+  /**
+   * Stream source: each part's place in its log and the watermarks this
+   * daemon has seen for the shard, read at each attempt (a retry carries
+   * what an earlier batch taught since).
+   */
+  private positionsOf(vshard: number, parts: readonly PendingPart[], from: number, to: number): ArrayBuffer | undefined {
+    const streamLog = this.streamLog;
+    if (streamLog === null) return undefined;
+    return encodePositions({
+      count: to - from,
+      partition: (i) => parts[from + i]!.delivery.position!.partition,
+      offset: (i) => parts[from + i]!.delivery.position!.offset,
+      expected: (partition) => streamLog.expected(partition, vshard),
+    });
   }
 }
 

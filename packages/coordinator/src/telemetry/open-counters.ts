@@ -30,7 +30,8 @@ export function openCounters(context: StartContext, redis: RedisEdge, live: Live
     }
   });
   stats.start();
-  const windowGauge = config.mode === 'two-step' ? WindowGauge.create(config.virtualShards) : null;
+  // Only two-step mode over a queue has a crash window to show.
+  const windowGauge = config.mode === 'two-step' && config.source === 'queue' ? WindowGauge.create(config.virtualShards) : null;
   const exposure = new ExposureMeter(
     stats,
     () => (live.pipeline?.unacked ?? 0) * 2 >= config.prefetch,

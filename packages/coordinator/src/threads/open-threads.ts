@@ -32,6 +32,7 @@ export function openThreads(context: StartContext, redis: RedisEdge, layout: Lay
       ...(counters.windowGauge === null ? {} : { windowGauge: counters.windowGauge.buffer }),
       waitReplicas: config.redisWaitReplicas,
       waitTimeoutMs: config.redisWaitTimeoutMs,
+      source: config.source,
     },
     config.workers,
     config.virtualShards,
