@@ -13,6 +13,7 @@ import { deviationEstimate, deviationText } from './commands/deviation.js';
 import { publishCommand } from './commands/publish.js';
 import { readStatsReport, statsText } from './commands/stats.js';
 import { statusCommand } from './commands/status.js';
+import { streamReset, streamResetText } from './commands/stream.js';
 import { readTruth, verify } from './commands/verify.js';
 import { explainRedisFailures } from './redis/redis-probe.js';
 
@@ -52,6 +53,10 @@ const HELP = Object.freeze({
   --force   replay those too (each may be counted twice); said on stderr, counted as forced_replays
   CODE      a reason code (oversized-body, malformed-json, missing-id, count-refused, delivery-limit, ...
             see README) or "unknown"`,
+  stream: `usage: tally stream reset --partition P [--force] [--json]
+  TALLY_SOURCE=stream: forget partition P's checkpoint and watermarks, so its next owner counts its stream from the
+  first message. For a stream that was deleted and recreated (the daemon refuses it and names this command); refused
+  when the stream is still the one checkpointed (it would all be counted again) unless --force`,
   status: `usage: tally status [--json]
   live daemons from their heartbeats (host, pid, mode, version, consuming, the RabbitMQ node each is on,
   oldest unacked age, last beat), the prefix's layout, and the queue's depth and consumers
@@ -71,6 +76,7 @@ commands:
   publish     publish a generated workload to TALLY_QUEUE
   status      live daemons, the layout, the queue's depth and consumers
   dead        list or replay <TALLY_QUEUE>.dead
+  stream      reset a stream partition that was deleted and recreated
 
 Environment: TALLY_REDIS_URL, TALLY_AMQP_URL, TALLY_QUEUE, TALLY_PREFIX, TALLY_VIRTUAL_SHARDS, ... (see README)`;
 
@@ -160,6 +166,26 @@ async function main(argv: string[]): Promise<void> {
       await publishCommand(values, config, out);
     } finally {
       await tracing?.shutdown();
+    }
+    return;
+  }
+  if (command === 'stream') {
+    const [sub, ...flags] = rest;
+    if (sub !== 'reset') throw new CliUsageError(`unknown stream subcommand ${JSON.stringify(sub)}\n${HELP.stream}`);
+    const { values } = parseArgs({
+      args: flags,
+      options: { partition: { type: 'string' }, force: { type: 'boolean', default: false }, json: { type: 'boolean', default: false } },
+      strict: true,
+    });
+    const redis = await cliRedis(config.redisUrl);
+    const explain = explainRedisFailures(redis);
+    try {
+      const report = await streamReset(redis, config, values);
+      out(values.json ? JSON.stringify(report) : streamResetText(report));
+    } catch (error) {
+      throw explain(error);
+    } finally {
+      redis.disconnect();
     }
     return;
   }

@@ -27,7 +27,7 @@
  * message for units.
  */
 import { CliUsageError } from './errors.js';
-import type { TallyMode } from './config.js';
+import type { TallyMode, TallySource } from './config.js';
 
 /** One point of the recovery-time distribution: `percentile`% of recoveries take at most `seconds`. */
 export interface RecoveryPoint {
@@ -131,6 +131,8 @@ export function slowRecoveryShare(points: readonly RecoveryPoint[], ttlS: number
 
 export interface DeviationConfig {
   readonly mode: TallyMode;
+  /** TALLY_SOURCE; `queue` when absent. A stream has no crash window and no marker TTL to outlive: its terms are 0. */
+  readonly source?: TallySource;
   readonly markerTtlS: number;
   readonly batchSize: number;
   readonly prefetch: number;
@@ -179,6 +181,9 @@ export interface DeviationEstimate {
     readonly partialDuplicates: number;
     /** Messages that may have been counted twice so far: an upper bound from the counters. */
     readonly recountCeiling: number;
+    /** Stream source: rollbacks found and replayed (exact), and offsets retention deleted before they were counted (lost: an undercount). */
+    readonly streamRollbacks: number;
+    readonly streamGapOffsets: number;
   };
 }
 
@@ -194,14 +199,16 @@ export function estimateDeviation(inputs: DeviationInputs): DeviationEstimate {
 
   // A shard has at most one batch in flight, and no more than `prefetch`
   // deliveries are unacked: the window holds at most the smaller of the two.
-  const windowBound = config.mode === 'atomic' ? 0 : Math.min(config.virtualShards * config.batchSize, config.prefetch);
+  const stream = config.source === 'stream';
+  const windowBound = config.mode === 'atomic' || stream ? 0 : Math.min(config.virtualShards * config.batchSize, config.prefetch);
   // A slow recovery re-counts at most every unacked delivery, window included.
-  const slowBound = config.prefetch;
+  // A stream re-reads after any recovery, however slow, and its watermarks skip what was applied: nothing.
+  const slowBound = stream ? 0 : config.prefetch;
 
   const loadedMs = counter(counters, 'loaded_ms');
   const measured = loadedMs > 0;
-  const window = measured ? counter(counters, 'window_message_ms') / loadedMs : windowBound;
-  const occupiedUnacked = measured ? counter(counters, 'occupied_unacked_message_ms') / loadedMs : slowBound - windowBound;
+  const window = stream ? 0 : measured ? counter(counters, 'window_message_ms') / loadedMs : windowBound;
+  const occupiedUnacked = stream ? 0 : measured ? counter(counters, 'occupied_unacked_message_ms') / loadedMs : slowBound - windowBound;
 
   const pSlow = slowShare.expected;
   const pMax = slowShare.atMost;
@@ -239,7 +246,9 @@ export function estimateDeviation(inputs: DeviationInputs): DeviationEstimate {
       occupationFailures: counter(counters, 'occupation_failures'),
       redeliveredUnmarked,
       partialDuplicates,
-      recountCeiling: redeliveredUnmarked + partialDuplicates,
+      recountCeiling: stream ? 0 : redeliveredUnmarked + partialDuplicates,
+      streamRollbacks: counter(counters, 'stream_rollbacks'),
+      streamGapOffsets: counter(counters, 'stream_gap_offsets'),
     },
   };
 }
@@ -255,7 +264,9 @@ export function fmt(value: number): string {
 export function formatDeviation(estimate: DeviationEstimate): string {
   const { config, perCrash, slowShare, observed } = estimate;
   const lines = [
-    `configuration: mode ${config.mode}, marker TTL ${config.markerTtlS} s, batch size B ${config.batchSize}, prefetch ${config.prefetch}, virtual shards V ${config.virtualShards}`,
+    config.source === 'stream'
+      ? `configuration: stream source (exact by construction: every replay is skipped by the watermarks, there is no crash window), id window ${config.markerTtlS} s, virtual shards V ${config.virtualShards}`
+      : `configuration: mode ${config.mode}, marker TTL ${config.markerTtlS} s, batch size B ${config.batchSize}, prefetch ${config.prefetch}, virtual shards V ${config.virtualShards}`,
     `counters: received ${observed.received}, duplicates caught ${observed.duplicates} (${fmt(observed.duplicateRate * 100)}% of received), occupation_failures ${observed.occupationFailures}, redelivered_unmarked ${observed.redeliveredUnmarked}, partial_duplicates ${observed.partialDuplicates}`,
     perCrash.measured
       ? `messages at risk when a crash hits the daemon under load (measured over ${fmt(perCrash.loadedSeconds)} s under load):`
@@ -270,6 +281,10 @@ export function formatDeviation(estimate: DeviationEstimate): string {
     lines.push(`    ${term.formula}`);
   }
   lines.push(`  ${'total'.padEnd(38)} expected ${fmt(estimate.expectedPerMonth).padStart(10)}   bound ${fmt(estimate.boundPerMonth).padStart(10)}`);
+  if (config.source === 'stream')
+    lines.push(
+      `stream: ${observed.streamRollbacks} rollbacks found and replayed from the log (exact); ${observed.streamGapOffsets} offsets lost to retention before they were counted (an undercount, alerted)`,
+    );
   lines.push(
     `so far: at most ${observed.recountCeiling} messages re-counted (redelivered_unmarked + partial_duplicates; an upper bound: it includes redeliveries never processed before)`,
   );

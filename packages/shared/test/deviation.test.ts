@@ -87,4 +87,23 @@ describe('deviation estimator', () => {
     expect(estimate.terms[0]!.bound).to.equal(0);
     expect(estimate.expectedPerMonth).to.equal(2 * 5);
   });
+
+  it('is 0 for a stream, whatever the counters and the crash pattern: replays are skipped by the watermarks', () => {
+    const counters = {
+      loaded_ms: 100_000,
+      window_message_ms: 300_000,
+      occupied_unacked_message_ms: 40_000_000,
+      redelivered_unmarked: 7,
+      partial_duplicates: 3,
+      stream_rollbacks: 2,
+      stream_gap_offsets: 40,
+    };
+    const estimate = estimateDeviation({ counters, config: { ...CONFIG, source: 'stream' }, crashesPerMonth: 30, recovery: parseRecovery('min=20m,max=3h') });
+    expect(estimate.expectedPerMonth).to.equal(0);
+    expect(estimate.boundPerMonth).to.equal(0);
+    expect(estimate.observed.recountCeiling).to.equal(0);
+    expect(estimate.observed).to.include({ streamRollbacks: 2, streamGapOffsets: 40 });
+    const text = formatDeviation(estimate);
+    expect(text).to.include('stream source (exact by construction').and.include('40 offsets lost to retention');
+  });
 });

@@ -9,6 +9,8 @@ export interface PublishOptions {
    * `queue` with the message id as the routing key (partitionedTarget).
    */
   readonly partitions?: number;
+  /** TALLY_SOURCE=stream with one partition: a missing TALLY_QUEUE is declared as a stream, not a classic queue. */
+  readonly stream?: boolean;
   /** Wait for broker confirms every this many messages. */
   readonly confirmEvery?: number;
   readonly onProgress?: (published: number) => void;
@@ -24,7 +26,7 @@ export async function publishAll(publishes: readonly Publish[], options: Publish
   const connection = await amqp.connect(options.url, { ...options.socket, clientProperties: { connection_name: 'tally-publisher' } });
   try {
     const channel = await connection.createConfirmChannel();
-    const target = await publishTarget(connection, channel, options.queue, options.partitions ?? 1);
+    const target = await publishTarget(connection, channel, options.queue, options.partitions ?? 1, options.stream ?? false);
     const every = options.confirmEvery ?? 2_000;
     let published = 0;
     for (const publish of publishes) {
@@ -50,8 +52,8 @@ export async function publishAll(publishes: readonly Publish[], options: Publish
   }
 }
 
-/** Declares a durable queue unless it exists already (possibly with other arguments). */
-export async function ensureQueue(connection: amqp.ChannelModel, queue: string): Promise<void> {
+/** Declares a durable queue (a stream with `stream`) unless it exists already (possibly with other arguments). */
+export async function ensureQueue(connection: amqp.ChannelModel, queue: string, stream = false): Promise<void> {
   const probe = await connection.createChannel();
   probe.on('error', () => {});
   try {
@@ -62,7 +64,7 @@ export async function ensureQueue(connection: amqp.ChannelModel, queue: string):
     // NOT_FOUND closed the probe.
   }
   const channel = await connection.createChannel();
-  await channel.assertQueue(queue, { durable: true });
+  await channel.assertQueue(queue, { durable: true, ...(stream ? { arguments: { 'x-queue-type': 'stream' } } : {}) });
   await channel.close();
 }
 
@@ -90,9 +92,15 @@ export interface PublishTarget {
  * an exchange without bound queues would drop them silently, so a return is
  * an error here instead.
  */
-export async function publishTarget(connection: amqp.ChannelModel, channel: amqp.ConfirmChannel, queue: string, partitions: number): Promise<PublishTarget> {
+export async function publishTarget(
+  connection: amqp.ChannelModel,
+  channel: amqp.ConfirmChannel,
+  queue: string,
+  partitions: number,
+  stream = false,
+): Promise<PublishTarget> {
   if (partitions <= 1) {
-    await ensureQueue(connection, queue);
+    await ensureQueue(connection, queue, stream);
     return { send: (publish, options) => channel.sendToQueue(queue, publish.body, options), check: () => {} };
   }
   const probe = await connection.createChannel();

@@ -11,6 +11,7 @@ import type { StartContext } from '../process/start-context.js';
 import type { RedisEdge } from '../redis/open-redis.js';
 import { CheckpointStore } from '../stream/checkpoint-store.js';
 import type { StreamState } from '../stream/stream-state.js';
+import { readWatermarks } from '../stream/watermark-audit.js';
 import type { CountersEdge } from '../telemetry/open-counters.js';
 import type { MessageSource, SourceHandlers } from './message-source.js';
 import { QueueSource } from './queue-source.js';
@@ -42,7 +43,12 @@ export function openSource(context: StartContext, handlers: SourceHandlers, inpu
             windowMs: config.streamDedup ? config.markerTtlS * 1000 : 0,
             overlap: loadFaultInjection(process.env).streamOverlap,
           },
-          { state: inputs.stream, checkpoints: new CheckpointStore(inputs.redis.client, config.prefix), counters: inputs.counters.stats },
+          {
+            state: inputs.stream,
+            checkpoints: new CheckpointStore(inputs.redis.client, config.prefix),
+            counters: inputs.counters.stats,
+            readWatermarks: (partition, shards) => readWatermarks(inputs.redis.client, config.prefix, partition, shards),
+          },
           log,
           handlers,
         );

@@ -55,12 +55,17 @@ export interface StreamSourceDeps {
   readonly checkpoints: CheckpointStore;
   /** stream_rollbacks, stream_gap_offsets. */
   readonly counters: Counters;
+  /** The watermarks Redis holds for a partition, per shard asked (stream/watermark-audit.ts). */
+  readWatermarks(partition: number, shards: readonly number[]): Promise<number[]>;
 }
 
 /** How long a probe of a stream's first or last offset waits for a delivery; none by then: an empty stream. */
 const PROBE_WAIT_MS = 1_500;
 /** A probe of the last offset reads until the stream has been quiet this long. */
 const PROBE_QUIET_MS = 100;
+/** The watermark audit runs every this many checkpoint intervals, and at most once a second. */
+const AUDIT_CHECKPOINTS = 5;
+const AUDIT_MIN_MS = 1_000;
 
 type Lifecycle =
   | { readonly state: 'idle' }
@@ -98,7 +103,10 @@ export class StreamSource implements MessageSource {
   private readonly rewindTo = new Map<number, number>();
   /** Per partition refused: why, and the checkpoint it was refused at (a reset clears it). */
   private readonly refused = new Map<number, { reason: string; checkpoint: string }>();
+  /** Per partition: the checkpoint (offset:body:rewinds) its current subscription resumed from; a refusal lasts while it is unchanged. */
+  private readonly resumedFrom = new Map<number, string>();
   private timer: NodeJS.Timeout | null = null;
+  private auditTimer: NodeJS.Timeout | null = null;
   private flushing: Promise<void> = Promise.resolve();
 
   constructor(
@@ -186,6 +194,8 @@ export class StreamSource implements MessageSource {
     this.lifecycle = { state: 'connecting' };
     this.timer = setInterval(() => void this.flushCommits(), this.options.checkpointMs);
     this.timer.unref();
+    this.auditTimer = setInterval(() => void this.audit(), Math.max(AUDIT_MIN_MS, AUDIT_CHECKPOINTS * this.options.checkpointMs));
+    this.auditTimer.unref();
     await this.connection.start();
   }
 
@@ -253,6 +263,7 @@ export class StreamSource implements MessageSource {
       this.refused.delete(partition);
       this.log.info({ partition }, 'the refused partition has a new checkpoint (tally stream reset): reading it again');
     }
+    this.resumedFrom.set(partition, checkpointKey);
     const bounds = await probeBounds(model, this.streamOf(partition));
     const plan = planResume({ checkpoint, bounds, windowMs: this.options.windowMs });
     if (plan.kind === 'refuse') {
@@ -296,9 +307,11 @@ export class StreamSource implements MessageSource {
    */
   private refuse(partition: number, reason: string, checkpointKey: string | null): void {
     const known = this.refused.get(partition);
-    const key = checkpointKey ?? known?.checkpoint ?? '';
+    const key = checkpointKey ?? this.resumedFrom.get(partition) ?? known?.checkpoint ?? '';
     this.refused.set(partition, { reason, checkpoint: key });
     this.pending.delete(partition);
+    // What was seen of the old stream means nothing for the new one (a reset makes its watermarks start over).
+    this.deps.state.forget(partition);
     if (known === undefined)
       this.log.error(
         { partition, stream: this.streamOf(partition) },
@@ -429,6 +442,33 @@ export class StreamSource implements MessageSource {
     if (only === undefined) for (const partition of this.partitions.held) state.of(partition).window?.expire(now);
   }
 
+  /**
+   * Compares the watermarks Redis holds with those this daemon has seen, for
+   * every partition it holds: one lower means Redis lost writes (a restart
+   * from an older snapshot, a failover without WAIT), found here even on a
+   * shard no batch will reach again. The seen ones are taken before the
+   * read: a batch landing meanwhile only raises what Redis holds.
+   */
+  audit(): Promise<void> {
+    this.flushing = this.flushing
+      .then(() => this.auditOnce())
+      .catch((error: unknown) => this.log.warn({ err: describeError(error) }, 'watermark audit failed; retrying'));
+    return this.flushing;
+  }
+
+  private async auditOnce(): Promise<void> {
+    const { state } = this.deps;
+    for (const partition of this.partitions.held) {
+      if (this.rewindTo.has(partition)) continue;
+      const seen = Array.from(state.of(partition).known);
+      const shards = seen.flatMap((watermark, vshard) => (watermark >= 0 ? [vshard] : []));
+      const held = await this.deps.readWatermarks(partition, shards);
+      shards.forEach((vshard, i) => {
+        if (held[i]! < seen[vshard]!) state.rolledBack(partition, vshard, held[i]!, seen[vshard]!);
+      });
+    }
+  }
+
   async stopConsuming(timeoutMs = 1_000): Promise<void> {
     const lifecycle = this.lifecycle;
     if (lifecycle.state === 'closed' || lifecycle.state === 'stopping') return;
@@ -443,6 +483,7 @@ export class StreamSource implements MessageSource {
     if (lifecycle.state === 'closed') return;
     this.lifecycle = { state: 'closed' };
     if (this.timer !== null) clearInterval(this.timer);
+    if (this.auditTimer !== null) clearInterval(this.auditTimer);
     const started = performance.now();
     const left = () => Math.max(0, timeoutMs - (performance.now() - started));
     if ((await within(left(), this.flushCommits())) === TIMED_OUT)

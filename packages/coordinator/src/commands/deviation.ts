@@ -27,6 +27,7 @@ export async function deviationEstimate(redis: RedisClient, config: TallyConfig,
     counters,
     config: {
       mode: config.mode,
+      source: config.source,
       markerTtlS: config.markerTtlS,
       batchSize: config.batchSize,
       prefetch: config.prefetch,

@@ -96,13 +96,13 @@ const CONFIRM_EVERY = 2_000;
  */
 export async function publishWorkload(
   publishes: readonly Publish[],
-  options: { url: string; queue: string; partitions?: number; tracer: Tracer; onProgress?: (published: number) => void },
+  options: { url: string; queue: string; partitions?: number; stream?: boolean; tracer: Tracer; onProgress?: (published: number) => void },
 ): Promise<number> {
   const { model: connection } = await connectAnyNode(options.url, `tally-publish-${process.pid}`);
   try {
     const channel = await connection.createConfirmChannel();
     // With TALLY_PARTITIONS > 1: the consistent-hash exchange, the message id as the routing key.
-    const target = await publishTarget(connection, channel, options.queue, options.partitions ?? 1);
+    const target = await publishTarget(connection, channel, options.queue, options.partitions ?? 1, options.stream ?? false);
     let published = 0;
     for (const publish of publishes) {
       const span = options.tracer.startSpan(`send ${options.queue}`, {
@@ -157,6 +157,7 @@ export async function publishCommand(
       url: config.amqpUrl,
       queue: config.queue,
       partitions: config.partitions,
+      stream: config.source === 'stream',
       tracer: trace.getTracer('tally.publish'),
       onProgress: (done) => progress?.update(done),
     });

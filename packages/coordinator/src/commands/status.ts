@@ -13,6 +13,7 @@ import { describeError, layoutKey, partitionQueues, type TallyConfig, type Tally
 import { connectRedis, scanNodes, type RedisClient } from '@tally/runtime';
 import { connectAnyNode } from '../amqp/broker-connect.js';
 import { listDaemons, type LiveDaemon } from '../fleet/heartbeat.js';
+import { readStreamStatus, type StreamPartitionStatus } from './stream-status.js';
 
 export interface LayoutStatus {
   readonly virtual_shards: number;
@@ -51,8 +52,10 @@ export interface StatusReport {
   readonly layout: LayoutStatus | null;
   readonly queue: QueueStatus;
   readonly daemons: LiveDaemon[];
-  /** Empty with one queue. */
+  /** Empty with one queue, and with streams (see `streams`). */
   readonly partitions: PartitionStatus[];
+  /** TALLY_SOURCE=stream: each partition's stream, checkpoint and lag (stream-status.ts); empty for a queue. */
+  readonly streams: StreamPartitionStatus[];
 }
 
 export async function readLayout(redis: RedisClient, prefix: string): Promise<LayoutStatus | null> {
@@ -147,11 +150,22 @@ export function partitionStatus(queue: string, partitions: number, depths: reado
 export async function readStatus(
   nodes: readonly Redis[],
   redis: RedisClient,
-  config: Pick<TallyConfig, 'prefix' | 'amqpNodes' | 'queue' | 'deadLetterQueue'> & Partial<Pick<TallyConfig, 'partitions'>>,
+  config: Pick<TallyConfig, 'prefix' | 'amqpNodes' | 'queue' | 'deadLetterQueue'> & Partial<Pick<TallyConfig, 'partitions' | 'source'>>,
 ): Promise<StatusReport> {
   const depths: QueueDepth[] = [];
   const [daemons, layout, queue] = await Promise.all([listDaemons(nodes, config.prefix), readLayout(redis, config.prefix), readQueueStatus(config, depths)]);
-  return { prefix: config.prefix, layout, queue, daemons, partitions: partitionStatus(config.queue, config.partitions ?? 1, depths, daemons) };
+  const partitions = config.partitions ?? 1;
+  if (config.source === 'stream') {
+    const broker = await connectAnyNode(config.amqpNodes, 'tally-cli-status').catch(() => null);
+    broker?.model.on('error', () => {});
+    try {
+      const streams = await readStreamStatus(redis, broker?.model ?? null, { prefix: config.prefix, queue: config.queue, partitions }, daemons);
+      return { prefix: config.prefix, layout, queue, daemons, partitions: [], streams };
+    } finally {
+      await broker?.model.close().catch(() => {});
+    }
+  }
+  return { prefix: config.prefix, layout, queue, daemons, partitions: partitionStatus(config.queue, partitions, depths, daemons), streams: [] };
 }
 
 function table(rows: string[][]): string[] {
@@ -183,7 +197,7 @@ export function statusText(report: StatusReport): string {
       rows.push([
         d.host,
         String(d.pid),
-        d.mode,
+        d.source === 'stream' ? 'stream' : d.mode,
         d.version,
         d.consuming ? 'yes' : 'no',
         d.amqp_node ?? '-',
@@ -206,6 +220,25 @@ export function statusText(report: StatusReport): string {
         p.queue,
         p.depth === null ? '-' : String(p.depth),
         p.consumers === null ? '-' : String(p.consumers),
+        p.held_by.length === 0 ? '-' : p.held_by.map((id) => hostPid.get(id) ?? id).join(', '),
+      ]);
+    }
+    lines.push(...table(rows).map((line) => `  ${line}`));
+  }
+  if (report.streams.length > 0) {
+    const hostPid = new Map(report.daemons.map((d) => [d.id, `${d.host}:${d.pid}`]));
+    lines.push(`streams ${report.streams.length}`);
+    const rows = [['PARTITION', 'STREAM', 'FIRST', 'LAST', 'COMMITTED', 'LAG', 'REWINDS', 'HELD_BY']];
+    for (const p of report.streams) {
+      const cell = (value: number | null) => (value === null ? '-' : String(value));
+      rows.push([
+        String(p.partition),
+        p.stream,
+        cell(p.first),
+        cell(p.last),
+        cell(p.committed),
+        cell(p.lag),
+        String(p.rewinds),
         p.held_by.length === 0 ? '-' : p.held_by.map((id) => hostPid.get(id) ?? id).join(', '),
       ]);
     }

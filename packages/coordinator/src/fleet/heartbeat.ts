@@ -14,7 +14,7 @@ import { readFileSync } from 'node:fs';
 import { hostname } from 'node:os';
 import type { Redis } from 'ioredis';
 import type { RedisClient } from '@tally/runtime';
-import { daemonKey, daemonScanPattern, describeError, type TallyMode } from '@tally/shared';
+import { daemonKey, daemonScanPattern, describeError, type TallyMode, type TallySource } from '@tally/shared';
 import { releaseModeLease, renewModeLease, type ModeLease } from './layout-guard.js';
 import type { Logger } from '../process/logger.js';
 
@@ -45,6 +45,8 @@ export interface HeartbeatRecord {
   readonly host: string;
   readonly pid: number;
   readonly mode: TallyMode;
+  /** TALLY_SOURCE: a stream daemon's mode does not apply (`queue` in the records of daemons older than streams). */
+  readonly source: TallySource;
   readonly version: string;
   readonly queue: string;
   readonly started_at: string;
@@ -67,6 +69,8 @@ export interface HeartbeatRecord {
 export interface HeartbeatOptions {
   readonly prefix: string;
   readonly mode: TallyMode;
+  /** TALLY_SOURCE; `queue` when absent. */
+  readonly source?: TallySource;
   readonly queue: string;
   readonly intervalMs?: number;
   readonly ttlMs?: number;
@@ -124,6 +128,7 @@ export class Heartbeat {
       host: hostname(),
       pid: process.pid,
       mode: this.options.mode,
+      source: this.options.source ?? 'queue',
       version: TALLY_VERSION,
       queue: this.options.queue,
       started_at: this.startedAt,
@@ -233,6 +238,7 @@ export function parseHeartbeat(raw: string, pttlMs: number): LiveDaemon | null {
   const partitions = r.partitions === undefined ? [] : r.partitions;
   if (!Array.isArray(partitions) || partitions.length > 1024 || !partitions.every((p) => Number.isInteger(p) && p >= 0)) return null;
   if (!(r.leaving === undefined || typeof r.leaving === 'boolean')) return null;
+  if (!(r.source === undefined || r.source === 'queue' || r.source === 'stream')) return null;
   // The key is set with PX ttl_ms at each beat: what has run off the TTL is the time since.
   const ageMs = pttlMs >= 0 ? Math.max(0, r.ttl_ms - pttlMs) : 0;
   return {
@@ -240,6 +246,7 @@ export function parseHeartbeat(raw: string, pttlMs: number): LiveDaemon | null {
     host: r.host,
     pid: r.pid,
     mode: r.mode as TallyMode,
+    source: r.source === 'stream' ? 'stream' : 'queue',
     version: r.version,
     queue: r.queue,
     started_at: r.started_at,

@@ -69,6 +69,7 @@ export async function openFleet(context: StartContext, redis: RedisEdge, live: L
     {
       prefix: config.prefix,
       mode: config.mode,
+      source: config.source,
       queue: config.queue,
       intervalMs: config.heartbeatMs,
       ttlMs: lease.ttlMs,
