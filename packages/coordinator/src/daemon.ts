@@ -118,6 +118,7 @@ export class Daemon {
       redisConnected: status.redisReady,
       refusal: open?.runtime.redis.health.current() ?? null,
       replicasShort: open?.runtime.redis.replicaWatch?.short ?? [],
+      refusedPartitions: open?.runtime.source.refusedPartitions ?? [],
       oldestUnackedMs: open?.pipeline.oldestUnackedAgeMs() ?? null,
       stallMs: this.config.stallMs,
       nowMs: Date.now(),

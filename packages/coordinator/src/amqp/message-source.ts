@@ -50,6 +50,8 @@ export interface MessageSource extends Acker, DeadLetterPublisher {
   readonly brokerState: AmqpBrokerState;
   /** TALLY_PARTITIONS > 1: the partitions it consumes and is not handing over, ascending. */
   readonly partitionsHeld: number[];
+  /** A stream source: partitions refused because their stream is not the one checkpointed, with why; absent for a queue. */
+  readonly refusedPartitions?: ReadonlyArray<{ readonly partition: number; readonly reason: string }>;
   /** TALLY_PARTITIONS > 1: the partitions it owns now (fleet/partition-balancer.ts). */
   assign(partitions: readonly number[]): void;
   /** TALLY_PARTITIONS > 1: a watchdog over subscriptions idle over ready messages (partition-channels.ts says why). */

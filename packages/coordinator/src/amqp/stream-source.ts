@@ -33,6 +33,8 @@ import { DeadLetterPublishing } from './dead-letter-publishing.js';
 import type { AmqpBrokerState, MessageSource, SourceHandlers } from './message-source.js';
 import { PartitionChannels, type SubscriptionStart } from './partition-channels.js';
 import { declareTallyStreams } from './queue-declaration.js';
+import { timestampToMs } from '../telemetry/metrics.js';
+import type { StreamFigures } from '../telemetry/stream-gauges.js';
 
 export interface StreamSourceOptions {
   readonly nodes: readonly string[];
@@ -103,6 +105,8 @@ export class StreamSource implements MessageSource {
   private readonly rewindTo = new Map<number, number>();
   /** Per partition refused: why, and the checkpoint it was refused at (a reset clears it). */
   private readonly refused = new Map<number, { reason: string; checkpoint: string }>();
+  /** Per partition held: the stream's bounds as last probed, and the checkpoint last written (stream-gauges.ts). */
+  private readonly figuresOf = new Map<number, { bounds: StreamBounds | null; committed: number | null; committedAtMs: number | null }>();
   /** Per partition: the checkpoint (offset:body:rewinds) its current subscription resumed from; a refusal lasts while it is unchanged. */
   private readonly resumedFrom = new Map<number, string>();
   private timer: NodeJS.Timeout | null = null;
@@ -429,6 +433,15 @@ export class StreamSource implements MessageSource {
       };
       const outcome = await checkpoints.commit(partition, record);
       if (this.pending.get(partition) === commit) this.pending.delete(partition);
+      if (outcome.outcome !== 'rewound') {
+        const figures = this.figuresOf.get(partition) ?? { bounds: null, committed: null, committedAtMs: null };
+        const published = timestampToMs(commit.message.properties.timestamp);
+        this.figuresOf.set(partition, {
+          ...figures,
+          committed: outcome.outcome === 'written' ? commit.offset : (outcome.found?.offset ?? commit.offset),
+          committedAtMs: published ?? null,
+        });
+      }
       if (outcome.outcome === 'rewound') {
         // Another daemon rewound the partition (it found lost writes): read it again from the rewound checkpoint too.
         this.log.warn(
@@ -467,6 +480,29 @@ export class StreamSource implements MessageSource {
         if (held[i]! < seen[vshard]!) state.rolledBack(partition, vshard, held[i]!, seen[vshard]!);
       });
     }
+    // The gauges' figures: each held partition's bounds, probed on this daemon's connection.
+    const model = this.connection.model;
+    if (model === null) return;
+    for (const partition of this.partitions.held) {
+      const bounds = await probeBounds(model, this.streamOf(partition)).catch(() => null);
+      const figures = this.figuresOf.get(partition) ?? { bounds: null, committed: null, committedAtMs: null };
+      this.figuresOf.set(partition, { ...figures, bounds });
+    }
+    for (const partition of this.figuresOf.keys()) if (!this.partitions.held.includes(partition)) this.figuresOf.delete(partition);
+  }
+
+  /** Per partition held: what the gauges show (telemetry/stream-gauges.ts). */
+  figures(nowMs = Date.now()): StreamFigures[] {
+    return [...this.figuresOf].map(([partition, { bounds, committed, committedAtMs }]) => {
+      const behind = bounds !== null && bounds.last > (committed ?? -1);
+      return {
+        partition,
+        first: bounds?.first ?? null,
+        last: bounds?.last ?? null,
+        committed,
+        lagSeconds: !behind ? 0 : committedAtMs === null ? null : Math.max(0, (nowMs - committedAtMs) / 1000),
+      };
+    });
   }
 
   async stopConsuming(timeoutMs = 1_000): Promise<void> {

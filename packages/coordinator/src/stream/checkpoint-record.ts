@@ -51,9 +51,11 @@ export function decodeCheckpoint(raw: string): CheckpointRecord | null {
   const offset = integerOf(value.offset);
   const rewinds = integerOf(value.rewinds);
   const at = integerOf(value.at);
-  if (offset === null || rewinds === null || at === null || typeof value.body !== 'string' || !Array.isArray(value.known)) return null;
+  // Lua's cjson writes an empty table as {}: an empty list of watermarks.
+  const list = isEmptyObject(value.known) ? [] : value.known;
+  if (offset === null || rewinds === null || at === null || typeof value.body !== 'string' || !Array.isArray(list)) return null;
   const known: number[] = [];
-  for (const entry of value.known) {
+  for (const entry of list) {
     const watermark = integerOf(entry);
     if (watermark === null) return null;
     known.push(watermark);
@@ -64,4 +66,8 @@ export function decodeCheckpoint(raw: string): CheckpointRecord | null {
 function integerOf(value: unknown): number | null {
   const number = typeof value === 'string' && /^-?\d+$/.test(value) ? Number(value) : value;
   return typeof number === 'number' && Number.isSafeInteger(number) ? number : null;
+}
+
+function isEmptyObject(value: unknown): boolean {
+  return typeof value === 'object' && value !== null && !Array.isArray(value) && Object.keys(value).length === 0;
 }

@@ -12,6 +12,8 @@ import { DaemonMetrics } from './metrics.js';
 import { createMetricsExport, METER_NAME } from './metrics-export.js';
 import type { CountersEdge } from './open-counters.js';
 import { registerSafetyGauges } from './safety-gauges.js';
+import { registerStreamGauges } from './stream-gauges.js';
+import type { StreamSource } from '../amqp/stream-source.js';
 
 /** The metrics side of the daemon, present when TALLY_METRICS_PORT is set. */
 export interface Telemetry {
@@ -61,6 +63,14 @@ export async function openTelemetry(context: StartContext, redis: RedisEdge, cou
       ...(replicaWatch === null ? {} : { replicasShort: () => replicaWatch.shortfallByMaster() }),
     },
   );
+  if (config.source === 'stream') {
+    const stream = () => live.source as StreamSource | null;
+    registerStreamGauges(
+      meterProvider.getMeter(METER_NAME),
+      { 'messaging.system': 'rabbitmq', 'messaging.destination.name': config.queue },
+      { figures: () => stream()?.figures() ?? [], refused: () => stream()?.refusedPartitions ?? [] },
+    );
+  }
   const endpoints = new HttpEndpoints(exporter, () => context.readyz());
   const port = await endpoints.listen(config.metricsPort, config.metricsHost);
   log.info({ host: config.metricsHost, port, paths: ['/metrics', '/healthz', '/readyz'] }, 'http endpoint listening');

@@ -16,6 +16,8 @@ export interface ReadinessFacts {
   readonly refusal: RedisRefusalState | null;
   /** Masters with fewer online replicas than TALLY_REDIS_WAIT_REPLICAS (replica-watch.ts); empty without a WAIT. */
   readonly replicasShort?: readonly ShortMasterSince[];
+  /** TALLY_SOURCE=stream: partitions refused because their stream is not the one checkpointed (stream-source.ts). */
+  readonly refusedPartitions?: ReadonlyArray<{ readonly partition: number; readonly reason: string }>;
   /** Age of the oldest unacked delivery, ms; null when nothing is unacked. */
   readonly oldestUnackedMs: number | null;
   readonly stallMs: number;
@@ -41,7 +43,14 @@ export function judgeReadiness(facts: ReadinessFacts): ReadinessVerdict {
   // An unmeetable WAIT names its master and shards: the cause of the stall that follows.
   for (const master of facts.replicasShort ?? []) reasons.push({ text: describeShortMaster(master), sinceMs: master.sinceMs });
   if (!facts.redisConnected) reasons.push({ text: 'redis connection down', sinceMs: null });
-  if (!facts.consuming) reasons.push({ text: 'not consuming from RabbitMQ', sinceMs: null });
+  // A refused partition is why its daemon does not consume everything it owns: named, with the fix.
+  const refused = facts.refusedPartitions ?? [];
+  for (const { partition, reason } of refused)
+    reasons.push({
+      text: `stream partition ${partition} refused: ${reason}; tally stream reset --partition ${partition} counts the new stream`,
+      sinceMs: null,
+    });
+  if (!facts.consuming && refused.length === 0) reasons.push({ text: 'not consuming from RabbitMQ', sinceMs: null });
   if (facts.oldestUnackedMs !== null && facts.oldestUnackedMs >= facts.stallMs) {
     // Also when a refusal explains it: the stall is what the broker's consumer_timeout and the markers' TTL run against.
     reasons.push({
