@@ -53,8 +53,7 @@ export function registerStreamGauges(meter: Meter, base: Attributes, sources: St
     .addCallback(each((f) => (f.last === null ? null : Math.max(0, f.last - (f.committed ?? (f.first ?? 0) - 1)))));
   meter
     .createObservableGauge('tally.stream.lag_seconds', {
-      description: 'How old the checkpointed message is while the stream is ahead of it (its timestamp property); 0 when caught up',
-      unit: 's',
+      description: 'How old the checkpointed message is while the stream is ahead of it (its timestamp property), in seconds; 0 when caught up',
     })
     .addCallback(each((f) => f.lagSeconds));
   meter
