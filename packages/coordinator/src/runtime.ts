@@ -11,6 +11,7 @@
  *   ─► worker threads                  threads/open-threads.ts
  *   ─► message source (not started: the daemon starts it) and the pipeline
  */
+import { IdWindow } from '@tally/shared';
 import { PARTITION_RELEASED, type MessageSource, type SourceHandlers } from './amqp/message-source.js';
 import { openSource } from './amqp/open-source.js';
 import type { StreamSource } from './amqp/stream-source.js';
@@ -56,7 +57,7 @@ export async function openRuntime(context: StartContext): Promise<{ runtime: Run
     config.source === 'stream'
       ? new StreamState({
           virtualShards: config.virtualShards,
-          newWindow: () => null,
+          newWindow: () => (config.streamDedup ? new IdWindow({ ttlMs: config.markerTtlS * 1000 }) : null),
           onRollback: (partition, vshard, found, expected) => (live.source as StreamSource | null)?.rollback(partition, vshard, found, expected),
         })
       : null;

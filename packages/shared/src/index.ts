@@ -19,6 +19,7 @@ export * from './failure-class.js';
 export * from './retry.js';
 export * from './batch-protocol.js';
 export * from './stream-positions.js';
+export * from './id-window.js';
 export * from './thread-protocol.js';
 export * from './deviation.js';
 export * from './redis-requirements.js';

@@ -37,4 +37,11 @@ export const ScriptReply = Object.freeze({
   ATOMIC_REFUSED: '2',
   /** atomic_batch.lua's `replayed`: the receipt answered, the batch had already run. */
   ATOMIC_REPLAYED: 1,
+
+  /** stream_batch.lua: every part applied, the watermarks raised (refusals listed). */
+  STREAM_APPLIED: 'applied',
+  /** stream_batch.lua: nothing written; the watermarks found follow (a replay, a straddle, or writes lost). */
+  STREAM_FOUND: 'found',
+  /** stream_batch.lua ('sums' only): Redis refused a sum, nothing written; call again with 'parts'. */
+  STREAM_ISOLATE: 'isolate',
 } as const);

@@ -35,12 +35,14 @@
  * reply loads the script there and the pair is sent again.
  */
 import { onSlotConnection, type RedisClient } from '@tally/runtime';
-import { describeError, markerBaseKey, markerFilterBits, retryUntilDone, type BatchTask, type WorkerSettings } from '@tally/shared';
+import { describeError, markerBaseKey, markerFilterBits, retryUntilDone, watermarkKey, type BatchTask, type WorkerSettings } from '@tally/shared';
 import type { BatchLog } from './batch-log.js';
-import { evalshaArgs, isNoScript, loadScript, loadScriptInto } from './lua-scripts.js';
+import { evalshaArgs, isNoScript, loadScript, loadScriptInto, type LuaScript } from './lua-scripts.js';
 
 /** The existence check and touch before each WAIT, its KEYS and ARGV documented in lua/confirm_markers.lua. */
 export const CONFIRM_MARKERS = loadScript('confirm_markers');
+/** Its stream-mode counterpart, lua/confirm_watermarks.lua. */
+export const CONFIRM_WATERMARKS = loadScript('confirm_watermarks');
 
 /** Called on each WAIT that timed out: how many replicas acknowledged, of how many wanted. */
 export type OnWaitTimeout = (task: BatchTask, acked: number, wanted: number) => void;
@@ -66,25 +68,75 @@ export async function waitForReplicas(
   log: BatchLog,
   onTimeout: OnWaitTimeout = () => {},
 ): Promise<number> {
-  const wanted = settings.waitReplicas;
   const shardKey = markerBaseKey(settings.prefix, task.vshard);
   // Distinct digests (a message twice in one batch relies on one marker), byte for byte.
   const distinct = [...new Map(digests.map((digest) => [Buffer.from(digest).toString('latin1'), Buffer.from(digest)])).values()];
-  const confirm = evalshaArgs(
-    CONFIRM_MARKERS,
-    [shardKey],
-    [settings.markerBucketS, settings.markerTtlS, settings.markerSubBuckets, markerFilterBits(settings.markerScope), ...distinct],
-  );
+  const confirm: Confirmation = {
+    script: CONFIRM_MARKERS,
+    args: evalshaArgs(
+      CONFIRM_MARKERS,
+      [shardKey],
+      [settings.markerBucketS, settings.markerTtlS, settings.markerSubBuckets, markerFilterBits(settings.markerScope), ...distinct],
+    ),
+    slotKey: shardKey,
+    lost: (missing) => `${missing} of the batch's ${distinct.length} markers are`,
+  };
+  return waitAfterConfirming(redis, settings, task, confirm, log, onTimeout);
+}
+
+/**
+ * Stream mode: the same, after checking that the shard's watermarks still
+ * reach the offsets the batch applied or found applied (`reached`, by
+ * partition): the watermarks are what a stream batch relies on.
+ */
+export async function waitForStreamReplicas(
+  redis: RedisClient,
+  settings: Pick<WorkerSettings, 'prefix' | 'waitReplicas' | 'waitTimeoutMs'>,
+  task: BatchTask,
+  reached: ReadonlyMap<number, number>,
+  log: BatchLog,
+  onTimeout: OnWaitTimeout = () => {},
+): Promise<number> {
+  const watermarks = watermarkKey(settings.prefix, task.vshard);
+  const pairs: string[] = [];
+  for (const [partition, offset] of reached) pairs.push(String(partition), String(offset));
+  const confirm: Confirmation = {
+    script: CONFIRM_WATERMARKS,
+    args: evalshaArgs(CONFIRM_WATERMARKS, [watermarks, `${watermarks}:touch`], pairs),
+    slotKey: watermarks,
+    lost: (missing) => `the watermarks of ${missing} of the batch's ${reached.size} partitions are`,
+  };
+  return waitAfterConfirming(redis, settings, task, confirm, log, onTimeout);
+}
+
+/** What a WAIT follows: a script that checks what the batch relies on and writes a touch in its slot. */
+interface Confirmation {
+  readonly script: LuaScript;
+  readonly args: ReturnType<typeof evalshaArgs>;
+  readonly slotKey: string;
+  /** How the error names what went missing. */
+  lost(missing: number): string;
+}
+
+async function waitAfterConfirming(
+  redis: RedisClient,
+  settings: Pick<WorkerSettings, 'waitReplicas' | 'waitTimeoutMs'>,
+  task: BatchTask,
+  confirm: Confirmation,
+  log: BatchLog,
+  onTimeout: OnWaitTimeout,
+): Promise<number> {
+  const wanted = settings.waitReplicas;
   let timeouts = 0;
   for (;;) {
     const [missing, acked] = await retryUntilDone(
       () =>
-        onSlotConnection(redis, shardKey, async (connection) => {
-          const send = () => connection.pipeline().call('EVALSHA', confirm).call('WAIT', wanted, settings.waitTimeoutMs).exec();
+        onSlotConnection(redis, confirm.slotKey, async (connection) => {
+          const send = () => connection.pipeline().call('EVALSHA', confirm.args).call('WAIT', wanted, settings.waitTimeoutMs).exec();
           let replies = await send();
           if (replies !== null && isNoScript(replies[0]![0])) {
             // A fresh or restarted server: load the script there and send the pair again (that WAIT's answer was not ours).
-            await loadScriptInto(connection, CONFIRM_MARKERS);
+            await loadScriptInto(connection, confirm.script);
             replies = await send();
           }
           if (replies === null) throw new Error('WAIT pipeline discarded');
@@ -97,7 +149,7 @@ export async function waitForReplicas(
           log.warn({ step: 'wait', vshard: task.vshard, attempt, delayMs, failureClass, err: describeError(error) }, 'redis step failed; retrying'),
       },
     );
-    if (missing > 0) throw new BatchWritesLostError(`${missing} of the batch's ${distinct.length} markers are`);
+    if (missing > 0) throw new BatchWritesLostError(confirm.lost(missing));
     if (acked >= wanted) return timeouts;
     timeouts++;
     onTimeout(task, acked, wanted);

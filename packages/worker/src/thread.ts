@@ -23,6 +23,7 @@ import {
 } from '@tally/shared';
 import { createRedisClient, startTracing, traceIdsOfActiveSpan } from '@tally/runtime';
 import { runAtomicBatch } from './atomic-batch.js';
+import { runStreamBatch } from './stream-batch.js';
 import { runTwoStepBatch } from './two-step-batch.js';
 import type { BatchHooks } from './batch-log.js';
 
@@ -36,8 +37,8 @@ const redis = createRedisClient(settings.redisUrl, 'tally-worker', {}, settings.
 // ioredis from reporting each reconnect attempt as an unhandled 'error'.
 redis.on('error', () => {});
 
-// Chosen once per thread: the mode is fixed for the life of the daemon.
-const runInMode = settings.mode === 'atomic' ? runAtomicBatch : runTwoStepBatch;
+// Chosen once per thread: the source and the mode are fixed for the life of the daemon. A stream has no mode.
+const runInMode = settings.source === 'stream' ? runStreamBatch : settings.mode === 'atomic' ? runAtomicBatch : runTwoStepBatch;
 const hooks = batchHooks();
 const runBatch = (task: BatchTask): Promise<BatchResult> => runInMode(redis, settings, task, log, hooks);
 

@@ -290,6 +290,13 @@ export class StreamSource implements MessageSource {
   private subscription(partition: number, startAt: StartAt, cursorStart: ConstructorParameters<typeof ResumeCursor>[0]): SubscriptionStart {
     const cursor = new ResumeCursor(cursorStart, this.deps.state.of(partition).window, {
       onMismatch: (detail) => this.refuse(partition, `the stream is not the one its checkpoint was taken on: ${detail}; it was deleted and recreated`, null),
+      onGap: (after, next) => {
+        this.deps.counters.add('stream_gap_offsets', next - after - 1);
+        this.log.error(
+          { partition, stream: this.streamOf(partition), after, next, lostOffsets: next - after - 1 },
+          `retention deleted offsets ${after + 1} to ${next - 1} while they were being read: those messages are lost to counting (tally_stream_gap_offsets); keep the stream's retention (x-max-age, x-max-length-bytes) longer than any lag (docs/streams.md)`,
+        );
+      },
       onOvershoot: (firstOffset) => {
         this.log.warn(
           { partition, firstOffset, wanted: cursorStart.mustSee },
@@ -569,6 +576,8 @@ async function probe(model: ChannelModel, stream: string, from: 'first' | 'last'
             if (message === null) return settle();
             const offset = message.properties.headers?.['x-stream-offset'];
             channel.ack(message);
+            // Deliveries go on until the channel closes: the first one is the stream's first offset, the highest its last.
+            if (firstOnly && best !== null) return;
             if (typeof offset === 'number' && (best === null || offset > best)) best = offset;
             if (firstOnly) return settle();
             if (quietTimer !== null) clearTimeout(quietTimer);

@@ -48,6 +48,12 @@ export interface CursorStart {
 export interface CursorEvents {
   /** The stream is not the one the checkpoint was taken on: refuse the partition (called once). */
   onMismatch(detail: string): void;
+  /**
+   * Offsets jumped while reading: retention deleted them under a reader
+   * that fell behind (`after` and `next` read one after the other). Never
+   * silent: the source counts and alerts it.
+   */
+  onGap(after: number, next: number): void;
   /** A start by time began past `mustSee` (the clocks disagree): read again from `mustSee` by offset (called once). */
   onOvershoot(firstOffset: number): void;
 }
@@ -55,6 +61,8 @@ export interface CursorEvents {
 export class ResumeCursor implements StreamCursor {
   private confirmed: boolean;
   private seenAny = false;
+  /** The offset read last; a jump of more than one segment boundary from it is a gap. */
+  private last = -1;
   private stopped = false;
 
   constructor(
@@ -94,6 +102,11 @@ export class ResumeCursor implements StreamCursor {
         return this.mismatch(`offset ${confirm.offset}, checkpointed, was not delivered: the stream went from below it to ${offset}`);
       }
     }
+    // A segment boundary uses one offset: consecutive deliveries are at most 2 apart unless something was deleted
+    // between them. Only what was still to count is lost: a jump below the resume point costs the id window only.
+    const before = Math.max(this.last, countFrom - 1);
+    if (this.last >= 0 && offset >= countFrom && offset > before + 2) this.events.onGap(before, offset);
+    this.last = offset;
     return offset < countFrom ? 'window' : 'count';
   }
 

@@ -67,6 +67,7 @@ describe('resume cursor', () => {
     const c = new ResumeCursor({ partition: 3, countFrom: 121, confirm: { offset: 120, body: bodyHash(BODY) }, mustSee: null, ...start }, null, {
       onMismatch: (detail) => events.push(`mismatch ${detail}`),
       onOvershoot: (offset) => events.push(`overshoot ${offset}`),
+      onGap: (after, next) => events.push(`gap ${after}..${next}`),
     });
     return { c, events };
   }
@@ -94,6 +95,14 @@ describe('resume cursor', () => {
     expect(c.classify(119, Buffer.from('x'))).to.equal('window');
     expect(c.classify(125, Buffer.from('y'))).to.equal('skip');
     expect(events[0]).to.match(/^mismatch offset 120, checkpointed, was not delivered/);
+  });
+
+  it('reports offsets that jump past a segment boundary while reading: retention deleted them under the reader', () => {
+    const { c, events } = cursor({ confirm: null, countFrom: 0 });
+    for (const offset of [0, 1, 2, 4, 5]) expect(c.classify(offset, Buffer.from('x'))).to.equal('count');
+    expect(events, 'one offset skipped: a segment boundary').to.deep.equal([]);
+    expect(c.classify(40, Buffer.from('x'))).to.equal('count');
+    expect(events).to.deep.equal(['gap 5..40']);
   });
 
   it('a start by time that began past the checkpoint asks to start again by offset, committing nothing', () => {
