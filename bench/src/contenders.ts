@@ -6,7 +6,7 @@
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
-import type { ContenderName } from './results.js';
+import { readsStream, type ContenderName } from './results.js';
 import { SETTINGS_ENV, type ConsumerReport, type ConsumerSettings } from './consumers/protocol.js';
 
 /** The daemon's built entry, found through the declared @tally/coordinator dependency (resolved, not imported: importing would start it). */
@@ -15,6 +15,7 @@ const CONSUMERS: Partial<Record<ContenderName, string>> = {
   ceiling: fileURLToPath(new URL('./consumers/ceiling.js', import.meta.url)),
   naive: fileURLToPath(new URL('./consumers/naive.js', import.meta.url)),
   batched: fileURLToPath(new URL('./consumers/batched.js', import.meta.url)),
+  'ceiling-stream': fileURLToPath(new URL('./consumers/ceiling.js', import.meta.url)),
 };
 
 export interface ContenderRun {
@@ -61,7 +62,7 @@ export interface RunningContender {
 export const liveChildren = new Set<ChildProcess>();
 
 export function isTally(contender: ContenderName): boolean {
-  return contender === 'tally-two-step' || contender === 'tally-atomic' || contender === 'tally-traced';
+  return contender === 'tally-two-step' || contender === 'tally-atomic' || contender === 'tally-traced' || contender === 'tally-stream';
 }
 
 function childFor(run: ContenderRun): ChildProcess {
@@ -74,7 +75,8 @@ function childFor(run: ContenderRun): ChildProcess {
       TALLY_QUEUE: run.queue,
       TALLY_PREFIX: run.prefix,
       TALLY_PREFETCH: String(run.prefetch),
-      TALLY_MODE: run.contender === 'tally-atomic' ? 'atomic' : 'two-step',
+      // A stream has no mode (TALLY_MODE beside TALLY_SOURCE=stream stops the start).
+      ...(run.contender === 'tally-stream' ? { TALLY_SOURCE: 'stream' } : { TALLY_MODE: run.contender === 'tally-atomic' ? 'atomic' : 'two-step' }),
       TALLY_LOG_LEVEL: 'info',
       ...(run.metricsPort !== undefined ? { TALLY_METRICS_PORT: String(run.metricsPort) } : {}),
       ...run.tallyEnv,
@@ -102,6 +104,7 @@ function childFor(run: ContenderRun): ChildProcess {
     ackWaitMs: run.ackWaitMs,
     redisUrl: run.redisUrl,
     prefix: run.prefix,
+    ...(readsStream(run.contender) ? { stream: true } : {}),
   };
   return spawn(process.execPath, [...nodeArgs, script], {
     env: { ...process.env, [SETTINGS_ENV]: JSON.stringify(settings) },

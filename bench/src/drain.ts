@@ -28,7 +28,15 @@ import { isTally, startContender, type RunningContender } from './contenders.js'
 import { cpuSeconds, peakRssBytes, threadCpuSeconds } from './proc.js';
 import { callsDelta, perNodeDelta, sumValues } from './redis-info.js';
 import { flushMasters, sampleCommands, sampleCpu, sampleErrors, sampleMemory, settleReplicas, type RedisNodes } from './redis-nodes.js';
-import type { ContenderName, DrainRecord, DrainVariant, MarkerMemoryRecord, SteadyFillRecord, WarmupFigures } from './results.js';
+import {
+  readsStream,
+  type ContenderName,
+  type DrainRecord,
+  type DrainVariant,
+  type MarkerMemoryRecord,
+  type SteadyFillRecord,
+  type WarmupFigures,
+} from './results.js';
 import { watchDaemon } from './tally-progress.js';
 import { queueState } from './broker.js';
 
@@ -140,7 +148,8 @@ export async function runDrain(ctx: AnyBenchContext, plan: DrainPlan): Promise<D
   if (ctx.redisPrivate) await settleReplicas(ctx.nodes);
   const memoryBefore = ctx.redisPrivate ? await sampleMemory(ctx.nodes) : null;
   const errorsBefore = ctx.redisPrivate ? await sampleErrors(ctx.nodes) : null;
-  await publishAll([...(plan.warmup?.publishes ?? []), ...workload.publishes], { url: ctx.amqpUrl, queue });
+  // A stream contender's queue is a stream, declared as one by the publisher (the daemon finds it).
+  await publishAll([...(plan.warmup?.publishes ?? []), ...workload.publishes], { url: ctx.amqpUrl, queue, stream: readsStream(contender) });
   // Let the broker finish writing the preload before the clock runs.
   await sleep(500);
 
@@ -206,6 +215,7 @@ export async function runDrain(ctx: AnyBenchContext, plan: DrainPlan): Promise<D
         metricsUrl: `http://127.0.0.1:${metricsPort}/metrics`,
         channel,
         queue,
+        stream: readsStream(contender),
         warmup,
         expected: warmup + expected,
         onWarm: async (at) => {
@@ -246,7 +256,7 @@ export async function runDrain(ctx: AnyBenchContext, plan: DrainPlan): Promise<D
   const layout = running.layoutLine();
   const exit = await running.stop();
   if (exit.code !== 0 && problem === undefined) problem = `exited with ${exit.code ?? exit.signal} on SIGTERM: ${running.stderr().slice(-300)}`;
-  if (fill !== null && layout?.created !== false && problem === undefined)
+  if (fill !== null && tally && layout?.created !== false && problem === undefined)
     problem = `the daemon did not find the filled prefix's layout: ${JSON.stringify(layout)}`;
   // Steady state: the contender has stopped (its connections, buffers and heartbeat are gone), what it wrote stays,
   // on a cluster's replicas too once they have applied their masters' stream.
@@ -254,9 +264,10 @@ export async function runDrain(ctx: AnyBenchContext, plan: DrainPlan): Promise<D
   const memoryAfter = memoryBefore === null ? null : await sampleMemory(ctx.nodes);
   const errorsAfter = errorsBefore === null ? null : await sampleErrors(ctx.nodes);
 
-  const after = await queueState(ctx.amqpUrl, queue);
+  // A stream keeps its messages once read (the broker counts them all): only a queue must be empty.
+  const after = readsStream(contender) ? { messageCount: 0 } : await queueState(ctx.amqpUrl, queue);
   if (after.messageCount !== 0 && problem === undefined) problem = `${after.messageCount} message(s) left unacked in the queue after the stop`;
-  if (contender !== 'ceiling') {
+  if (contender !== 'ceiling' && contender !== 'ceiling-stream') {
     // After the clock: the counts of the warm-up and the workload, exactly.
     const truth = plan.warmup ? mergeTruths(plan.warmup.truth, workload.truth) : workload.truth;
     const counts = await readCounts(ctx.redis, { prefix, virtualShards: ctx.virtualShards }, []);
@@ -265,7 +276,7 @@ export async function runDrain(ctx: AnyBenchContext, plan: DrainPlan): Promise<D
   }
 
   let memory: MarkerMemoryRecord | undefined;
-  if (plan.measureMarkers && fill === null && contender !== 'ceiling' && problem === undefined) {
+  if (plan.measureMarkers && fill === null && contender !== 'ceiling' && contender !== 'ceiling-stream' && problem === undefined) {
     // Markers of every contender: Tally's marker hashes (mk:) and the per-message keys (m:) of naive and batched.
     const measured = await measureMarkerMemory(ctx, `${escapeGlob(prefix)}m*:*`);
     if (measured) {
@@ -288,7 +299,7 @@ export async function runDrain(ctx: AnyBenchContext, plan: DrainPlan): Promise<D
   const redisCpuBefore = windowStart?.redisCpu ?? null;
   const redisCpuAfter = end?.redisCpu ?? null;
   const redisCommands =
-    contender === 'ceiling' || !ctx.redisPrivate || windowStart === null || end === null
+    contender === 'ceiling' || contender === 'ceiling-stream' || !ctx.redisPrivate || windowStart === null || end === null
       ? null
       : sumValues(callsDelta(commandsBefore, commandsAfter)) - ownCommands;
   const warmupFigures: WarmupFigures | null =

@@ -78,7 +78,7 @@ export function workloadShape(options: BenchOptions) {
 }
 
 /** The contenders of a steady-state run unless --contenders says otherwise: the references the ratios need, and both modes. */
-export const STEADY_CONTENDERS: readonly ContenderName[] = ['ceiling', 'batched', 'tally-two-step', 'tally-atomic'];
+export const STEADY_CONTENDERS: readonly ContenderName[] = ['ceiling', 'batched', 'tally-two-step', 'tally-atomic', 'ceiling-stream', 'tally-stream'];
 
 export class BenchUsageError extends Error {
   readonly code = 'BENCH_USAGE';

@@ -7,6 +7,7 @@ import { mkdir, readdir, readFile, rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { Redis } from 'ioredis';
 import { benchContext } from './context.js';
+import { isTally } from './contenders.js';
 import { runDrain } from './drain.js';
 import { workloadShape, type BenchOptions } from './options.js';
 import { startPrivateRedis } from '@tally/testkit';
@@ -48,8 +49,10 @@ export async function runProfile(options: BenchOptions, dir: string, log: (line:
       log,
     });
     const workload = generateWorkload({ ...workloadShape(options), idPrefix: 'prof' });
+    // The first Tally contender asked for (--contenders tally-stream profiles a stream daemon), else two-step.
+    const contender = options.contenders.find(isTally) ?? 'tally-two-step';
     const { record } = await runDrain(ctx, {
-      contender: 'tally-two-step',
+      contender,
       round: 0,
       label: 'profile',
       workload,

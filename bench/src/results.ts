@@ -4,7 +4,7 @@
  */
 import { median, medianRatio } from './stats.js';
 
-export const CONTENDERS = ['ceiling', 'naive', 'batched', 'tally-two-step', 'tally-atomic', 'tally-traced'] as const;
+export const CONTENDERS = ['ceiling', 'naive', 'batched', 'tally-two-step', 'tally-atomic', 'tally-traced', 'ceiling-stream', 'tally-stream'] as const;
 export type ContenderName = (typeof CONTENDERS)[number];
 
 export const CONTENDER_LABELS: Readonly<Record<ContenderName, string>> = Object.freeze({
@@ -14,7 +14,14 @@ export const CONTENDER_LABELS: Readonly<Record<ContenderName, string>> = Object.
   'tally-two-step': 'Tally two-step',
   'tally-atomic': 'Tally atomic',
   'tally-traced': 'Tally two-step, traced (100%)',
+  'ceiling-stream': 'ceiling, stream (bare amqplib)',
+  'tally-stream': 'Tally, stream (TALLY_SOURCE=stream)',
 });
+
+/** The contenders that read a stream (preloaded into one), not a queue. */
+export function readsStream(contender: ContenderName): boolean {
+  return contender === 'ceiling-stream' || contender === 'tally-stream';
+}
 
 /** One drain of a preloaded queue by one contender in one round. */
 export interface DrainRecord {
@@ -181,6 +188,12 @@ export interface ContenderSummary {
   readonly ratioToCeiling: number;
   readonly ratioToNaive: number;
   readonly ratioToBatched: number;
+  /**
+   * Redis CPU per message over the hand-written batched consumer's: at
+   * steady state when both ran there (a stream has no marker population,
+   * so its fresh drain is its steady one), else fresh.
+   */
+  readonly redisCpuToBatched: number;
   readonly p50Ms: number;
   readonly p99Ms: number;
   readonly latencyMethod?: string;
@@ -226,8 +239,13 @@ export function summarize(
   const steady = drains.filter((d) => d.variant === 'steady');
   const rate = (c: ContenderName) => byRound(fresh, c, rounds, (d) => d.msgPerSec);
   const ceiling = rate('ceiling');
+  // A stream contender is held against the bare consumer of the same stream.
+  const streamCeiling = rate('ceiling-stream');
   const naive = rate('naive');
   const batched = rate('batched');
+  const redisCpuPerMessage = (d: DrainRecord) => (d.redisCpuSeconds === null || d.messages === 0 ? null : (d.redisCpuSeconds * 1e6) / d.messages);
+  const batchedSteady = byRound(steady, 'batched', rounds, redisCpuPerMessage);
+  const batchedRedis = finite(batchedSteady).length > 0 ? batchedSteady : byRound(fresh, 'batched', rounds, redisCpuPerMessage);
   const row = (contender: ContenderName, variant: DrainVariant, mine: readonly DrainRecord[]): ContenderSummary => {
     const half = variant === 'fresh' ? latencies.filter((l) => l.contender === contender && l.round !== null && l.correct) : [];
     const marks = variant === 'fresh' ? memory.filter((m) => m.contender === contender) : [];
@@ -241,9 +259,10 @@ export function summarize(
       label: variant === 'steady' ? `${CONTENDER_LABELS[contender]}, steady state` : CONTENDER_LABELS[contender],
       rounds: mine.length,
       msgPerSec: median(finite(mineRate)),
-      ratioToCeiling: medianRatio(mineRate, ceiling),
+      ratioToCeiling: medianRatio(mineRate, readsStream(contender) ? streamCeiling : ceiling),
       ratioToNaive: medianRatio(mineRate, naive),
       ratioToBatched: medianRatio(mineRate, batched),
+      redisCpuToBatched: medianRatio(byRound(mine, contender, rounds, redisCpuPerMessage), batchedRedis),
       p50Ms: median(half.map((l) => l.p50Ms)),
       p99Ms: median(half.map((l) => l.p99Ms)),
       ...(half.length > 0 ? { latencyMethod: half[0]!.method } : {}),

@@ -17,6 +17,7 @@ import { workloadShape, type BenchOptions } from './options.js';
 import { messageMarkerShards, parseInfo } from '@tally/shared';
 import { startPrivateRedis, type PrivateRedis } from '@tally/testkit';
 import {
+  readsStream,
   summarize,
   type BenchResults,
   type DrainRecord,
@@ -26,7 +27,7 @@ import {
   type SweepRecord,
 } from './results.js';
 import { median } from './stats.js';
-import { benchMarkerScope, steadyPrepare } from './steady-state.js';
+import { batchedSteadyPrepare, benchMarkerScope, steadyPrepare } from './steady-state.js';
 import { partsPerMessageByShard } from './steady-population.js';
 import type { Change, TallyMode } from '@tally/shared';
 import { generateWorkload, type Workload, type WorkloadOptions } from '@tally/workload';
@@ -125,6 +126,8 @@ export async function runBench(options: BenchOptions, log: (line: string) => voi
         idPrefix: 'lat',
       });
     const warmupMs = options.quick ? 500 : 1_000;
+    // Latency runs and the sweeps publish into queues: the stream contenders are measured by their drains.
+    const latencyContenders = contenders.filter((c) => !readsStream(c));
     const ceilingRates: number[] = [];
     const fallbackRate = () => median(ceilingRates) || 5_000;
 
@@ -138,7 +141,9 @@ export async function runBench(options: BenchOptions, log: (line: string) => voi
       }
       if (options.steadyState) {
         log(`round ${round + 1}/${options.rounds}: steady-state drains`);
-        for (const contender of roundOrder(contenders.filter(isTally), round)) {
+        // The hand-written consumer too, on its own marker population; a stream has none (its fresh drain is its steady one).
+        const steadyContenders = contenders.filter((c) => (isTally(c) && c !== 'tally-stream') || c === 'batched');
+        for (const contender of roundOrder(steadyContenders, round)) {
           const mode: TallyMode = contender === 'tally-atomic' ? 'atomic' : 'two-step';
           const outcome = await runDrain(ctx, {
             contender,
@@ -146,14 +151,17 @@ export async function runBench(options: BenchOptions, log: (line: string) => voi
             label: `ss${round}`,
             workload,
             variant: 'steady',
-            prepare: steadyPrepare(ctx, {
-              mode,
-              rate: options.steadyRate,
-              shares,
-              seed: options.seed + round,
-              // At 3,000 msg/s (below what a steady-state drain here has done), plus the preload and the stop.
-              drainBudgetS: (workload.publishes.length + (warmup?.publishes.length ?? 0)) / 3_000 + 15,
-            }),
+            prepare:
+              contender === 'batched'
+                ? batchedSteadyPrepare(ctx, options.steadyRate)
+                : steadyPrepare(ctx, {
+                    mode,
+                    rate: options.steadyRate,
+                    shares,
+                    seed: options.seed + round,
+                    // At 3,000 msg/s (below what a steady-state drain here has done), plus the preload and the stop.
+                    drainBudgetS: (workload.publishes.length + (warmup?.publishes.length ?? 0)) / 3_000 + 15,
+                  }),
             ...(warmup ? { warmup } : {}),
           });
           record(outcome.record);
@@ -163,7 +171,7 @@ export async function runBench(options: BenchOptions, log: (line: string) => voi
       const thisCeiling = drains.find((d) => d.round === round && d.contender === 'ceiling' && d.correct)?.msgPerSec ?? fallbackRate();
       const rate = Math.round(thisCeiling / 2);
       log(`round ${round + 1}/${options.rounds}: latency at half the ceiling's rate (${rate} msg/s)`);
-      for (const contender of roundOrder(contenders, round)) {
+      for (const contender of roundOrder(latencyContenders, round)) {
         recordLatency(
           await runLatency(ctx, { contender, round, label: `l${round}`, loadFraction: 0.5, rate, warmupMs, workload: latencyWorkload(rate, 100 + round) }),
         );
@@ -175,7 +183,7 @@ export async function runBench(options: BenchOptions, log: (line: string) => voi
     if (sweepLoads.length > 0) log(`load sweep at ${sweepLoads.join(', ')} × ${Math.round(ceiling)} msg/s`);
     for (const fraction of sweepLoads) {
       const rate = Math.round(ceiling * fraction);
-      for (const contender of contenders) {
+      for (const contender of latencyContenders) {
         recordLatency(
           await runLatency(ctx, {
             contender,
@@ -191,7 +199,7 @@ export async function runBench(options: BenchOptions, log: (line: string) => voi
     }
 
     // Parameter sweeps: each point pairs a ceiling drain with the Tally drains of the same workload.
-    const tallies = contenders.filter(isTally);
+    const tallies = contenders.filter((c) => isTally(c) && !readsStream(c));
     const sweepWorkload = (range?: readonly [number, number]) =>
       generateWorkload({ ...workloadOptions, messages: options.sweepMessages, ...(range ? { minChanges: range[0], maxChanges: range[1] } : {}) });
     const points: Array<{ sweep: SweepRecord['sweep']; label: string; x: number; workload: Workload; env: Record<string, string> }> = [];

@@ -19,6 +19,7 @@ import {
   type TallyMode,
 } from '@tally/shared';
 import type { BenchContext } from './context.js';
+import { fillBatchedMarkers } from './batched-fill.js';
 import { fillMarkers, serverNowS, writeLayout } from './marker-fill.js';
 import { sampleMemory } from './redis-nodes.js';
 import type { SteadyFillRecord } from './results.js';
@@ -136,6 +137,33 @@ export function steadyPrepare(ctx: BenchContext<Redis>, plan: SteadyPlan): (pref
       hashes: filled.hashes,
       subBuckets: [Math.min(...subs), Math.max(...subs)],
       fillSeconds: filled.seconds,
+      fillBytes: after - before,
+    };
+  };
+}
+
+/**
+ * The hand-written batched consumer's steady state (batched-fill.ts): the
+ * rate × TTL marker keys its Redis holds in production, expiring during the
+ * drain, so the reference runs at steady state like Tally.
+ */
+export function batchedSteadyPrepare(ctx: BenchContext<Redis>, rate: number): (prefix: string) => Promise<Omit<SteadyFillRecord, 'layoutFound'>> {
+  return async (prefix) => {
+    const markerTtlS = markerSettings(ctx.tallyEnv).markerTtlS;
+    const before = (await sampleMemory(ctx.nodes)).masters;
+    const fill = await fillBatchedMarkers(ctx.redis, prefix, rate, markerTtlS);
+    const after = (await sampleMemory(ctx.nodes)).masters;
+    return {
+      rate,
+      markerTtlS,
+      bucketWidthS: markerTtlS,
+      partsPerMessage: 1,
+      liveBuckets: 1,
+      currentFraction: 1,
+      markers: fill.markers,
+      hashes: 0,
+      subBuckets: [0, 0],
+      fillSeconds: fill.fillSeconds,
       fillBytes: after - before,
     };
   };

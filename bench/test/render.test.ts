@@ -12,6 +12,7 @@ const row = (over: Partial<ContenderSummary>): ContenderSummary => ({
   ratioToCeiling: 0.7612,
   ratioToNaive: 5.12,
   ratioToBatched: 1.43,
+  redisCpuToBatched: 0.8,
   p50Ms: 61.25,
   p99Ms: 120.5,
   cpuSecondsPerMillion: 98.4,

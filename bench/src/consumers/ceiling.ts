@@ -4,7 +4,8 @@
  * must (JSON.parse each body, ack) with the daemon's prefetch and a
  * multiple-ack every `ackEvery` deliveries. It writes nothing anywhere, so
  * its drain rate is what RabbitMQ and one Node process can do on this
- * machine. Runs as its own process so its CPU and RSS are its own.
+ * machine. Runs as its own process so its CPU and RSS are its own. With
+ * `stream` it reads a stream from its first offset: the ceiling of a stream.
  */
 import amqp, { type ConsumeMessage } from 'amqplib';
 import { onTerminate, readSettings, report, warmupReporter } from './protocol.js';
@@ -43,16 +44,20 @@ function flush(): void {
   }
 }
 
-await channel.consume(settings.queue, (message) => {
-  if (message === null) return;
-  // The parse is the point: a consumer that does not look at the body is not a ceiling for one that must.
-  JSON.parse(message.content.toString('utf8'));
-  if (settings.recordLatency) stamps.push(Number(message.properties.timestamp));
-  last = message;
-  unacked++;
-  if (unacked >= settings.ackEvery || acked + unacked === settings.expected) flush();
-  else if (timer === null) timer = setTimeout(flush, settings.ackWaitMs);
-});
+await channel.consume(
+  settings.queue,
+  (message) => {
+    if (message === null) return;
+    // The parse is the point: a consumer that does not look at the body is not a ceiling for one that must.
+    JSON.parse(message.content.toString('utf8'));
+    if (settings.recordLatency) stamps.push(Number(message.properties.timestamp));
+    last = message;
+    unacked++;
+    if (unacked >= settings.ackEvery || acked + unacked === settings.expected) flush();
+    else if (timer === null) timer = setTimeout(flush, settings.ackWaitMs);
+  },
+  settings.stream === true ? { arguments: { 'x-stream-offset': 'first' } } : {},
+);
 report({ event: 'consuming', at: Date.now() });
 
 onTerminate(async () => {

@@ -24,6 +24,8 @@ export interface ConsumerSettings {
   readonly ackEvery: number;
   /** ...or once the oldest unacked delivery waited this long (the daemon's TALLY_BATCH_WAIT_MS default). */
   readonly ackWaitMs: number;
+  /** Read the queue as a stream, from its first offset (the ceiling of a stream). */
+  readonly stream?: boolean;
   /** naive and batched only. */
   readonly redisUrl?: string;
   readonly prefix?: string;

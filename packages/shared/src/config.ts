@@ -146,6 +146,11 @@ export const DEFAULTS = Object.freeze({
   partitions: 1,
   prefetch: 2000,
   batchSize: 500,
+  // A stream source's defaults: a redelivery costs a stream nothing but a re-read the watermarks skip, and its
+  // throughput is bounded by what is in flight (bench/results: 16,000 and 2,000 drained a stream 1.3x faster
+  // than 2,000 and 500, with a quarter less Redis CPU per message from the larger sums).
+  streamPrefetch: 16_000,
+  streamBatchSize: 2_000,
   // Measured (docs/redis-requirements.md, "Bounded batches"): with every
   // change aimed at one shard, the longest script went from 218 ms (two-step)
   // and 712 ms (atomic) without a change limit to 25 ms and 104 ms with this
@@ -458,8 +463,8 @@ export function loadConfig(env: Env = process.env): TallyConfig {
     streamDedup: flag(env, 'TALLY_STREAM_DEDUP', DEFAULTS.streamDedup),
     checkpointMs: integer(env, 'TALLY_STREAM_CHECKPOINT_MS', DEFAULTS.checkpointMs, LIMITS.checkpointMs),
     workers,
-    prefetch: integer(env, 'TALLY_PREFETCH', DEFAULTS.prefetch, LIMITS.prefetch),
-    batchSize: integer(env, 'TALLY_BATCH_SIZE', DEFAULTS.batchSize, LIMITS.batchSize),
+    prefetch: integer(env, 'TALLY_PREFETCH', from === 'stream' ? DEFAULTS.streamPrefetch : DEFAULTS.prefetch, LIMITS.prefetch),
+    batchSize: integer(env, 'TALLY_BATCH_SIZE', from === 'stream' ? DEFAULTS.streamBatchSize : DEFAULTS.batchSize, LIMITS.batchSize),
     batchMaxChanges: integer(env, 'TALLY_BATCH_MAX_CHANGES', DEFAULTS.batchMaxChanges, LIMITS.batchMaxChanges),
     batchWaitMs: integer(env, 'TALLY_BATCH_WAIT_MS', DEFAULTS.batchWaitMs, LIMITS.batchWaitMs),
     markerTtlS: integer(env, 'TALLY_MARKER_TTL_S', DEFAULTS.markerTtlS, LIMITS.markerTtlS),

@@ -128,6 +128,9 @@ describe('loadConfig', () => {
   it('reads TALLY_SOURCE=stream, and refuses TALLY_MODE beside it: a stream is exact by construction', () => {
     const stream = loadConfig({ TALLY_SOURCE: 'stream', TALLY_STREAM_DEDUP: 'false', TALLY_STREAM_CHECKPOINT_MS: '250' });
     expect(stream).to.include({ source: 'stream', streamDedup: false, checkpointMs: 250 });
+    // Its own defaults for what is in flight, unless set.
+    expect(stream).to.include({ prefetch: 16_000, batchSize: 2_000 });
+    expect(loadConfig({ TALLY_SOURCE: 'stream', TALLY_PREFETCH: '300', TALLY_BATCH_SIZE: '50' })).to.include({ prefetch: 300, batchSize: 50 });
     for (const mode of ['two-step', 'atomic']) {
       let thrown: unknown = null;
       try {

@@ -16,7 +16,7 @@
  * still be acked, but a loss is no longer followed by a reconnect.
  */
 import amqp, { type ChannelModel } from 'amqplib';
-import { describeError, nextNodeIndex, redactUrl, retryUntilDone, TallyError } from '@tally/shared';
+import { describeError, isTallyError, nextNodeIndex, redactUrl, retryUntilDone, TallyError } from '@tally/shared';
 import { within, TIMED_OUT } from '../process/deadline.js';
 import type { Logger } from '../process/logger.js';
 import { amqpReplyCode, classifyBrokerRefusal } from './broker-refusal.js';
@@ -130,7 +130,8 @@ export class BrokerConnection {
           // Ends without connecting when a stop or close moved the state on meanwhile.
           stopWhen: () => this.lifecycle.state !== 'connecting',
           // A refusal at start (login, permissions, an untrusted certificate) is configuration: one line naming the fix.
-          giveUp: (_failureClass, error) => !this.everConnected && classifyBrokerRefusal(error, target()) !== null,
+          // So is a refusal of Tally's own (a queue of the stream's name that is not a stream): it names its fix already.
+          giveUp: (_failureClass, error) => !this.everConnected && (isTallyError(error) || classifyBrokerRefusal(error, target()) !== null),
           onAttemptFailed: ({ error, attempt, delayMs }) =>
             this.log.warn(
               { url: redactUrl(node), next: redactUrl(nodes[this.nodeIndex]!), attempt, delayMs, err: describeError(error) },
@@ -139,6 +140,7 @@ export class BrokerConnection {
         },
       );
     } catch (error) {
+      if (isTallyError(error)) throw error;
       const refusal = classifyBrokerRefusal(error, target());
       throw new TallyError(refusal?.code ?? 'TALLY_AMQP_REFUSED', `${refusal?.line ?? describeError(error)} (broker ${redactUrl(node)})`, { cause: error });
     }

@@ -94,9 +94,10 @@ export class Intake {
       this.acks.finish(channel, tag);
       return;
     }
-    // A stream is split per virtual shard whatever the prefix's marker scope: each shard's watermark covers its own parts.
+    // With message scope (a standalone Redis) a message is one part on its digest's shard, whose watermark covers it
+    // (a stream) or whose marker does (a queue); its changes still go to their SKUs' own count keys.
     const parts =
-      options.recordedMarkerScope === 'message' && cursor === undefined
+      options.recordedMarkerScope === 'message'
         ? wholeMessageInto(this.split, parsed.message.changes, markerShardOf(digest, options.virtualShards), options.acceptTypes)
         : splitInto(this.split, parsed.message.changes, options.virtualShards, options.acceptTypes);
     if (parts.size === 0) {
