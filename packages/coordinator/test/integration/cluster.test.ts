@@ -115,6 +115,58 @@ describe('Redis Cluster (integration: 3 masters + 3 replicas of our own)', funct
     }
   });
 
+  it("streams on the cluster: 4 stream partitions, 2 daemons, exact; each shard's watermarks in its counts' slot, no marker", async () => {
+    const space = testSpace('cluster-stream', {
+      TALLY_REDIS_URL: seeds,
+      TALLY_SOURCE: 'stream',
+      TALLY_PARTITIONS: '4',
+      TALLY_HEARTBEAT_MS: '500',
+      TALLY_STREAM_CHECKPOINT_MS: '200',
+      TALLY_BATCH_SIZE: '100',
+      TALLY_PREFETCH: '400',
+    });
+    const daemons: DaemonProcess[] = [];
+    try {
+      const workload = generateWorkload({ messages: 2_000, skus: 300, seed: 63, duplicateRate: 0.05, badRate: 0.02, idPrefix: space.queue });
+      daemons.push(await startDaemon(space.env), await startDaemon(space.env));
+      await publishAll(workload.publishes, { url: AMQP_URL, queue: space.queue, partitions: 4 });
+      await until(
+        'every stream read',
+        async () => {
+          const stats = JSON.parse((await tallyCli(space.env, 'stats', '--json')).stdout) as {
+            counted: number;
+            duplicates: number;
+            dead_lettered: number;
+            replayed: number;
+          };
+          return stats.counted + stats.duplicates + stats.dead_lettered >= workload.publishes.length ? true : undefined;
+        },
+        60_000,
+        300,
+      );
+      for (const daemon of daemons.splice(0)) expect((await stopDaemon(daemon)).code).to.equal(0);
+      const counts = new Map(Object.entries(JSON.parse((await tallyCli(space.env, 'counts', '--json')).stdout) as Record<string, number>));
+      const diff = compare(counts, workload.truth);
+      expect(diff.exact, `lost ${diff.missingUnits}, excess ${diff.excessUnits}`).to.equal(true);
+      await withRedisAt(seeds, async (redis) => {
+        const keys = (await Promise.all(scanNodes(redis).map((node) => node.keys(`${space.prefix}*`)))).flat();
+        expect(
+          keys.filter((k) => k.startsWith(`${space.prefix}mk:`)),
+          'no marker',
+        ).to.deep.equal([]);
+        const watermarks = keys.filter((k) => /wm:\{\d+\}$/.test(k));
+        expect(watermarks.length, 'watermarks on many shards').to.be.at.least(8);
+        for (const key of watermarks) {
+          const vshard = /\{(\d+)\}/.exec(key)![1];
+          expect(keySlot(key), key).to.equal(keySlot(`${space.prefix}c:{${vshard}}:any-sku`));
+        }
+      });
+    } finally {
+      for (const daemon of daemons) await stopDaemon(daemon);
+      await resetNamespace({ amqpUrl: AMQP_URL, redisUrl: REDIS_URL, queue: space.queue, prefix: space.prefix, partitions: 4 });
+    }
+  });
+
   for (const mode of ['atomic', 'two-step'] as TallyMode[]) {
     it(`${mode}: exact counts with duplicates and bad messages, keys on every master, and the CLI (counts, stats, status, verify) reads the cluster`, async () => {
       const space = testSpace(`cluster-${mode}`, { TALLY_REDIS_URL: seeds, TALLY_MODE: mode, TALLY_BATCH_SIZE: '200' });
