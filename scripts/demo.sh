@@ -7,6 +7,10 @@ install_and_build >/dev/null
 
 export TALLY_QUEUE="${TALLY_QUEUE:-tally.demo}"
 export TALLY_PREFIX="${TALLY_PREFIX:-tally:demo:}"
+# DEMO_SOURCE=stream: the same demo on a RabbitMQ stream (TALLY_SOURCE=stream), under names of its own.
+if [ "${DEMO_SOURCE:-queue}" = stream ]; then
+  export TALLY_SOURCE=stream TALLY_QUEUE="$TALLY_QUEUE.stream" TALLY_PREFIX="${TALLY_PREFIX}stream:"
+fi
 MESSAGES="${DEMO_MESSAGES:-20000}"
 WORK="$(mktemp -d)"
 trap 'kill "$DAEMON" 2>/dev/null || true; rm -rf "$WORK"' EXIT

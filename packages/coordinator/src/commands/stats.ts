@@ -23,11 +23,13 @@ export async function readMode(redis: RedisClient, config: Pick<TallyConfig, 'pr
  * switched from two-step keeps the failures of its two-step past, under
  * `occupation_failures_two_step` when there were any.
  */
-export type StatsReport = { mode: TallyMode } & Record<string, number | null | TallyMode>;
+export type StatsReport = { mode: TallyMode | 'stream' } & Record<string, number | null | TallyMode | 'stream'>;
 
-export function statsReport(mode: TallyMode, counters: Record<string, number>): StatsReport {
+/** `stream` for a stream source's prefix (TALLY_SOURCE=stream): it has no mode, and no crash window either. */
+export function statsReport(mode: TallyMode | 'stream', counters: Record<string, number>): StatsReport {
   const report: StatsReport = { mode };
   for (const [name, value] of Object.entries(counters)) report[name] = value;
+  if (mode === 'stream') report.occupation_failures = null;
   if (mode === 'atomic') {
     const past = counters.occupation_failures ?? 0;
     report.occupation_failures = null;
@@ -36,8 +38,8 @@ export function statsReport(mode: TallyMode, counters: Record<string, number>): 
   return report;
 }
 
-export async function readStatsReport(redis: RedisClient, config: Pick<TallyConfig, 'prefix'>): Promise<StatsReport> {
-  return statsReport(await readMode(redis, config), await readStats(redis, config));
+export async function readStatsReport(redis: RedisClient, config: Pick<TallyConfig, 'prefix'> & Partial<Pick<TallyConfig, 'source'>>): Promise<StatsReport> {
+  return statsReport(config.source === 'stream' ? 'stream' : await readMode(redis, config), await readStats(redis, config));
 }
 
 /**
@@ -49,7 +51,12 @@ export function statsText(report: StatsReport): string {
   const width = Math.max(...entries.map(([name]) => name.length));
   return entries
     .map(([name, value]) => {
-      const shown = value === null && name === 'occupation_failures' ? 'n/a (atomic mode: counts and markers are written in one step)' : String(value);
+      const shown =
+        value === null && name === 'occupation_failures'
+          ? report.mode === 'stream'
+            ? 'n/a (a stream: no markers, no crash window)'
+            : 'n/a (atomic mode: counts and markers are written in one step)'
+          : String(value);
       return `${name.padEnd(width)}  ${shown}`;
     })
     .join('\n');
