@@ -1,29 +1,135 @@
-export * from './errors.js';
-export * from './redact.js';
-export * from './broker-nodes.js';
-export * from './tls-trust.js';
-export * from './config.js';
-export * from './message.js';
-export * from './json-pointer.js';
-export * from './message-mapping.js';
-export * from './mapped-message.js';
-export * from './delivery-parser.js';
-export * from './shards.js';
-export * from './partitions.js';
-export * from './keys.js';
-export * from './markers.js';
-export * from './script-replies.js';
-export * from './counters.js';
-export * from './backoff.js';
-export * from './failure-class.js';
-export * from './retry.js';
-export * from './batch-protocol.js';
-export * from './stream-positions.js';
-export * from './id-window.js';
-export * from './thread-protocol.js';
-export * from './deviation.js';
-export * from './redis-requirements.js';
-export * from './dead-letter.js';
-export * from './window-gauge.js';
-export * from './redis-health.js';
-export * from './replica-shortfall.js';
+/**
+ * What @tally/shared gives the other packages, named one by one: a reader
+ * sees here what crosses the package boundary, and a symbol no other package
+ * uses stays internal to its module (its own tests import the module).
+ * Grouped by module, in the order the design reads: errors and
+ * configuration, messages and shards, markers and batches, then the Redis
+ * and deviation arithmetic.
+ */
+export {
+  CliUsageError,
+  describeError,
+  isTallyError,
+  MarkerFormatRefusedError,
+  ModeSwitchRefusedError,
+  PartitionCountMismatchError,
+  QueueMissingError,
+  RedisRequirementError,
+  ReplayRefusedError,
+  ShardLayoutMismatchError,
+  TallyError,
+  UnknownReplyError,
+} from './errors.js';
+export { redactUrl } from './redact.js';
+export { nextNodeIndex, splitAmqpUrls } from './broker-nodes.js';
+export { tlsTrustFailure } from './tls-trust.js';
+export {
+  DEFAULTS,
+  type FaultInjection,
+  type InjectedBug,
+  loadConfig,
+  loadFaultInjection,
+  type LogLevel,
+  type QueueType,
+  splitRedisUrls,
+  type TallyConfig,
+  type TallyMode,
+  type TallySource,
+} from './config.js';
+export { BAD_MESSAGE_REASONS, type BadMessageReason, type Change, formatReason, MESSAGE_LIMITS, parseMessage } from './message.js';
+export { type MessageMapping, parseMessageMapping } from './message-mapping.js';
+export { mappedIdValue } from './mapped-message.js';
+export { deliveryParser, type DeliveryParser } from './delivery-parser.js';
+export { ownerOf, type PartChanges, SHARD_HASH, shardOf, ShardSplit, splitByShard, splitInto, wholeMessageInto } from './shards.js';
+export { CONSISTENT_HASH_EXCHANGE, PARTITION_WEIGHT, partitionQueue, partitionQueues, partitionsOf } from './partitions.js';
+export {
+  checkpointKey,
+  countKey,
+  countScanPattern,
+  daemonKey,
+  daemonScanPattern,
+  escapeGlob,
+  layoutKey,
+  legacyMarkerKey,
+  legacyMarkerScanPattern,
+  markerScanPattern,
+  receiptKey,
+  skuOfCountKey,
+  statsKey,
+  watermarkKey,
+} from './keys.js';
+export {
+  bucketExpiresAt,
+  bucketOf,
+  bucketsToCheck,
+  defaultBucketWidthS,
+  defaultMarkerScope,
+  type DigestText,
+  filterBlocksFor,
+  filterSlotOf,
+  LEGACY_MARKER_FORMAT,
+  MARKER_FORMAT,
+  markerBaseKey,
+  markerBucketKey,
+  markerDigest,
+  markerDigestText,
+  markerFilterBits,
+  markerFormatOf,
+  markerMetaKey,
+  type MarkerScope,
+  markerScopeOf,
+  markerShardOf,
+  markersPerSubBucket,
+  MESSAGE_MARKER_FORMAT,
+  messageMarkerShards,
+  oldestLiveBucket,
+  parseMarkerBucketKey,
+  parsePartFlags,
+  PART_DONE,
+  PART_HELD,
+  PART_NEW,
+  PART_REWIND,
+  subBucketOf,
+  subBucketsAfter,
+  taskDigests,
+} from './markers.js';
+export { ScriptReply } from './script-replies.js';
+export { COUNTER_NAMES, type CounterName, COUNTERS, type CounterValues, OPERATOR_COUNTER_NAMES, type OperatorCounterName, zeroCounters } from './counters.js';
+export { backoffDelay, type BackoffOptions } from './backoff.js';
+export { ClassifiedFailure, classifyError, type FailureClass } from './failure-class.js';
+export { RETRY_STOPPED, retryUntilDone } from './retry.js';
+export {
+  type BatchReply,
+  type BatchResult,
+  type BatchTask,
+  type CountRefusal,
+  decodeBatchTask,
+  encodeBatchTask,
+  partName,
+  transferListOf,
+  type WireBatchTask,
+  type WireParts,
+  type WorkerSettings,
+} from './batch-protocol.js';
+export { decodePositions, encodePositions, type WatermarkReport } from './stream-positions.js';
+export { IdWindow } from './id-window.js';
+export { isThreadEvent, isThreadReply, type ThreadEvent, type ThreadReply, type ThreadRequest, type ThreadRequestKind } from './thread-protocol.js';
+export { type DeviationEstimate, estimateDeviation, formatDeviation, parseRecovery } from './deviation.js';
+export {
+  assessRedis,
+  classifyRedisFailure,
+  factsFromInfo,
+  parseInfo,
+  parseVersion,
+  plaintextPortProblem,
+  type RedisFacts,
+  type RedisFailure,
+  type RedisTopology,
+  type RedisWarning,
+  requirementError,
+  versionAtLeast,
+} from './redis-requirements.js';
+export { BROKER_DEAD_REASONS, COUNT_REFUSED, DEAD_AT_HEADER, deadLetterReason, TALLY_DEAD_REASONS } from './dead-letter.js';
+export { WindowGauge } from './window-gauge.js';
+export { describeRefusal, isServerRefusal, type RedisHealthEvent } from './redis-health.js';
+export { describeShards, describeShortMaster, findShortMasters, replicationFromInfo, shortfallChanges, type ShortMaster } from './replica-shortfall.js';

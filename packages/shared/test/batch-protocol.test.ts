@@ -1,16 +1,7 @@
 import { expect } from 'chai';
-import {
-  decodeBatchTask,
-  encodeBatchTask,
-  isBatchReply,
-  markerDigest,
-  markerDigestText,
-  markerShardOf,
-  partName,
-  transferListOf,
-  type PartChanges,
-  type WireParts,
-} from '../src/index.js';
+import { decodeBatchTask, encodeBatchTask, isBatchReply, partName, transferListOf, type WireParts } from '../src/batch-protocol.js';
+import { markerDigest, markerDigestText, markerShardOf } from '../src/markers.js';
+import type { PartChanges } from '../src/shards.js';
 
 /** Parts as the encoder reads them, by index. */
 function wireParts(parts: ReadonlyArray<{ digest: Uint8Array; changes: PartChanges; messageParts?: number }>): WireParts {

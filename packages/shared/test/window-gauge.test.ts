@@ -1,5 +1,6 @@
 import { expect } from 'chai';
-import { decodeBatchTask, encodeBatchTask, WindowGauge } from '../src/index.js';
+import { decodeBatchTask, encodeBatchTask } from '../src/batch-protocol.js';
+import { WindowGauge } from '../src/window-gauge.js';
 
 describe('WindowGauge', () => {
   it('shows what a copy of its buffer (as a worker thread gets it in workerData) opens and closes', () => {
