@@ -356,8 +356,8 @@ export interface BatchResult {
  * line names where in the thread it happened.
  */
 export type BatchReply =
-  | { readonly ok: true; readonly result: BatchResult }
-  | { readonly ok: false; readonly failureClass: FailureClass; readonly message: string; readonly stack?: string };
+  | { readonly kind: 'batch-done'; readonly result: BatchResult }
+  | { readonly kind: 'batch-failed'; readonly failureClass: FailureClass; readonly message: string; readonly stack?: string };
 
 const FAILURE_CLASSES: readonly string[] = ['transient', 'fatal', 'data', 'bug'];
 
@@ -369,13 +369,13 @@ const FAILURE_CLASSES: readonly string[] = ['transient', 'fatal', 'data', 'bug']
  */
 export function isBatchReply(reply: unknown): reply is BatchReply {
   if (reply === null || typeof reply !== 'object') return false;
-  const candidate = reply as { ok?: unknown; result?: unknown; failureClass?: unknown; message?: unknown; stack?: unknown };
-  if (candidate.ok === true) {
+  const candidate = reply as { kind?: unknown; result?: unknown; failureClass?: unknown; message?: unknown; stack?: unknown };
+  if (candidate.kind === 'batch-done') {
     const result = candidate.result as { marked?: unknown; refusals?: unknown } | null | undefined;
     return typeof result === 'object' && result !== null && result.marked instanceof Uint8Array && Array.isArray(result.refusals);
   }
   return (
-    candidate.ok === false &&
+    candidate.kind === 'batch-failed' &&
     typeof candidate.failureClass === 'string' &&
     FAILURE_CLASSES.includes(candidate.failureClass) &&
     typeof candidate.message === 'string' &&

@@ -271,19 +271,32 @@ export const PART_HELD = 2;
  */
 export const PART_REWIND = 3;
 
-/** claim_markers.lua's flag characters (script-replies.ts), as the part states a BatchResult carries. */
-const CLAIM_FLAG_STATES: ReadonlyMap<string, number> = new Map([
-  [ScriptReply.CLAIM_NEW, PART_NEW],
-  [ScriptReply.CLAIM_DONE, PART_DONE],
-  [ScriptReply.CLAIM_HELD, PART_HELD],
-]);
+/**
+ * Each script's per-part flag characters (script-replies.ts), as the one set
+ * of part states a BatchResult carries (PART_*): the one place the scripts'
+ * characters meet TypeScript's names. A part atomic_batch.lua refused is
+ * PART_NEW, like a counted one: its refusal travels in the refusals.
+ */
+const FLAG_STATES: Readonly<Record<'claim' | 'atomic', ReadonlyMap<string, number>>> = Object.freeze({
+  claim: new Map([
+    [ScriptReply.CLAIM_NEW, PART_NEW],
+    [ScriptReply.CLAIM_DONE, PART_DONE],
+    [ScriptReply.CLAIM_HELD, PART_HELD],
+  ]),
+  atomic: new Map([
+    [ScriptReply.ATOMIC_COUNTED, PART_NEW],
+    [ScriptReply.ATOMIC_DUPLICATE, PART_DONE],
+    [ScriptReply.ATOMIC_REFUSED, PART_NEW],
+  ]),
+});
 
-/** claim_markers.lua's flags string, one character per part, as one part state (PART_*) per part. */
-export function parsePartFlags(flags: string, parts: number): Uint8Array {
+/** A script's flags string (claim_markers.lua by default, or atomic_batch.lua), one character per part, as one part state (PART_*) per part. */
+export function parsePartFlags(flags: string, parts: number, script: 'claim' | 'atomic' = 'claim'): Uint8Array {
   if (flags.length !== parts) throw new Error(`a batch script returned ${flags.length} flags for ${parts} parts`);
+  const states = FLAG_STATES[script];
   const out = new Uint8Array(parts);
   for (let i = 0; i < parts; i++) {
-    const state = CLAIM_FLAG_STATES.get(flags[i]!);
+    const state = states.get(flags[i]!);
     if (state === undefined) throw new Error(`a batch script returned the flag ${flags[i]} at part ${i}`);
     out[i] = state;
   }

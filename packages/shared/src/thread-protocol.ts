@@ -1,6 +1,6 @@
 /**
  * Everything that passes between the coordinator and a worker thread, in one
- * place. Three ways, each with one shape:
+ * place. Three ways, each with one shape, every message tagged by `kind`:
  *
  * - **Requests and replies** (piscina's task and its result): a tagged union
  *   of requests, each with the one reply type it gets. The thread's entry
@@ -66,11 +66,11 @@ export function isThreadReply<K extends ThreadRequestKind>(kind: K, reply: unkno
  * (redis-health.ts: a failed attempt, the first success after one).
  */
 export type ThreadEvent =
-  | { readonly type: 'wait-timeout'; readonly vshard: number; readonly acked: number; readonly wanted: number }
-  | { readonly type: 'redis-health'; readonly health: RedisHealthEvent };
+  | { readonly kind: 'wait-timeout'; readonly vshard: number; readonly acked: number; readonly wanted: number }
+  | { readonly kind: 'redis-health'; readonly health: RedisHealthEvent };
 
 /** Whether a posted value is a ThreadEvent: anything else on the port is ignored by the coordinator (piscina's own messages never reach it). */
 export function isThreadEvent(value: unknown): value is ThreadEvent {
-  const type = (value as { type?: unknown } | null)?.type;
-  return type === 'wait-timeout' || type === 'redis-health';
+  const kind = (value as { kind?: unknown } | null)?.kind;
+  return kind === 'wait-timeout' || kind === 'redis-health';
 }

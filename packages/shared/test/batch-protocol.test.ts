@@ -101,9 +101,9 @@ describe('batch protocol (the thread boundary)', () => {
 describe('isBatchReply', () => {
   const result = { vshard: 1, marked: new Uint8Array(2), refusals: [], writeRetries: 0 };
   it('accepts the two shapes a thread answers with', () => {
-    expect(isBatchReply({ ok: true, result })).to.equal(true);
-    expect(isBatchReply({ ok: false, failureClass: 'transient', message: 'Connection is closed.' })).to.equal(true);
-    expect(isBatchReply({ ok: false, failureClass: 'bug', message: 'x', stack: 'TypeError: x\n    at f' })).to.equal(true);
+    expect(isBatchReply({ kind: 'batch-done', result })).to.equal(true);
+    expect(isBatchReply({ kind: 'batch-failed', failureClass: 'transient', message: 'Connection is closed.' })).to.equal(true);
+    expect(isBatchReply({ kind: 'batch-failed', failureClass: 'bug', message: 'x', stack: 'TypeError: x\n    at f' })).to.equal(true);
   });
 
   it('refuses anything else, so the coordinator reports it as a bug instead of trusting it', () => {
@@ -113,11 +113,11 @@ describe('isBatchReply', () => {
       'ok',
       { ok: 'yes', result },
       { ok: true },
-      { ok: true, result: { ...result, marked: [1, 1] } },
-      { ok: true, result: { marked: new Uint8Array(1) } },
-      { ok: false, failureClass: 'outage', message: 'x' },
-      { ok: false, failureClass: 'bug' },
-      { ok: false, failureClass: 'bug', message: 'x', stack: 42 },
+      { kind: 'batch-done', result: { ...result, marked: [1, 1] } },
+      { kind: 'batch-done', result: { marked: new Uint8Array(1) } },
+      { kind: 'batch-failed', failureClass: 'outage', message: 'x' },
+      { kind: 'batch-failed', failureClass: 'bug' },
+      { kind: 'batch-failed', failureClass: 'bug', message: 'x', stack: 42 },
     ]) {
       expect(isBatchReply(reply), JSON.stringify(reply)).to.equal(false);
     }

@@ -20,8 +20,7 @@ import {
   describeError,
   markerBaseKey,
   markerFilterBits,
-  PART_DONE,
-  PART_NEW,
+  parsePartFlags,
   receiptKey,
   retryUntilDone,
   ScriptReply,
@@ -139,10 +138,7 @@ async function runAtomicScript(redis: RedisClient, settings: WorkerSettings, tas
   })) as [string, unknown, number];
   const [flags, rawRefusals, replayed] = reply;
   if (replayed !== ScriptReply.ATOMIC_REPLAYED) await hooks.afterCountWrite?.(task);
-  if (flags.length !== task.changes.length) throw new Error(`atomic batch: the script returned ${flags.length} flags for ${task.changes.length} parts`);
-  const marked = new Uint8Array(task.changes.length);
-  // A part Redis refused (ATOMIC_REFUSED, listed in the refusals) is not a duplicate: PART_NEW, like a counted one.
-  for (let i = 0; i < flags.length; i++) marked[i] = flags[i] === ScriptReply.ATOMIC_DUPLICATE ? PART_DONE : PART_NEW;
+  const marked = parsePartFlags(flags, task.changes.length, 'atomic');
   const refusals = decodeRefusals(rawRefusals, settings.prefix);
   logRefusals(log, task, refusals);
   // Durability of the ack (replica-wait.ts): every part not refused has a

@@ -11,7 +11,7 @@ import { describeRefusal, isServerRefusal, type RedisHealthEvent, type ThreadEve
 const refusedShards = new Set<number>();
 
 function post(health: RedisHealthEvent): void {
-  const event: ThreadEvent = { type: 'redis-health', health };
+  const event: ThreadEvent = { kind: 'redis-health', health };
   // Outside a worker thread (a test running a batch in-process) there is no coordinator to tell.
   parentPort?.postMessage(event);
 }

@@ -52,7 +52,7 @@ const runBatch = (task: BatchTask): Promise<BatchResult> => runInMode(redis, set
 function batchHooks(): BatchHooks {
   // Posted at once, not with the batch's result: a WAIT that keeps timing out may hold the batch for a long time.
   const onWaitTimeout = (task: BatchTask, acked: number, wanted: number): void => {
-    const event: ThreadEvent = { type: 'wait-timeout', vshard: task.vshard, acked, wanted };
+    const event: ThreadEvent = { kind: 'wait-timeout', vshard: task.vshard, acked, wanted };
     parentPort?.postMessage(event);
   };
   const exitAfter = loadFaultInjection(process.env).threadExitAfterWrite;
@@ -97,15 +97,15 @@ async function processBatch(wire: WireBatchTask): Promise<BatchReply> {
     // Inside the try: a task this thread cannot decode is a bug of the protocol, and is reported as one.
     const task = decodeBatchTask(wire);
     if (injectBug) injectedTypeError(task);
-    if (task.traceparent === undefined) return { ok: true, result: await runBatch(task) };
+    if (task.traceparent === undefined) return { kind: 'batch-done', result: await runBatch(task) };
     // The coordinator's tally.batch span becomes the parent of this thread's spans.
     const parent = propagation.extract(ROOT_CONTEXT, { traceparent: task.traceparent });
-    return { ok: true, result: await context.with(parent, () => runBatch(task)) };
+    return { kind: 'batch-done', result: await context.with(parent, () => runBatch(task)) };
   } catch (error) {
     // Classified here, where the error still has its type (batch-protocol.ts BatchReply).
     const failureClass = classifyError(error);
     const stack = failureClass === 'bug' && error instanceof Error ? error.stack : undefined;
-    return { ok: false, failureClass, message: describeError(error), ...(stack === undefined ? {} : { stack }) };
+    return { kind: 'batch-failed', failureClass, message: describeError(error), ...(stack === undefined ? {} : { stack }) };
   }
 }
 

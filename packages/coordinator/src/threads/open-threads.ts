@@ -37,7 +37,7 @@ export function openThreads(context: StartContext, redis: RedisEdge, layout: Lay
     config.workers,
     config.virtualShards,
     (event) => {
-      if (event.type === 'wait-timeout') {
+      if (event.kind === 'wait-timeout') {
         counters.stats.add('wait_timeouts');
         redis.replicaWatch?.nudge();
       } else redis.health.apply(event.health);

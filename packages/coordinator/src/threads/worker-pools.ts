@@ -73,7 +73,7 @@ export class WorkerPools {
     // replaced cost the main thread about 1 µs per message (docs/benchmark.md).
     // A rerun after a failure encodes the task again (shard-batches.ts).
     const reply = await request(pool, { kind: 'batch', task }, transferListOf(task));
-    if (!reply.ok) throw new ClassifiedFailure(reply.failureClass, reply.message, reply.stack);
+    if (reply.kind === 'batch-failed') throw new ClassifiedFailure(reply.failureClass, reply.message, reply.stack);
     return reply.result;
   }
 
