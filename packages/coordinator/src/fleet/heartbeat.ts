@@ -98,6 +98,14 @@ function readVersion(): string {
 /** The coordinator package's version, as the heartbeat reports it. */
 export const TALLY_VERSION = readVersion();
 
+/** Where the beat goes and what it reports. */
+export interface HeartbeatDeps {
+  readonly redis: RedisClient;
+  /** What the daemon reports at each beat. */
+  snapshot(): HeartbeatSnapshot;
+  readonly log: Logger;
+}
+
 export class Heartbeat {
   readonly key: string;
   readonly lease: ModeLease;
@@ -109,13 +117,17 @@ export class Heartbeat {
   private again = false;
   private stopped = false;
 
+  private readonly redis: RedisClient;
+  private readonly snapshot: () => HeartbeatSnapshot;
+  private readonly log: Logger;
+
   constructor(
-    private readonly redis: RedisClient,
+    /** This daemon's id (newDaemonId), in its key and its mode lease. */
     readonly id: string,
     private readonly options: HeartbeatOptions,
-    private readonly snapshot: () => HeartbeatSnapshot,
-    private readonly log: Logger,
+    deps: HeartbeatDeps,
   ) {
+    ({ redis: this.redis, snapshot: this.snapshot, log: this.log } = deps);
     this.key = daemonKey(options.prefix, id);
     this.intervalMs = options.intervalMs ?? HEARTBEAT_INTERVAL_MS;
     this.lease = Object.freeze({ holder: id, ttlMs: options.ttlMs ?? HEARTBEAT_TTL_BEATS * this.intervalMs });

@@ -49,22 +49,23 @@ export async function openFleet(context: StartContext, redis: RedisEdge, live: L
   const balancer = partitioned
     ? new PartitionBalancer(
         { prefix: config.prefix, queue: config.queue, partitions: config.partitions, selfId: context.daemonId },
-        () => scanNodes(client),
-        (partitions) => {
-          live.source?.assign(partitions);
-          // Three beats without a delivery over a queue with ready messages: subscribe again (partition-channels.ts says why).
-          void live.source
-            ?.checkIdlePartitions(3 * config.heartbeatMs)
-            .catch((error) => log.warn({ err: describeError(error) }, 'idle partition check failed'));
+        {
+          nodes: () => scanNodes(client),
+          assign: (partitions) => {
+            live.source?.assign(partitions);
+            // Three beats without a delivery over a queue with ready messages: subscribe again (partition-channels.ts says why).
+            void live.source
+              ?.checkIdlePartitions(3 * config.heartbeatMs)
+              .catch((error) => log.warn({ err: describeError(error) }, 'idle partition check failed'));
+          },
+          leaving: () => context.stopping(),
+          log,
         },
-        () => context.stopping(),
-        log,
       )
     : null;
 
   // From the layout check on, not from the source: the beat renews the mode lease the check took (layout-guard.ts).
   const heartbeat = new Heartbeat(
-    client,
     context.daemonId,
     {
       prefix: config.prefix,
@@ -76,17 +77,20 @@ export async function openFleet(context: StartContext, redis: RedisEdge, live: L
       partitions: config.partitions,
       ...(balancer === null ? {} : { afterBeat: () => balancer.rebalance() }),
     },
-    (): HeartbeatSnapshot => {
-      const ageMs = live.pipeline?.oldestUnackedAgeMs() ?? null;
-      return {
-        consuming: live.source?.consuming ?? false,
-        oldestUnackedS: ageMs === null ? null : ageMs / 1000,
-        inFlight: live.pipeline?.unacked ?? 0,
-        amqpNode: live.source?.node ?? null,
-        ...(partitioned ? { partitions: live.source?.partitionsHeld ?? [], leaving: context.stopping() } : {}),
-      };
+    {
+      redis: client,
+      snapshot: (): HeartbeatSnapshot => {
+        const ageMs = live.pipeline?.oldestUnackedAgeMs() ?? null;
+        return {
+          consuming: live.source?.consuming ?? false,
+          oldestUnackedS: ageMs === null ? null : ageMs / 1000,
+          inFlight: live.pipeline?.unacked ?? 0,
+          amqpNode: live.source?.node ?? null,
+          ...(partitioned ? { partitions: live.source?.partitionsHeld ?? [], leaving: context.stopping() } : {}),
+        };
+      },
+      log,
     },
-    log,
   );
   heartbeat.start();
   closeSteps.add({ name: 'stopping the heartbeat', timeoutMs: 500, run: () => heartbeat.stop() });

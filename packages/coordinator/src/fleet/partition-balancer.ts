@@ -32,30 +32,36 @@ export function partitionPeers(daemons: readonly LiveDaemon[], options: Pick<Par
     .sort();
 }
 
+/** What the balancer reads and whom it tells. */
+export interface PartitionBalancerDeps {
+  /** The nodes to scan for heartbeats (every master on a cluster). */
+  nodes(): readonly Redis[];
+  /** The partitions this daemon owns now (the message source subscribes to them). */
+  assign(partitions: readonly number[]): void;
+  /** True once the daemon is stopping: it keeps nothing new. */
+  leaving(): boolean;
+  readonly log: Logger;
+}
+
 export class PartitionBalancer {
   private current: string | null = null;
 
   constructor(
     private readonly options: PartitionBalancerOptions,
-    /** The nodes to scan for heartbeats (every master on a cluster). */
-    private readonly nodes: () => readonly Redis[],
-    private readonly assign: (partitions: readonly number[]) => void,
-    /** True once the daemon is stopping: it keeps nothing new. */
-    private readonly leaving: () => boolean,
-    private readonly log: Logger,
+    private readonly deps: PartitionBalancerDeps,
   ) {}
 
   async rebalance(): Promise<void> {
-    if (this.leaving()) return;
-    const daemons = await listDaemons(this.nodes(), this.options.prefix);
+    if (this.deps.leaving()) return;
+    const daemons = await listDaemons(this.deps.nodes(), this.options.prefix);
     const peers = partitionPeers(daemons, this.options);
     const mine = partitionsOf(this.options.partitions, peers, this.options.selfId);
     const key = mine.join(',');
     if (key !== this.current) {
-      this.log.info({ partitions: mine, daemons: new Set([...peers, this.options.selfId]).size, of: this.options.partitions }, 'partitions assigned');
+      this.deps.log.info({ partitions: mine, daemons: new Set([...peers, this.options.selfId]).size, of: this.options.partitions }, 'partitions assigned');
       this.current = key;
     }
     // Every beat, not only on a change: a subscription that failed (a channel error) is retried here.
-    this.assign(mine);
+    this.deps.assign(mine);
   }
 }

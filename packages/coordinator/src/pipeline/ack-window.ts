@@ -35,7 +35,19 @@ export interface ChannelFigures {
   readonly oldestUnackedAgeMs: number | null;
 }
 
+/** What the ack window works with. */
+export interface AckWindowDeps {
+  readonly acker: Acker;
+  readonly exposure: Exposure;
+  readonly clock: Clock;
+  readonly log: Logger;
+}
+
 export class AckWindow {
+  private readonly acker: Acker;
+  private readonly exposure: Exposure;
+  private readonly clock: Clock;
+  private readonly log: Logger;
   /** The live channels, in the order they came up; a channel leaves when it is lost or closed. */
   private readonly live = new Map<ChannelLink, ChannelAcks>();
   private sendScheduled = false;
@@ -43,12 +55,12 @@ export class AckWindow {
   private halted = false;
 
   constructor(
-    private readonly acker: Acker,
-    private readonly exposure: Exposure,
-    private readonly clock: Clock,
-    private readonly log: Logger,
+    deps: AckWindowDeps,
+    /** TALLY_STALL_MS. */
     private readonly stallMs: number,
-  ) {}
+  ) {
+    ({ acker: this.acker, exposure: this.exposure, clock: this.clock, log: this.log } = deps);
+  }
 
   channelUp(channel: ChannelLink): void {
     // One queue: a new channel replaces the old one, whose deliveries are the broker's again (as before partitions).

@@ -15,21 +15,33 @@ import { recordDeadLetter } from '../telemetry/batch-span.js';
 import type { AckWindow } from './ack-window.js';
 import type { Counters, DeadLetterPublisher } from './ports.js';
 
+export interface DeadLetterDeps {
+  readonly publisher: DeadLetterPublisher;
+  readonly counters: Counters;
+  readonly acks: AckWindow;
+  readonly tracer: Tracer;
+  readonly log: Logger;
+}
+
 export class DeadLetters {
   /** Publishes not yet confirmed (or given up with their channel): a drain waits for them. */
   private readonly pending = new Set<Promise<void>>();
   private readonly badLog: BadMessageLog;
+  private readonly publisher: DeadLetterPublisher;
+  private readonly counters: Counters;
+  private readonly acks: AckWindow;
+  private readonly tracer: Tracer;
+  private readonly log: Logger;
 
   constructor(
-    private readonly publisher: DeadLetterPublisher,
-    private readonly counters: Counters,
-    private readonly acks: AckWindow,
-    private readonly tracer: Tracer,
+    deps: DeadLetterDeps,
+    /** The queue the dead letters come from, for their spans. */
     private readonly queue: string,
-    private readonly log: Logger,
+    /** The retries' backoff; the shared default when absent (tests shorten it). */
     private readonly backoff?: BackoffOptions,
   ) {
-    this.badLog = new BadMessageLog(log);
+    ({ publisher: this.publisher, counters: this.counters, acks: this.acks, tracer: this.tracer, log: this.log } = deps);
+    this.badLog = new BadMessageLog(this.log);
   }
 
   /** Sends `message` to the dead-letter queue with `reason` (its code first, e.g. `count-refused: …`), then acks it. */

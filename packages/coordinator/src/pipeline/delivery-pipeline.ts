@@ -32,6 +32,7 @@ import {
   type PipelineMetrics,
   type StreamLog,
 } from './ports.js';
+import { batchObserver } from './batch-observer.js';
 import { Settlement } from './settlement.js';
 import { ShardBatches } from './shard-batches.js';
 
@@ -91,9 +92,14 @@ export class DeliveryPipeline {
     const streamLog = deps.streamLog ?? null;
     if (stream && streamLog === null) throw new TypeError('a stream pipeline needs its stream log');
     this.inFlight = new InFlightMessages(!stream);
-    this.acks = new AckWindow(deps.acker, deps.exposure, clock, deps.log, options.stallMs);
-    this.deadLetters = new DeadLetters(deps.deadLetters, deps.counters, this.acks, tracer, options.queue, deps.log, options.backoff);
-    const batches = new ShardBatches(options, { runner: deps.runner, exposure: deps.exposure, metrics, clock, tracer, log: deps.log, streamLog });
+    this.acks = new AckWindow({ acker: deps.acker, exposure: deps.exposure, clock, log: deps.log }, options.stallMs);
+    this.deadLetters = new DeadLetters(
+      { publisher: deps.deadLetters, counters: deps.counters, acks: this.acks, tracer, log: deps.log },
+      options.queue,
+      options.backoff,
+    );
+    const observer = batchObserver({ counters: deps.counters, exposure: deps.exposure, metrics });
+    const batches = new ShardBatches(options, { runner: deps.runner, observer, clock, tracer, log: deps.log, streamLog });
     const settlement = new Settlement({
       claimRetryMs: options.claimRetryMs ?? CLAIM_RETRY_MS,
       counters: deps.counters,
@@ -120,7 +126,14 @@ export class DeliveryPipeline {
         .catch((error: unknown) => this.bug(error, 'batch'));
     });
     this.onBug = deps.onBug;
-    this.intake = new Intake(options, this.acks, deps.counters, this.deadLetters, this.inFlight, this.lanes, clock);
+    this.intake = new Intake(options, {
+      acks: this.acks,
+      counters: deps.counters,
+      deadLetters: this.deadLetters,
+      inFlight: this.inFlight,
+      lanes: this.lanes,
+      clock,
+    });
   }
 
   /** A delivery from the broker. */

@@ -46,21 +46,34 @@ export interface LaneEntry {
   flushAll(): void;
 }
 
+/** Where an admitted delivery goes, and what it reports to. */
+export interface IntakeDeps {
+  readonly acks: AckWindow;
+  readonly counters: Counters;
+  readonly deadLetters: DeadLetters;
+  readonly inFlight: InFlightMessages;
+  readonly lanes: LaneEntry;
+  readonly clock: Clock;
+}
+
 export class Intake {
   /** The contract's shape, or TALLY_MESSAGE_MAPPING's (null or absent: the contract's): chosen once, at start. */
   private readonly parseDelivery: DeliveryParser;
   /** Reused by every delivery: its parts go to the lanes before the next one is split. */
   private readonly split = new ShardSplit();
 
+  private readonly acks: AckWindow;
+  private readonly counters: Counters;
+  private readonly deadLetters: DeadLetters;
+  private readonly inFlight: InFlightMessages;
+  private readonly lanes: LaneEntry;
+  private readonly clock: Clock;
+
   constructor(
     private readonly options: IntakeOptions,
-    private readonly acks: AckWindow,
-    private readonly counters: Counters,
-    private readonly deadLetters: DeadLetters,
-    private readonly inFlight: InFlightMessages,
-    private readonly lanes: LaneEntry,
-    private readonly clock: Clock,
+    deps: IntakeDeps,
   ) {
+    ({ acks: this.acks, counters: this.counters, deadLetters: this.deadLetters, inFlight: this.inFlight, lanes: this.lanes, clock: this.clock } = deps);
     this.parseDelivery = deliveryParser(options.messageMapping ?? null, Object.freeze({ maxBytes: options.maxMessageBytes }));
   }
 

@@ -47,16 +47,12 @@ export class Settlement {
   batchDone(vshard: number, parts: readonly PendingPart[], result: BatchResult): void {
     const { counters } = this;
     const { streamLog } = this.deps;
+    // What the batch reports as a whole (counters, spans, the exposure meter) was told by batch-observer.ts.
     if (streamLog !== null)
       for (const report of result.watermarks ?? []) {
         if (report.rolledBack) streamLog.rolledBack(report.partition, vshard, report.offset, report.expected);
         else streamLog.applied(report.partition, vshard, report.offset);
       }
-    counters.add('occupation_failures', result.occupationFailures);
-    counters.add('write_retries', result.writeRetries);
-    counters.add('count_errors', result.refusals.length);
-    counters.add('claim_takeovers', result.claimTakeovers);
-    this.exposure.batchDone(parts.filter((_, i) => result.marked[i] !== PART_HELD).map((part) => part.delivery));
     for (const refusal of result.refusals) {
       const delivery = parts[refusal.part]!.delivery;
       delivery.refusal ??= describeCountRefusal(vshard, refusal);

@@ -19,8 +19,9 @@ import {
 import { runIsolating } from './batch-isolation.js';
 import type { Logger } from '../process/logger.js';
 import type { PendingPart } from './shard-lanes.js';
-import { endBatchSpan, failBatchSpan, startBatchSpan } from '../telemetry/batch-span.js';
-import type { BatchRunner, Clock, Exposure, PipelineMetrics, StreamLog } from './ports.js';
+import { failBatchSpan, startBatchSpan } from '../telemetry/batch-span.js';
+import type { BatchObserver } from './batch-observer.js';
+import type { BatchRunner, Clock, StreamLog } from './ports.js';
 
 export interface ShardBatchOptions {
   readonly queue: string;
@@ -31,8 +32,8 @@ export interface ShardBatchOptions {
 
 export interface ShardBatchDeps {
   readonly runner: BatchRunner;
-  readonly exposure: Exposure;
-  readonly metrics: PipelineMetrics | null;
+  /** Told once per batch, of its result or that it was given up (batch-observer.ts). */
+  readonly observer: BatchObserver;
   readonly clock: Clock;
   readonly tracer: Tracer;
   readonly log: Logger;
@@ -42,8 +43,7 @@ export interface ShardBatchDeps {
 
 export class ShardBatches {
   private readonly runner: BatchRunner;
-  private readonly exposure: Exposure;
-  private readonly metrics: PipelineMetrics | null;
+  private readonly observer: BatchObserver;
   private readonly clock: Clock;
   private readonly tracer: Tracer;
   private readonly log: Logger;
@@ -53,15 +53,7 @@ export class ShardBatches {
     private readonly options: ShardBatchOptions,
     deps: ShardBatchDeps,
   ) {
-    ({
-      runner: this.runner,
-      exposure: this.exposure,
-      metrics: this.metrics,
-      clock: this.clock,
-      tracer: this.tracer,
-      log: this.log,
-      streamLog: this.streamLog,
-    } = deps);
+    ({ runner: this.runner, observer: this.observer, clock: this.clock, tracer: this.tracer, log: this.log, streamLog: this.streamLog } = deps);
   }
 
   /**
@@ -70,7 +62,7 @@ export class ShardBatches {
    * back to the broker).
    */
   async run(vshard: number, parts: readonly PendingPart[]): Promise<BatchResult | null> {
-    const { options, runner, exposure, log } = this;
+    const { options, runner, log } = this;
     const { span, traceparent } = startBatchSpan(this.tracer, {
       vshard,
       queue: options.queue,
@@ -126,14 +118,11 @@ export class ShardBatches {
         );
       });
     } catch (error) {
-      exposure.batchReturned(vshard);
+      this.observer.batchSettled({ vshard, parts, result: null, elapsedMs: this.clock.now() - started, span });
       if (!(error instanceof BatchAbandoned)) throw error;
-      span.end();
       return null;
     }
-    exposure.batchReturned(vshard);
-    endBatchSpan(span, result);
-    this.metrics?.recordBatch(parts.length, this.clock.now() - started, result);
+    this.observer.batchSettled({ vshard, parts, result, elapsedMs: this.clock.now() - started, span });
     return result;
   }
 

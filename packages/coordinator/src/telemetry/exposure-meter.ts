@@ -66,7 +66,25 @@ export interface ExposedPart {
   readonly parts: number;
 }
 
+/** What the meter reads and where it writes. */
+export interface ExposureDeps {
+  readonly sink: ExposureSink;
+  /** Whether the daemon is under load right now. */
+  loaded(): boolean;
+  /**
+   * Messages inside a crash window right now (the worker threads' window
+   * gauge); null in atomic mode and for a stream, which have no window.
+   */
+  readonly windowNow: (() => number) | null;
+  /** The gauge's settling messages (markers sent, result not yet here); null without a window. */
+  readonly settling?: SettlingGauge | null;
+}
+
 export class ExposureMeter {
+  private readonly sink: ExposureSink;
+  private readonly loaded: () => boolean;
+  private readonly windowNow: (() => number) | null;
+  private readonly settling: SettlingGauge | null;
   /** The live channels (one per partition held; one with a single queue), each with its unacked tags' occupied shares. */
   private readonly channels = new Map<unknown, TagShares>();
   /** Summed over the live channels. */
@@ -77,19 +95,14 @@ export class ExposureMeter {
   private timer: NodeJS.Timeout | null = null;
 
   constructor(
-    private readonly sink: ExposureSink,
-    /** Whether the daemon is under load right now. */
-    private readonly loaded: () => boolean,
-    /**
-     * Messages inside a crash window right now (the worker threads' window
-     * gauge); null in atomic mode, which writes counts and markers in one
-     * step and has no window.
-     */
-    private readonly windowNow: (() => number) | null,
+    deps: ExposureDeps,
     private readonly sampling: MeterSampling = DEFAULT_SAMPLING,
-    /** The gauge's settling messages (markers sent, result not yet here); null in atomic mode. */
-    private readonly settling: SettlingGauge | null = null,
-  ) {}
+  ) {
+    this.sink = deps.sink;
+    this.loaded = () => deps.loaded();
+    this.windowNow = deps.windowNow;
+    this.settling = deps.settling ?? null;
+  }
 
   /** The coordinator has a shard's batch result, or its failure. */
   batchReturned(vshard: number): void {

@@ -33,11 +33,13 @@ export function openCounters(context: StartContext, redis: RedisEdge, live: Live
   // Only two-step mode over a queue has a crash window to show.
   const windowGauge = config.mode === 'two-step' && config.source === 'queue' ? WindowGauge.create(config.virtualShards) : null;
   const exposure = new ExposureMeter(
-    stats,
-    () => (live.pipeline?.unacked ?? 0) * 2 >= config.prefetch,
-    windowGauge === null ? null : () => windowGauge.messages(),
+    {
+      sink: stats,
+      loaded: () => (live.pipeline?.unacked ?? 0) * 2 >= config.prefetch,
+      windowNow: windowGauge === null ? null : () => windowGauge.messages(),
+      settling: windowGauge,
+    },
     DEFAULT_SAMPLING,
-    windowGauge,
   );
   exposure.start();
   closeSteps.add({

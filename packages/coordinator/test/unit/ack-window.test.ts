@@ -45,7 +45,7 @@ function clock(): Clock & { advance(ms: number): void } {
 describe('AckWindow per partition', () => {
   it('keeps each partition channel’s tags apart: the same tag numbers on two channels are two deliveries', () => {
     const acks = new ChannelAcks();
-    const window = new AckWindow(acks, NO_EXPOSURE, clock(), silent, 30_000);
+    const window = new AckWindow({ acker: acks, exposure: NO_EXPOSURE, clock: clock(), log: silent }, 30_000);
     const [p0, p1] = [partitionChannel(0), partitionChannel(1)];
     window.channelUp(p0);
     window.channelUp(p1);
@@ -66,7 +66,7 @@ describe('AckWindow per partition', () => {
   it('a stuck partition holds back only itself: its stall single-acks its own tags, the others go on with multiple-acks', () => {
     const acks = new ChannelAcks();
     const time = clock();
-    const window = new AckWindow(acks, NO_EXPOSURE, time, silent, 1_000);
+    const window = new AckWindow({ acker: acks, exposure: NO_EXPOSURE, clock: time, log: silent }, 1_000);
     const stuck = partitionChannel(3);
     const flowing = partitionChannel(5);
     window.channelUp(stuck);
@@ -99,7 +99,7 @@ describe('AckWindow per partition', () => {
   it('random completion orders over several partitions: every tag acked exactly once on its own channel', () => {
     const acks = new ChannelAcks();
     const time = clock();
-    const window = new AckWindow(acks, NO_EXPOSURE, time, silent, 200);
+    const window = new AckWindow({ acker: acks, exposure: NO_EXPOSURE, clock: time, log: silent }, 200);
     const links = [0, 1, 2, 3].map(partitionChannel);
     for (const link of links) window.channelUp(link);
     let seed = 7;
@@ -130,7 +130,7 @@ describe('AckWindow per partition', () => {
   });
 
   it('forgets a closed partition channel: its late deliveries are refused (the broker redelivers them)', () => {
-    const window = new AckWindow(new ChannelAcks(), NO_EXPOSURE, clock(), silent, 1_000);
+    const window = new AckWindow({ acker: new ChannelAcks(), exposure: NO_EXPOSURE, clock: clock(), log: silent }, 1_000);
     const p0 = partitionChannel(0);
     window.channelUp(p0);
     window.received(p0, 1);

@@ -14,12 +14,7 @@ describe('ExposureMeter', () => {
   it('integrates occupied-but-unacked messages over loaded time, and drops them once acked', () => {
     const out = sink();
     let loaded = true;
-    const meter = new ExposureMeter(
-      out,
-      () => loaded,
-      () => 0,
-      SECONDS,
-    );
+    const meter = new ExposureMeter({ sink: out, loaded: () => loaded, windowNow: () => 0 }, SECONDS);
     const link = {};
     meter.channelChanged(link);
     meter.sample(0);
@@ -45,12 +40,7 @@ describe('ExposureMeter', () => {
     const out = sink();
     let loaded = true;
     const gauge = WindowGauge.create(4);
-    const meter = new ExposureMeter(
-      out,
-      () => loaded,
-      () => gauge.messages(),
-      SECONDS,
-    );
+    const meter = new ExposureMeter({ sink: out, loaded: () => loaded, windowNow: () => gauge.messages() }, SECONDS);
     meter.sample(0);
     // Shard 1 sends its count write for 100 new parts, shard 3 for 40 parts of half a message each.
     gauge.open(1, 100);
@@ -68,7 +58,7 @@ describe('ExposureMeter', () => {
 
   it('ignores tags of a dead channel and has no window in atomic mode', () => {
     const out = sink();
-    const meter = new ExposureMeter(out, () => true, null, SECONDS);
+    const meter = new ExposureMeter({ sink: out, loaded: () => true, windowNow: null }, SECONDS);
     const old = {};
     const live = {};
     meter.channelChanged(old);
@@ -84,7 +74,7 @@ describe('ExposureMeter', () => {
 
   it("keeps every unacked tag's share when the unacked range outgrows its slots (single acks behind a stalled head)", () => {
     const out = sink();
-    const meter = new ExposureMeter(out, () => true, null, SECONDS);
+    const meter = new ExposureMeter({ sink: out, loaded: () => true, windowNow: null }, SECONDS);
     const live = {};
     meter.channelChanged(live);
     meter.sample(0);
@@ -105,12 +95,7 @@ describe('ExposureMeter', () => {
   it('leaves out a sample interval far longer than the period: the process was frozen (SIGSTOP, a paused VM)', () => {
     const out = sink();
     const gauge = WindowGauge.create(2);
-    const meter = new ExposureMeter(
-      out,
-      () => true,
-      () => gauge.messages(),
-      { periodMs: 50, maxGapMs: 500 },
-    );
+    const meter = new ExposureMeter({ sink: out, loaded: () => true, windowNow: () => gauge.messages() }, { periodMs: 50, maxGapMs: 500 });
     meter.sample(0);
     gauge.open(0, 100);
     meter.sample(50);
@@ -131,13 +116,7 @@ describe('ExposureMeter', () => {
   it('counts a batch as occupied-but-unacked from the moment its marker SETs are sent, not from when its result arrives', () => {
     const out = sink();
     const gauge = WindowGauge.create(2);
-    const meter = new ExposureMeter(
-      out,
-      () => true,
-      () => gauge.messages(),
-      SECONDS,
-      gauge,
-    );
+    const meter = new ExposureMeter({ sink: out, loaded: () => true, windowNow: () => gauge.messages(), settling: gauge }, SECONDS);
     const link = {};
     meter.channelChanged(link);
     meter.sample(0);
