@@ -6,6 +6,9 @@
  * comes back from an older snapshot (lost acknowledged writes, WAIT 0); a
  * retention cut past the checkpoint; a stream deleted and recreated.
  */
+import { mkdtemp, readFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { expect } from 'chai';
 import amqp from 'amqplib';
@@ -27,7 +30,7 @@ import {
   type TestSpace,
 } from './harness.js';
 import { tallyCli, until } from './fleet-helpers.js';
-import { countsAt } from './runtime-probes.js';
+import { countsAt, metricsText, sample } from './runtime-probes.js';
 import { caughtUp, checkpointsOf, streamBounds, streamSpace } from './stream-helpers.js';
 
 type StreamSpace = ReturnType<typeof streamSpace>;
@@ -59,20 +62,66 @@ describe('stream source (integration: RabbitMQ streams, TALLY_SOURCE=stream)', f
     const space = streamSpace('stream-exact', 8);
     const daemons: DaemonProcess[] = [];
     try {
-      for (let i = 0; i < 3; i++) daemons.push(await startDaemon(space.env));
+      daemons.push(await startDaemon({ ...space.env, TALLY_METRICS_PORT: '0' }));
+      for (let i = 1; i < 3; i++) daemons.push(await startDaemon(space.env));
       const live = await until('8 streams over 3 daemons', () => balanced(space, 3), 30_000);
       for (const d of live) expect(d.partitions.length, d.id).to.be.within(2, 3);
       const workload = workloadFor(space, 3_000, 81);
+      // Through the CLI, as an operator would: tally publish goes to the exchange, keyed by id.
+      const truthFile = join(await mkdtemp(join(tmpdir(), 'tally-stream-')), 'truth.json');
       await publishAll(workload.publishes, { url: AMQP_URL, queue: space.queue, partitions: space.partitions });
+      const published = await tallyCli(
+        space.env,
+        'publish',
+        '--messages',
+        '200',
+        '--skus',
+        '50',
+        '--seed',
+        '9',
+        '--id-prefix',
+        `${space.queue}.cli`,
+        '--truth',
+        truthFile,
+      );
+      expect(published.code, published.stderr).to.equal(0);
+      const cli = JSON.parse(await readFile(truthFile, 'utf8')) as {
+        published: number;
+        good: number;
+        duplicates: number;
+        bad: number;
+        counts: Record<string, number>;
+      };
+      const cliTruth = new Map(Object.entries(cli.counts));
       await caughtUp(space);
+      // The first daemon's /metrics: per partition it holds, the stream's offsets and the lag, caught up.
+      const port = Number((JSON.parse(await daemons[0]!.waitForLog('http endpoint listening')) as { port: number }).port);
+      const held = live.find((d) => d.pid === daemons[0]!.child.pid)!.partitions;
+      await until(
+        'the gauges caught up',
+        async () => {
+          const text = await metricsText(port);
+          return held.every((p) => sample(text, 'tally_stream_lag', { partition: String(p) }) === 0) ? text : undefined;
+        },
+        20_000,
+      );
+      const text = await metricsText(port);
+      for (const p of held) {
+        const committed = sample(text, 'tally_stream_committed_offset', { partition: String(p) });
+        expect(committed, `partition ${p}`).to.equal(sample(text, 'tally_stream_last_offset', { partition: String(p) }));
+        expect(sample(text, 'tally_stream_lag_seconds', { partition: String(p) })).to.equal(0);
+      }
+      expect(sample(text, 'tally_stream_rollbacks_total')).to.equal(0);
       for (const d of daemons) expect((await stopDaemon(d)).code).to.equal(0);
-      const check = compare(await countsOf(space.prefix), workload.truth);
+      const truth = new Map(workload.truth);
+      for (const [sku, n] of cliTruth) truth.set(sku, (truth.get(sku) ?? 0) + n);
+      const check = compare(await countsOf(space.prefix), truth);
       expect(check.exact, `SKUs off their truth: ${check.below.length} below, ${check.excess.size} above`).to.equal(true);
       const stats = await statsOf(space.prefix);
-      expect(stats.received, 'every publish read once').to.equal(workload.publishes.length);
-      expect(stats.duplicates, 'producer duplicates caught by the id window').to.equal(workload.duplicates);
-      expect(stats.dead_lettered).to.equal(workload.bad);
-      expect(stats.counted).to.equal(workload.good);
+      expect(stats.received, 'every publish read once').to.equal(workload.publishes.length + cli.published);
+      expect(stats.duplicates, 'producer duplicates caught by the id window').to.equal(workload.duplicates + cli.duplicates);
+      expect(stats.dead_lettered).to.equal(workload.bad + cli.bad);
+      expect(stats.counted).to.equal(workload.good + cli.good);
       expect(stats.replayed ?? 0).to.equal(0);
       expect(stats.occupation_failures ?? 0, 'no crash window on a stream').to.equal(0);
       // No marker was written: the watermarks and checkpoints are all the dedup state.
