@@ -62,7 +62,7 @@ export interface StreamSourceDeps {
 }
 
 /** How long a probe of a stream's first or last offset waits for a delivery; none by then: an empty stream. */
-const PROBE_WAIT_MS = 1_500;
+const PROBE_WAIT_MS = 3_000;
 /** A probe of the last offset reads until the stream has been quiet this long. */
 const PROBE_QUIET_MS = 100;
 /** The watermark audit runs every this many checkpoint intervals, and at most once a second. */
@@ -103,8 +103,16 @@ export class StreamSource implements MessageSource {
   private readonly rewinds = new Map<number, number>();
   /** Per partition: a replay to start after this offset at the next subscription (a rollback found). */
   private readonly rewindTo = new Map<number, number>();
-  /** Per partition refused: why, and the checkpoint it was refused at (a reset clears it). */
-  private readonly refused = new Map<number, { reason: string; checkpoint: string }>();
+  /**
+   * Per partition refused: why, the checkpoint it was refused at, and
+   * whether the refusal stands until that checkpoint changes (`sticky`: the
+   * checkpointed offset held another message, which is certain) or is
+   * looked at again at every beat (what the stream's bounds said: a probe
+   * of a slow broker may be wrong, and a refusal would stop the partition).
+   */
+  private readonly refused = new Map<number, { reason: string; checkpoint: string; sticky: boolean }>();
+  /** Partitions whose stream was empty while a checkpoint exists: logged once, read once messages come. */
+  private readonly waitingForMessages = new Set<number>();
   /** Per partition held: the stream's bounds as last probed, and the checkpoint last written (stream-gauges.ts). */
   private readonly figuresOf = new Map<number, { bounds: StreamBounds | null; committed: number | null; committedAtMs: number | null }>();
   /** Per partition: the checkpoint (offset:body:rewinds) its current subscription resumed from; a refusal lasts while it is unchanged. */
@@ -262,17 +270,29 @@ export class StreamSource implements MessageSource {
     const checkpoint = await checkpoints.read(partition);
     const checkpointKey = checkpoint === null ? '' : `${checkpoint.offset}:${checkpoint.body}:${checkpoint.rewinds}`;
     const refusal = this.refused.get(partition);
-    if (refusal !== undefined) {
-      if (refusal.checkpoint === checkpointKey) return null;
-      this.refused.delete(partition);
-      this.log.info({ partition }, 'the refused partition has a new checkpoint (tally stream reset): reading it again');
-    }
+    if (refusal !== undefined && refusal.sticky && refusal.checkpoint === checkpointKey) return null;
     this.resumedFrom.set(partition, checkpointKey);
-    const bounds = await probeBounds(model, this.streamOf(partition));
+    // A new partition needs no probe: it is read from its first message, whenever that comes.
+    const bounds = checkpoint === null ? null : await probeBounds(model, this.streamOf(partition));
+    if (checkpoint !== null && bounds === null) {
+      // Empty, or a broker slow to answer: nothing to count yet, and nothing to decide on. Looked at again at the next beat.
+      if (!this.waitingForMessages.has(partition))
+        this.log.warn(
+          { partition, stream: this.streamOf(partition), checkpoint: checkpoint.offset },
+          'the stream delivered nothing to a probe; waiting for it before resuming the partition',
+        );
+      this.waitingForMessages.add(partition);
+      return null;
+    }
+    this.waitingForMessages.delete(partition);
     const plan = planResume({ checkpoint, bounds, windowMs: this.options.windowMs });
     if (plan.kind === 'refuse') {
-      this.refuse(partition, plan.reason, checkpointKey);
+      this.refuse(partition, plan.reason, checkpointKey, false);
       return null;
+    }
+    if (refusal !== undefined) {
+      this.refused.delete(partition);
+      this.log.info({ partition, was: refusal.reason }, 'the refused partition holds its checkpoint again (or was reset): reading it');
     }
     this.rewinds.set(partition, checkpoint?.rewinds ?? 0);
     if (checkpoint !== null) state.expectAtLeast(partition, checkpoint.known);
@@ -289,7 +309,8 @@ export class StreamSource implements MessageSource {
 
   private subscription(partition: number, startAt: StartAt, cursorStart: ConstructorParameters<typeof ResumeCursor>[0]): SubscriptionStart {
     const cursor = new ResumeCursor(cursorStart, this.deps.state.of(partition).window, {
-      onMismatch: (detail) => this.refuse(partition, `the stream is not the one its checkpoint was taken on: ${detail}; it was deleted and recreated`, null),
+      onMismatch: (detail) =>
+        this.refuse(partition, `the stream is not the one its checkpoint was taken on: ${detail}; it was deleted and recreated`, null, true),
       onGap: (after, next) => {
         this.deps.counters.add('stream_gap_offsets', next - after - 1);
         this.log.error(
@@ -316,10 +337,10 @@ export class StreamSource implements MessageSource {
    * would skip everything below it. The partition is left alone until its
    * checkpoint changes (`tally stream reset --partition P`).
    */
-  private refuse(partition: number, reason: string, checkpointKey: string | null): void {
+  private refuse(partition: number, reason: string, checkpointKey: string | null, sticky: boolean): void {
     const known = this.refused.get(partition);
     const key = checkpointKey ?? this.resumedFrom.get(partition) ?? known?.checkpoint ?? '';
-    this.refused.set(partition, { reason, checkpoint: key });
+    this.refused.set(partition, { reason, checkpoint: key, sticky });
     this.pending.delete(partition);
     // What was seen of the old stream means nothing for the new one (a reset makes its watermarks start over).
     this.deps.state.forget(partition);
