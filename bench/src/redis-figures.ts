@@ -9,8 +9,12 @@ import { median } from './stats.js';
 
 export type TopologyName = 'standalone' | 'cluster';
 
-/** The ceiling gives the × ceiling ratio of the same round and topology; the two Tally modes are what is measured. */
-export const FIGURE_CONTENDERS: readonly ContenderName[] = Object.freeze(['ceiling', 'tally-two-step', 'tally-atomic']);
+/**
+ * The ceilings give the × ceiling ratio of the same round and topology (a
+ * stream's own for the stream); the two Tally modes and Tally on a stream
+ * are what is measured.
+ */
+export const FIGURE_CONTENDERS: readonly ContenderName[] = Object.freeze(['ceiling', 'tally-two-step', 'tally-atomic', 'ceiling-stream', 'tally-stream']);
 
 export interface TopologyDrain {
   readonly topology: TopologyName;
@@ -78,7 +82,9 @@ export function summarizeFigures(drains: readonly TopologyDrain[], idle: readonl
     const records = mine.map((d) => d.record);
     const markers = mine.flatMap((d) => (d.marker ? [d.marker] : []));
     const idleRate = idleCpuPerSecond(idle, topology);
-    for (const s of summarize(FIGURE_CONTENDERS, records, [], markers, rounds)) {
+    // The contenders that drained here (a run may leave some out).
+    const ran = FIGURE_CONTENDERS.filter((c) => records.some((r) => r.contender === c));
+    for (const s of summarize(ran, records, [], markers, rounds)) {
       const own = records.filter((r) => r.contender === s.contender);
       const masters = Math.max(0, ...own.map((r) => r.cluster?.perMasterMemoryBytes.length ?? 0));
       rows.push({
@@ -153,7 +159,7 @@ export function renderFiguresTable(rows: readonly FiguresRow[]): string {
 export function renderBreakdownTable(rows: readonly FiguresRow[]): string {
   const header = ['topology', 'contender', 'keys / msg', 'keyspace tables B / msg', 'of which slot-to-keys', 'MOVED + ASK replies'];
   const body = rows
-    .filter((r) => r.contender !== 'ceiling')
+    .filter((r) => r.contender !== 'ceiling' && r.contender !== 'ceiling-stream')
     .map((r) => [
       r.topology,
       r.label,
