@@ -4,7 +4,7 @@
  * pair within a round as in the main table (results.ts), and their table.
  */
 import { cell, markdownTable } from './render-table.js';
-import { summarize, type ContenderName, type ContenderSummary, type DrainRecord, type MarkerMemoryRecord } from './results.js';
+import { readsStream, summarize, type ContenderName, type ContenderSummary, type DrainRecord, type MarkerMemoryRecord } from './results.js';
 import { median } from './stats.js';
 
 export type TopologyName = 'standalone' | 'cluster';
@@ -82,8 +82,8 @@ export function summarizeFigures(drains: readonly TopologyDrain[], idle: readonl
     const records = mine.map((d) => d.record);
     const markers = mine.flatMap((d) => (d.marker ? [d.marker] : []));
     const idleRate = idleCpuPerSecond(idle, topology);
-    // The contenders that drained here (a run may leave some out).
-    const ran = FIGURE_CONTENDERS.filter((c) => records.some((r) => r.contender === c));
+    // The stream's contenders only when they drained here (a run may leave them out).
+    const ran = FIGURE_CONTENDERS.filter((c) => !readsStream(c) || records.some((r) => r.contender === c));
     for (const s of summarize(ran, records, [], markers, rounds)) {
       const own = records.filter((r) => r.contender === s.contender);
       const masters = Math.max(0, ...own.map((r) => r.cluster?.perMasterMemoryBytes.length ?? 0));
