@@ -1,3 +1,6 @@
+/**
+ * @tally/runtime: the I/O edges the daemon and its worker threads share (Redis clients, cluster slots, tracing).
+ */
 export {
   clusterOptions,
   connectRedis,

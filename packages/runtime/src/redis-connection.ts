@@ -1,3 +1,7 @@
+/**
+ * How Tally talks to Redis, standalone or a Redis Cluster: connection options that fail fast (the caller
+ * retries), topology detection, and the scan and slot helpers.
+ */
 import { Cluster, Redis, type ClusterOptions, type RedisOptions } from 'ioredis';
 import { backoffDelay, redactUrl, RedisRequirementError, splitRedisUrls, type BackoffOptions, type RedisTopology } from '@tally/shared';
 import { keySlot } from './key-slot.js';

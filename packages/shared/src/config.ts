@@ -1,3 +1,7 @@
+/**
+ * TALLY_* environment variables into one validated, frozen TallyConfig: the only reader of the environment
+ * (a bad value is a ConfigError naming the variable and its accepted range), and the fault-injection switches.
+ */
 import { isIP } from 'node:net';
 import { availableParallelism } from 'node:os';
 import { validateAmqpNodes } from './broker-nodes.js';

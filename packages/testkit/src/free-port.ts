@@ -1,3 +1,6 @@
+/**
+ * Free loopback ports for the servers a test starts.
+ */
 import { createServer } from 'node:net';
 
 /**

@@ -1,3 +1,7 @@
+/**
+ * @tally/testkit: test helpers (private Redis servers and clusters, RabbitMQ nodes, a TCP proxy, TLS
+ * certificates, namespace cleanup); a dev dependency only.
+ */
 export { freePort, freePorts } from './free-port.js';
 export { asAdmin, startPrivateRedis, type PrivateRedis, type PrivateRedisOptions } from './private-redis.js';
 export type { RedisAccess, RedisTlsFiles } from './redis-process.js';

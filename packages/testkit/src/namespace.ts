@@ -1,3 +1,7 @@
+/**
+ * Deletes a queue with its dead letters and partitions, and a prefix's keys: a clean slate for a test,
+ * the demo or a bench round, on a standalone Redis or a cluster.
+ */
 import amqp from 'amqplib';
 import { Cluster, Redis } from 'ioredis';
 

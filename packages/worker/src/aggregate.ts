@@ -1,3 +1,6 @@
+/**
+ * Pure: the new parts' changes summed per SKU for one batch (bigint past 2^53).
+ */
 import type { PartChanges } from '@tally/shared';
 
 /** A SKU's summed delta for one batch; bigint only once a sum leaves the safe range. */

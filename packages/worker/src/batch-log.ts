@@ -1,3 +1,6 @@
+/**
+ * What a batch in a worker thread logs to, and its fault hooks, for both modes.
+ */
 import type { BatchTask } from '@tally/shared';
 
 /** What a batch logs to: the thread's pino logger, or a quiet one in tests. */

@@ -1,3 +1,6 @@
+/**
+ * @tally/worker: what runs in a worker thread; exports the thread entry's path for piscina.
+ */
 import { fileURLToPath } from 'node:url';
 
 export { aggregateNewParts, type Sum } from './aggregate.js';

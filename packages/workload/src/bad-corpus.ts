@@ -1,3 +1,6 @@
+/**
+ * Bad messages for test loads, each with the reason code Tally must dead-letter it with.
+ */
 import type { BadMessageReason } from '@tally/shared';
 
 export interface BadSample {

@@ -1,3 +1,7 @@
+/**
+ * @tally/workload: seeded test loads with their ground truth, and their publishing (tally publish, the tests,
+ * the bench).
+ */
 export {
   generateWorkload,
   MESSAGE_SHAPES,

@@ -1,3 +1,7 @@
+/**
+ * Publishes a workload: persistent messages with publisher confirms, to the queue, the partitions' exchange
+ * or a stream.
+ */
 import amqp from 'amqplib';
 import type { Publish } from './workload.js';
 

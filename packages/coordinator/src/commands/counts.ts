@@ -1,3 +1,6 @@
+/**
+ * `tally counts`: every SKU's count under the prefix (or the SKUs named), read as exact integer strings.
+ */
 import { scanNodes, type RedisClient } from '@tally/runtime';
 import { countKey, countScanPattern, shardOf, skuOfCountKey, type TallyConfig } from '@tally/shared';
 

@@ -1,3 +1,7 @@
+/**
+ * `tally deviation`: reads the prefix's counters and hands them, with the configuration and the crash
+ * pattern from the flags, to the estimator in @tally/shared (deviation.ts).
+ */
 import type { RedisClient } from '@tally/runtime';
 import { CliUsageError, estimateDeviation, formatDeviation, parseRecovery, type DeviationEstimate, type TallyConfig } from '@tally/shared';
 import { readStats } from './stats.js';

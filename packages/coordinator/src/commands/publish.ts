@@ -1,3 +1,7 @@
+/**
+ * `tally publish`: a generated, seeded test load published with confirms (to the queue, the partitions'
+ * exchange or the stream), a producer span per message when tracing is on, and optionally its ground truth.
+ */
 import { writeFile } from 'node:fs/promises';
 import { context, propagation, SpanKind, trace, type Tracer } from '@opentelemetry/api';
 import { connectAnyNode } from '../amqp/broker-connect.js';

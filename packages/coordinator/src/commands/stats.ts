@@ -1,3 +1,6 @@
+/**
+ * `tally stats`: the prefix's accumulated counters from `<prefix>stats`, with its mode.
+ */
 import type { RedisClient } from '@tally/runtime';
 import { COUNTER_NAMES, layoutKey, OPERATOR_COUNTER_NAMES, statsKey, type CounterValues, type TallyConfig, type TallyMode } from '@tally/shared';
 

@@ -1,3 +1,6 @@
+/**
+ * `tally verify`: the counts against a truth file written by `tally publish --truth`.
+ */
 import { readFile } from 'node:fs/promises';
 import { compareWithTruth } from '@tally/workload';
 

@@ -1,3 +1,7 @@
+/**
+ * Records and checks a prefix's layout in `<prefix>layout` (virtual shards, shard hash, mode, marker format,
+ * partitions), in one script, with a mode lease per daemon and the live-marker scan a mode switch needs.
+ */
 import { scanNodes, type RedisClient } from '@tally/runtime';
 import {
   DEFAULTS,

@@ -1,3 +1,6 @@
+/**
+ * The log lines for bad messages: each one up to a rate per reason, then one sum per reason.
+ */
 import type { Logger } from '../process/logger.js';
 
 /**

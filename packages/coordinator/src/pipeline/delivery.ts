@@ -1,3 +1,6 @@
+/**
+ * One delivery from parse to ack, tied to the channel it came on.
+ */
 import type { Channel, ConsumeMessage } from 'amqplib';
 import type { DigestText } from '@tally/shared';
 import type { StreamCursor } from '../stream/stream-cursor.js';

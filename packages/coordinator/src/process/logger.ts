@@ -1,3 +1,6 @@
+/**
+ * The daemon's logger: pino JSON lines with trace ids and redaction.
+ */
 import { pino, type Logger } from 'pino';
 import type { LogLevel } from '@tally/shared';
 import { traceIdsOfActiveSpan } from '@tally/runtime';

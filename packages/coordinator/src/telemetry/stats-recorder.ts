@@ -1,3 +1,7 @@
+/**
+ * The counters of `<prefix>stats`: counted locally, flushed once a second (the deviation's and the
+ * exposure's within 20 ms).
+ */
 import type { RedisClient } from '@tally/runtime';
 import { COUNTER_NAMES, statsKey, zeroCounters, type CounterName, type CounterValues } from '@tally/shared';
 import type { Logger } from '../process/logger.js';

@@ -1,3 +1,7 @@
+/**
+ * The worker threads: one single-thread piscina pool per owner thread, and the requests, replies and events
+ * that cross to them.
+ */
 import { Piscina } from 'piscina';
 import {
   ClassifiedFailure,
