@@ -11,7 +11,7 @@
  * On a 2-core machine RabbitMQ, Redis and every daemon share the same two
  * cores: the figures show what partitions cost and where the box saturates,
  * not what more machines give. The per-message costs (daemon CPU, the run's
- * wall clock) are what the README's capacity table is derived from.
+ * wall clock) are what the capacity table in docs/scale-out.md is derived from.
  */
 import { mkdir, writeFile } from 'node:fs/promises';
 import { loadavg } from 'node:os';

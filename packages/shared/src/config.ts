@@ -11,7 +11,7 @@ import { parseMessageMapping, type MessageMapping } from './message-mapping.js';
 
 export type TallyMode = 'two-step' | 'atomic';
 
-/** Modes this build can run; see README "Atomic mode" for when to pick which. */
+/** Modes this build can run; see docs/atomic-mode.md for when to pick which. */
 export const SUPPORTED_MODES: readonly TallyMode[] = Object.freeze(['two-step', 'atomic']);
 
 /**

@@ -7,7 +7,7 @@
  * a `_seconds` suffix through a view (`prometheusViews`), as the OpenTelemetry
  * to Prometheus mapping asks and as `promtool check metrics` expects. Operators
  * alert on those names (deploy/prometheus), so they are part of the contract
- * (docs/operations.md, "Metrics").
+ * (docs/observability.md, "Metrics").
  */
 import type { Attributes, Meter } from '@opentelemetry/api';
 import type { ViewOptions } from '@opentelemetry/sdk-metrics';
