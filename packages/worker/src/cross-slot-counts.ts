@@ -250,6 +250,10 @@ async function waitForReceipt(deps: CrossSlotDeps, receipt: string, rewrite: (()
     if (acked >= wanted) return timeouts;
     timeouts++;
     deps.onWaitTimeout?.(task, acked, wanted);
-    log.warn({ vshard: task.vshard, receipt, acked, wanted }, 'WAIT timed out before enough replicas acknowledged the counts; waiting again');
+    // The same line as replica-wait.ts's: one thing for an operator to look for.
+    log.warn(
+      { step: 'wait', vshard: task.vshard, batchId: task.batchId, receipt, acked, wanted, timeoutMs: settings.waitTimeoutMs, timeouts },
+      'replicas did not acknowledge the batch in time (WAIT); waiting again, its deliveries stay unacked',
+    );
   }
 }
