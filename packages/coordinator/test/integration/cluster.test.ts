@@ -146,6 +146,36 @@ describe('Redis Cluster (integration: 3 masters + 3 replicas of our own)', funct
     }
   });
 
+  it('two-step, message-scoped: a thread that dies after writing counts on several slots, before the marker, counts nothing twice (receipts per slot)', async () => {
+    const space = testSpace('cluster-receipts', {
+      TALLY_REDIS_URL: seeds,
+      TALLY_MODE: 'two-step',
+      TALLY_WORKERS: '2',
+      TALLY_BATCH_SIZE: '100',
+      TALLY_FAULT_THREAD_EXIT_AFTER_WRITE: '10',
+    });
+    let daemon: DaemonProcess | null = null;
+    try {
+      const workload = generateWorkload({ messages: 3_000, skus: 400, seed: 35, duplicateRate: 0.02, badRate: 0, idPrefix: space.queue });
+      await publishAll(workload.publishes, { url: AMQP_URL, queue: space.queue });
+      daemon = await startDaemon(space.env);
+      await waitForReadyEmpty(space.queue);
+      await sleep(1_000);
+      const deaths = daemon.logs.filter((l) => l.includes('fault injection: worker thread exits')).length;
+      const reruns = daemon.logs.filter((l) => l.includes('batch failed in its worker thread')).length;
+      expect((await stopDaemon(daemon)).code).to.equal(0);
+      daemon = null;
+      expect(deaths, 'threads died between their count writes and their markers').to.be.greaterThan(0);
+      expect(reruns, 'and their batches were rerun').to.be.greaterThan(0);
+      const counts = new Map(Object.entries(JSON.parse((await tallyCli(space.env, 'counts', '--json')).stdout) as Record<string, number>));
+      const diff = compare(counts, workload.truth);
+      expect(diff.exact, `the reruns found every slot's receipt: lost ${diff.missingUnits}, excess ${diff.excessUnits}`).to.equal(true);
+    } finally {
+      if (daemon !== null) await stopDaemon(daemon);
+      await cleanup(space);
+    }
+  });
+
   it('partitioned queues on the cluster: 4 partitions, 2 daemons, both modes exact', async () => {
     for (const mode of ['atomic', 'two-step'] as TallyMode[]) {
       const space = testSpace(`cluster-part-${mode}`, { TALLY_REDIS_URL: seeds, TALLY_MODE: mode, TALLY_PARTITIONS: '4', TALLY_BATCH_SIZE: '100' });
