@@ -310,6 +310,9 @@ describe('Redis Cluster (integration: 3 masters + 3 replicas of our own)', funct
         );
         expect(status.daemons[0]!.pid).to.equal(daemon.child.pid);
         expect(status.layout?.mode).to.equal(mode);
+        // Which marker layout the prefix has: two-step on a cluster writes one marker per message, atomic one per part.
+        expect(status.layout?.marker_scope).to.equal(mode === 'atomic' ? 'part' : 'message');
+        expect((await tallyCli(space.env, 'status')).stdout).to.include(mode === 'atomic' ? 'part-scoped markers' : 'message-scoped markers');
 
         await publishAll(workload.publishes, { url: AMQP_URL, queue: space.queue });
         await waitForReadyEmpty(space.queue);
