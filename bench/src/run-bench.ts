@@ -86,16 +86,18 @@ export async function runBench(options: BenchOptions, log: (line: string) => voi
     if (warmup) log(`warm-up: ${warmup.publishes.length} deliveries drained by every contender before its measured window`);
     // The workload's parts per message on each virtual shard: the steady-state population has the same spread.
     // Message-scoped markers: one per message, spread evenly by digest over the marker shards.
-    const shares = !options.steadyState
-      ? []
-      : benchMarkerScope(options.tallyEnv, ctx.nodes.topology) === 'message'
-        ? Array.from({ length: ctx.virtualShards }, (_, vshard) =>
-            vshard < messageMarkerShards(ctx.virtualShards) ? 1 / messageMarkerShards(ctx.virtualShards) : 0,
-          )
-        : partsPerMessageByShard(
-            workload.publishes.filter((p) => p.kind === 'good').map((p) => (JSON.parse(p.body.toString('utf8')) as { changes: Change[] }).changes),
-            ctx.virtualShards,
-          );
+    const sharesOf = (mode: TallyMode): number[] =>
+      !options.steadyState
+        ? []
+        : benchMarkerScope(options.tallyEnv, ctx.nodes.topology, mode) === 'message'
+          ? Array.from({ length: ctx.virtualShards }, (_, vshard) =>
+              vshard < messageMarkerShards(ctx.virtualShards) ? 1 / messageMarkerShards(ctx.virtualShards) : 0,
+            )
+          : partsPerMessageByShard(
+              workload.publishes.filter((p) => p.kind === 'good').map((p) => (JSON.parse(p.body.toString('utf8')) as { changes: Change[] }).changes),
+              ctx.virtualShards,
+            );
+    const shares = sharesOf('two-step');
     if (options.steadyState)
       log(
         `steady state: the population of ${options.steadyRate} msg/s × ${shares.reduce((a, b) => a + b, 0).toFixed(2)} parts per message over the live buckets, filled before each Tally mode's steady drain`,
@@ -157,7 +159,7 @@ export async function runBench(options: BenchOptions, log: (line: string) => voi
                 : steadyPrepare(ctx, {
                     mode,
                     rate: options.steadyRate,
-                    shares,
+                    shares: sharesOf(mode),
                     seed: options.seed + round,
                     // At 3,000 msg/s (below what a steady-state drain here has done), plus the preload and the stop.
                     drainBudgetS: (workload.publishes.length + (warmup?.publishes.length ?? 0)) / 3_000 + 15,

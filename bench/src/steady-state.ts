@@ -72,16 +72,16 @@ async function waitForLazyFree(redis: Redis): Promise<void> {
 }
 
 /** The marker scope the bench's daemons lay a new prefix out with: --tally-env TALLY_MARKER_SCOPE, else the daemon's default for the topology. */
-export function benchMarkerScope(tallyEnv: Readonly<Record<string, string>>, topology: 'standalone' | 'cluster'): MarkerScope {
+export function benchMarkerScope(tallyEnv: Readonly<Record<string, string>>, topology: 'standalone' | 'cluster', mode: TallyMode): MarkerScope {
   const set = tallyEnv.TALLY_MARKER_SCOPE?.trim();
   if (set === 'message' || set === 'part') return set;
-  return defaultMarkerScope(topology);
+  return defaultMarkerScope(topology, mode);
 }
 
 export function steadyPrepare(ctx: BenchContext<Redis>, plan: SteadyPlan): (prefix: string) => Promise<Omit<SteadyFillRecord, 'layoutFound'>> {
   return async (prefix) => {
     const settings = markerSettings(ctx.tallyEnv);
-    const scope = benchMarkerScope(ctx.tallyEnv, ctx.nodes.topology);
+    const scope = benchMarkerScope(ctx.tallyEnv, ctx.nodes.topology, plan.mode);
     const filterBits = markerFilterBits(scope);
     const populationAt = (nowS: number) =>
       steadyPopulation({

@@ -2,6 +2,8 @@
  * Faults on a real Redis Cluster (3 masters + 3 replicas, testkit):
  *
  * - three daemons on one queue, SIGKILLed at random on progress and restarted;
+ *   two-step runs on the cluster's default, message-scoped markers with
+ *   counts written per slot (cross-slot-counts.ts), atomic on part-scoped;
  * - a master SIGKILLed mid-stream and replaced by its replica, with
  *   TALLY_REDIS_WAIT_REPLICAS=1 (asserted: lost 0) and without it (measured
  *   and reported, not asserted: Redis replicates asynchronously).
@@ -10,11 +12,11 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { expect } from 'chai';
 import { generateWorkload, publishAll, seededRandom, type Workload } from '@tally/workload';
 import { startRedisCluster, type RedisCluster } from '@tally/testkit';
-import { daemonKey, shardOf, type TallyMode } from '@tally/shared';
+import { daemonKey, defaultMarkerScope, messageMarkerShards, shardOf, type MarkerScope, type TallyMode } from '@tally/shared';
 import { cleanup, queueState, testSpace, waitForReadyBelow, AMQP_URL, type DaemonProcess } from '../test/integration/harness.js';
 import { until } from '../test/integration/fleet-helpers.js';
 import { countsAt, markedParts, statsAt, unmarkedGoodParts, withRedisAt } from '../test/integration/cluster-helpers.js';
-import { largestBatchUnits, partsById } from '../test/integration/crash-window.js';
+import { largestBatchUnits, partsById, type PartsById } from '../test/integration/crash-window.js';
 import { checkCounts } from './checks.js';
 import { DaemonFleet } from './fleet.js';
 import { rows } from './report.js';
@@ -22,6 +24,22 @@ import { rows } from './report.js';
 const VSHARDS = 16;
 const BATCH_SIZE = 100;
 const SHAPE = { maxChanges: 4, maxDelta: 9 };
+
+/** The scope a new prefix gets on a cluster by default: two-step writes message-scoped markers (cross-slot-counts.ts), atomic part-scoped. */
+function scopeOf(mode: TallyMode): MarkerScope {
+  return defaultMarkerScope('cluster', mode);
+}
+
+/**
+ * The most units on `vshard` one kill can leave in the crash window: one
+ * batch per lane. Part scope: a lane per shard, a batch of BATCH_SIZE parts
+ * of it. Message scope: four lanes of whole messages, each batch up to
+ * BATCH_SIZE messages, whose changes on `vshard` are at most the largest
+ * 4 x BATCH_SIZE parts there.
+ */
+function windowUnits(parts: PartsById, vshard: number, scope: MarkerScope): number {
+  return largestBatchUnits(parts, vshard, scope === 'message' ? messageMarkerShards(VSHARDS) * BATCH_SIZE : BATCH_SIZE);
+}
 
 function daemonIdOf(daemon: DaemonProcess): string {
   const line = daemon.logs.find((l) => l.includes('shard layout verified'));
@@ -101,11 +119,12 @@ describe('faults: Redis Cluster', function () {
         await fleet.drain(space.env, space.queue);
 
         const check = checkCounts(await countsAt(seeds, space.prefix, VSHARDS), workload.truth, VSHARDS);
-        const missing = await withRedisAt(seeds, async (redis) => unmarkedGoodParts(parts, await markedParts(redis, space.prefix)));
+        const scope = scopeOf(mode);
+        const missing = await withRedisAt(seeds, async (redis) => unmarkedGoodParts(parts, await markedParts(redis, space.prefix), scope, VSHARDS));
         const duplicateUnits = duplicateUnitsPerShard(workload);
-        // two-step: per kill, at most one batch per shard in the crash window, plus duplicates two daemons count at once.
+        // two-step: per kill, at most one batch per lane in the crash window, plus duplicates two daemons count at once.
         const boundPerShard = Array.from({ length: VSHARDS }, (_, v) =>
-          mode === 'atomic' ? 0 : kills * largestBatchUnits(parts, v, BATCH_SIZE) + duplicateUnits[v]!,
+          mode === 'atomic' ? 0 : kills * windowUnits(parts, v, scope) + duplicateUnits[v]!,
         );
         const stats = await statsAt(seeds, space.prefix);
         rows.push({
@@ -204,7 +223,7 @@ describe('faults: Redis Cluster', function () {
         await fleet.drain(space.env, space.queue);
 
         const check = checkCounts(await countsAt(seeds, space.prefix, VSHARDS), workload.truth, VSHARDS);
-        const missing = await withRedisAt(seeds, async (redis) => unmarkedGoodParts(parts, await markedParts(redis, space.prefix)));
+        const missing = await withRedisAt(seeds, async (redis) => unmarkedGoodParts(parts, await markedParts(redis, space.prefix), scopeOf(mode), VSHARDS));
         const label = `cluster failover, ${mode}, WAIT ${waitReplicas}`;
         // Taken from the queue while the replica was stopped: what was acked with its writes on the master alone (no WAIT), or held (WAIT).
         const ackedWhileStopped = readyAtStop - readyAtKill;
@@ -228,7 +247,7 @@ describe('faults: Redis Cluster', function () {
           expect(check.lostSkus, 'SKUs below the truth: acked writes lost in the failover').to.deep.equal([]);
           expect(missing, 'parts of good messages without a marker').to.equal(0);
           if (mode === 'atomic') expect(check.overcountUnits, 'atomic overcount').to.equal(0);
-          else for (let v = 0; v < VSHARDS; v++) expect(check.excessPerShard[v], `excess of shard ${v}`).to.be.at.most(largestBatchUnits(parts, v, BATCH_SIZE));
+          else for (let v = 0; v < VSHARDS; v++) expect(check.excessPerShard[v], `excess of shard ${v}`).to.be.at.most(windowUnits(parts, v, scopeOf(mode)));
         }
       } finally {
         await fleet.killAll();

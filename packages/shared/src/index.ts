@@ -64,6 +64,7 @@ export {
   bucketsToCheck,
   defaultBucketWidthS,
   defaultMarkerScope,
+  messageScopeServes,
   type DigestText,
   filterBlocksFor,
   filterSlotOf,

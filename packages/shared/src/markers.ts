@@ -17,9 +17,10 @@ import { ScriptReply } from './script-replies.js';
 export const MARKER_FORMAT = 'digest16-buckets-v1';
 /**
  * The same buckets with one marker per message instead of one per part
- * (TALLY_MARKER_SCOPE=message, standalone Redis only): a message's marker
- * lives on the virtual shard of its digest (markerShardOf), and the batch
- * that holds it writes all its changes, whatever their SKUs' shards.
+ * (TALLY_MARKER_SCOPE=message; on a Redis Cluster two-step mode only): a
+ * message's marker lives on the virtual shard of its digest
+ * (markerShardOf), and the batch that holds it writes all its changes,
+ * whatever their SKUs' shards (on a cluster, one write per shard's slot).
  */
 export const MESSAGE_MARKER_FORMAT = 'digest16-message-buckets-v1';
 
@@ -39,14 +40,24 @@ export function markerScopeOf(format: string): MarkerScope | null {
 }
 
 /**
- * The scope a new prefix is laid out with when TALLY_MARKER_SCOPE is not
- * set: one marker per message on a standalone Redis (about a fifth of the
- * Redis CPU per message of part scope at production population,
- * docs/benchmark.md), per part on a Redis Cluster, where a message's counts
- * span hash slots and no script can write them with its one marker.
+ * Whether batches of whole messages (message-scoped markers) can write
+ * their counts here. A message's counts span hash slots on a Redis Cluster:
+ * two-step mode writes them per slot before it occupies the message's
+ * marker (cross-slot-counts.ts), but atomic mode and a stream's batch write
+ * a batch in one script, which cannot span slots.
  */
-export function defaultMarkerScope(topology: 'standalone' | 'cluster'): MarkerScope {
-  return topology === 'cluster' ? 'part' : 'message';
+export function messageScopeServes(topology: 'standalone' | 'cluster', mode: 'two-step' | 'atomic', source: 'queue' | 'stream'): boolean {
+  return topology === 'standalone' || (source === 'queue' && mode === 'two-step');
+}
+
+/**
+ * The scope a new prefix is laid out with when TALLY_MARKER_SCOPE is not
+ * set: one marker per message wherever it serves (about a fifth of the
+ * Redis CPU per message of part scope at production population,
+ * docs/benchmark.md), else one per part.
+ */
+export function defaultMarkerScope(topology: 'standalone' | 'cluster', mode: 'two-step' | 'atomic', source: 'queue' | 'stream' = 'queue'): MarkerScope {
+  return messageScopeServes(topology, mode, source) ? 'message' : 'part';
 }
 
 export function markerFormatOf(scope: MarkerScope): string {

@@ -21,7 +21,10 @@
  *
  * Every step runs on the connection to the master of the shard's slot
  * (onSlotConnection; on a standalone Redis, the one connection), so a
- * NOSCRIPT reload reaches the node that runs the script.
+ * NOSCRIPT reload reaches the node that runs the script. With
+ * message-scoped markers on a Redis Cluster the counts are in other slots
+ * than the marker: step 2 is then one write per count shard
+ * (cross-slot-counts.ts), all done before step 3.
  */
 import { SpanStatusCode, trace } from '@opentelemetry/api';
 import {
@@ -43,6 +46,7 @@ import {
 } from '@tally/shared';
 import { onSlotConnection, type RedisClient } from '@tally/runtime';
 import { aggregateNewParts } from './aggregate.js';
+import { writeCountsAcrossSlots } from './cross-slot-counts.js';
 import { countKeysOf } from './count-keys.js';
 import { countTtlOf } from './count-ttl.js';
 import type { BatchHooks, BatchLog } from './batch-log.js';
@@ -137,7 +141,33 @@ export async function runTwoStepBatch(
   let writeRetries = 0;
   let refusals: CountRefusal[] = [];
   let wroteCounts = false;
-  if (sums.size > 0) {
+  let waitTimeouts = 0;
+  // Message-scoped markers on a cluster: the batch's counts span slots (cross-slot-counts.ts).
+  const crossSlot = settings.markerScope === 'message' && settings.redisTopology === 'cluster';
+  if (sums.size > 0 && crossSlot) {
+    gauge?.open(vshard, windowMessages);
+    const written = await inSpan(tracer, 'tally.write_counts', { 'tally.shard': vshard, 'tally.skus.distinct': sums.size }, () =>
+      writeCountsAcrossSlots({
+        redis,
+        settings,
+        task,
+        marked,
+        writeCounts: WRITE_COUNTS,
+        log,
+        untilDone: (step, run, onFailure) => untilDone(step, task, log, run, onFailure),
+        ...(hooks.onWaitTimeout === undefined ? {} : { onWaitTimeout: hooks.onWaitTimeout }),
+      }),
+    );
+    writeRetries = written.retries;
+    waitTimeouts = written.waitTimeouts;
+    wroteCounts = written.wrote;
+    refusals = written.refusals;
+    logRefusals(log, task, refusals);
+    if (refusals.length > 0) {
+      for (const refusal of refusals) windowMessages -= task.shares?.[refusal.part] ?? 1;
+      gauge?.open(vshard, Math.max(0, windowMessages));
+    }
+  } else if (sums.size > 0) {
     const keys = [receipt];
     const ttl = countTtlOf(countTtlS);
     const keyOf = countKeysOf(settings, vshard);
@@ -203,7 +233,8 @@ export async function runTwoStepBatch(
     // The batch's record turns done in one write; the new parts' digests travel
     // only when time has moved to a later bucket and the markers must follow (OCCUPY_NEEDS_DIGESTS).
     // With counts written, the receipt must still be there (OCCUPY_RECEIPT_GONE otherwise): see occupy_markers.lua.
-    const occupyKeys = sums.size > 0 ? [shardKey, receipt] : [shardKey];
+    // Across slots the receipts are in the count shards' slots, out of the script's reach: they were checked (and WAITed for) before.
+    const occupyKeys = sums.size > 0 && !crossSlot ? [shardKey, receipt] : [shardKey];
     const args = evalshaArgs(OCCUPY_MARKERS, occupyKeys, [...bucketArgs, claimBucket, claimBatch, refusedDigests.length, ...refusedDigests]);
     const moving = (): Buffer[] => {
       const moved: Buffer[] = [];
@@ -253,10 +284,9 @@ export async function runTwoStepBatch(
   // master they replicate: occupied now, or found done (a duplicate, which is
   // acked on the strength of that marker); not a held part's (it is not acked
   // now) nor a refused one's (it has no marker).
-  let waitTimeouts = 0;
   const reliedOn = settings.waitReplicas > 0 ? digests.filter((_, i) => marked[i] !== PART_HELD && !refused.has(i)) : [];
   if (reliedOn.length > 0) {
-    waitTimeouts = await inSpan(tracer, 'tally.wait_replicas', { 'tally.shard': vshard, 'tally.replicas': settings.waitReplicas }, () =>
+    waitTimeouts += await inSpan(tracer, 'tally.wait_replicas', { 'tally.shard': vshard, 'tally.replicas': settings.waitReplicas }, () =>
       waitForReplicas(redis, settings, task, reliedOn, log, hooks.onWaitTimeout),
     );
   }

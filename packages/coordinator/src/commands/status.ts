@@ -9,7 +9,7 @@
  */
 import type amqp from 'amqplib';
 import type { Redis } from 'ioredis';
-import { describeError, layoutKey, partitionQueues, type TallyConfig, type TallyMode } from '@tally/shared';
+import { describeError, layoutKey, markerScopeOf, partitionQueues, type MarkerScope, type TallyConfig, type TallyMode } from '@tally/shared';
 import { connectRedis, scanNodes, type RedisClient } from '@tally/runtime';
 import { connectAnyNode } from '../amqp/broker-connect.js';
 import { listDaemons, type LiveDaemon } from '../fleet/heartbeat.js';
@@ -21,6 +21,10 @@ export interface LayoutStatus {
   readonly created_at: string | null;
   /** TALLY_PARTITIONS recorded for the prefix (1 for a layout from before partitions). */
   readonly partitions: number;
+  /** The recorded marker format (markers.ts), null for a layout from before it was recorded. */
+  readonly marker_format: string | null;
+  /** What one marker stands for: `message` or `part` (markers.ts MarkerScope); null for a format this build does not write. */
+  readonly marker_scope: MarkerScope | null;
 }
 
 /** One partition (TALLY_PARTITIONS > 1). */
@@ -66,6 +70,8 @@ export async function readLayout(redis: RedisClient, prefix: string): Promise<La
     mode: stored.mode === 'atomic' ? 'atomic' : 'two-step',
     created_at: stored.created_at ?? null,
     partitions: stored.partitions === undefined ? 1 : Number(stored.partitions),
+    marker_format: stored.marker_format ?? null,
+    marker_scope: stored.marker_format === undefined ? null : markerScopeOf(stored.marker_format),
   };
 }
 
@@ -182,7 +188,7 @@ export function statusText(report: StatusReport): string {
   const lines: string[] = [];
   const { layout, queue } = report;
   lines.push(
-    `prefix  ${report.prefix}  ${layout === null ? '(no layout: no daemon has started on it)' : `${layout.virtual_shards} virtual shards, ${layout.mode} mode${layout.partitions > 1 ? `, ${layout.partitions} partitions` : ''}`}`,
+    `prefix  ${report.prefix}  ${layout === null ? '(no layout: no daemon has started on it)' : `${layout.virtual_shards} virtual shards, ${layout.mode} mode${layout.partitions > 1 ? `, ${layout.partitions} partitions` : ''}${layout.marker_scope === null ? '' : `, ${layout.marker_scope}-scoped markers`}`}`,
   );
   if (queue.error !== undefined) lines.push(`queue   ${queue.name}: ${queue.error}`);
   else if (!queue.exists) lines.push(`queue   ${queue.name}: does not exist`);

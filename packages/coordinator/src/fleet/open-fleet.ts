@@ -5,7 +5,7 @@
  * the partition balancer (TALLY_PARTITIONS > 1) and the heartbeat that
  * renews the lease and drives the balancer.
  */
-import { defaultMarkerScope, describeError, MarkerFormatRefusedError } from '@tally/shared';
+import { defaultMarkerScope, describeError, MarkerFormatRefusedError, messageScopeServes, type TallyConfig } from '@tally/shared';
 import { scanNodes } from '@tally/runtime';
 import { checkNotInterrupted, type LiveViews, type StartContext } from '../process/start-context.js';
 import type { RedisEdge } from '../redis/open-redis.js';
@@ -28,12 +28,13 @@ export async function openFleet(context: StartContext, redis: RedisEdge, live: L
   const { probe, client } = redis;
   const lease = { holder: context.daemonId, ttlMs: HEARTBEAT_TTL_BEATS * config.heartbeatMs };
   // Before the layout is recorded: a new prefix must not be laid out with a scope this Redis cannot serve.
-  if (config.markerScope === 'message' && probe.topology === 'cluster') throw messageScopeOnCluster(config.prefix);
-  const proposedScope = config.markerScope ?? defaultMarkerScope(probe.topology);
+  const oneSlotBatches = !messageScopeServes(probe.topology, config.mode, config.source);
+  if (config.markerScope === 'message' && oneSlotBatches) throw messageScopeOnCluster(config);
+  const proposedScope = config.markerScope ?? defaultMarkerScope(probe.topology, config.mode, config.source);
   const layout = await untilRedis(context, 'layout check', () => ensureLayout(client, { ...config, markerScope: proposedScope }, lease));
   checkNotInterrupted(context);
   log.info({ virtualShards: layout.virtualShards, created: layout.created, daemonId: context.daemonId, markers: layout.markers }, 'shard layout verified');
-  if (layout.markers.scope === 'message' && probe.topology === 'cluster') throw messageScopeOnCluster(config.prefix);
+  if (layout.markers.scope === 'message' && oneSlotBatches) throw messageScopeOnCluster(config);
   // Recorded like the virtual shards: daemons of another TALLY_PARTITIONS would compute other owners (docs/operations.md).
   await untilRedis(context, 'partition count check', () => ensurePartitionCount(client, config.prefix, config.partitions));
   checkNotInterrupted(context);
@@ -97,10 +98,17 @@ export async function openFleet(context: StartContext, redis: RedisEdge, live: L
   return { layout, heartbeat, balancer };
 }
 
-/** Message-scoped markers on a Redis Cluster: a message's counts span hash slots, so no script can write them with its one marker. */
-function messageScopeOnCluster(prefix: string): MarkerFormatRefusedError {
+/**
+ * Message-scoped markers on a Redis Cluster, for a daemon whose batch is one
+ * script (atomic mode, or a stream): a message's counts span hash slots,
+ * which one script cannot. (Two-step mode writes them per slot before it
+ * occupies the marker: cross-slot-counts.ts.)
+ */
+function messageScopeOnCluster(config: Pick<TallyConfig, 'prefix' | 'mode' | 'source'>): MarkerFormatRefusedError {
+  const who = config.source === 'stream' ? 'TALLY_SOURCE=stream' : `TALLY_MODE=${config.mode}`;
   return new MarkerFormatRefusedError(
-    `TALLY_MARKER_SCOPE=message needs a standalone Redis, and this one is a cluster (prefix "${prefix}"): a message's counts span hash slots, ` +
-      `so they cannot be written with its one marker. Use TALLY_MARKER_SCOPE=part (the default on a cluster) with a new TALLY_PREFIX.`,
+    `${who} on a Redis Cluster needs part-scoped markers, and prefix "${config.prefix}" is laid out (or asked) with message-scoped ones: ` +
+      `its batches are written in one script each, and on a cluster a message's counts span hash slots. ` +
+      `Run this prefix in two-step mode, or use a new TALLY_PREFIX (laid out with TALLY_MARKER_SCOPE=part by default here).`,
   );
 }

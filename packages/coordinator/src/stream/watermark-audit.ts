@@ -10,12 +10,11 @@ import type { RedisClient } from '@tally/runtime';
 /** Per shard asked, the watermark of `partition` (-1 when none), in the order of `shards`. */
 export async function readWatermarks(redis: RedisClient, prefix: string, partition: number, shards: readonly number[]): Promise<number[]> {
   if (shards.length === 0) return [];
-  const pipeline = redis.pipeline();
-  for (const vshard of shards) pipeline.hget(watermarkKey(prefix, vshard), String(partition));
-  const replies = (await pipeline.exec()) ?? [];
+  // One command per key, not one pipeline: on a Redis Cluster the shards' keys are in other slots,
+  // and a cluster pipeline must stay in one (ioredis refuses it). Sent together, they still share each node's round trip.
+  const values = await Promise.all(shards.map((vshard) => redis.hget(watermarkKey(prefix, vshard), String(partition))));
   return shards.map((vshard, i) => {
-    const [error, value] = replies[i] ?? [new Error('no reply'), null];
-    if (error) throw error;
+    const value = values[i];
     if (value === null || value === undefined) return -1;
     const offset = Number(value);
     if (!Number.isSafeInteger(offset))

@@ -3,6 +3,7 @@
  * factory and scans the CLI uses, so a test sees what an operator would.
  */
 import { connectRedis, scanNodes, type RedisClient } from '@tally/runtime';
+import { markerDigest, markerShardOf, type MarkerScope } from '@tally/shared';
 import { markerEntry, readMarkers } from '@tally/testkit';
 import { readCounts } from '../../src/commands/counts.js';
 import { readStats } from '../../src/commands/stats.js';
@@ -40,9 +41,16 @@ export async function markedParts(redis: RedisClient, prefix: string): Promise<S
  * so after a full drain this is 0 whatever the kills did: an exact check,
  * unlike the counters, whose last second a SIGKILL drops.
  */
-export function unmarkedGoodParts(parts: PartsById, marked: ReadonlySet<string>): number {
+export function unmarkedGoodParts(parts: PartsById, marked: ReadonlySet<string>, scope: MarkerScope = 'part', virtualShards = 16): number {
   let missing = 0;
-  for (const [id, byShard] of parts) for (const vshard of byShard.keys()) if (!marked.has(markerEntry(vshard, id))) missing++;
+  for (const [id, byShard] of parts) {
+    // Message scope: one marker per message, on its marker shard; it stands for every part.
+    if (scope === 'message') {
+      if (!marked.has(markerEntry(markerShardOf(markerDigest(id), virtualShards), id))) missing += byShard.size;
+      continue;
+    }
+    for (const vshard of byShard.keys()) if (!marked.has(markerEntry(vshard, id))) missing++;
+  }
   return missing;
 }
 

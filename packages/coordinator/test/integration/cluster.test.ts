@@ -12,8 +12,9 @@ import { expect } from 'chai';
 import { generateWorkload, publishAll } from '@tally/workload';
 import { resetNamespace, startRedisCluster, type RedisCluster } from '@tally/testkit';
 import { keySlot, isCluster, scanNodes } from '@tally/runtime';
-import { layoutKey, MARKER_FORMAT, type TallyMode } from '@tally/shared';
+import { countKey, layoutKey, MARKER_FORMAT, MESSAGE_MARKER_FORMAT, shardOf, type TallyMode } from '@tally/shared';
 import type { StatusReport } from '../../src/commands/status.js';
+import { readWatermarks } from '../../src/stream/watermark-audit.js';
 import {
   cleanup,
   compare,
@@ -53,17 +54,124 @@ describe('Redis Cluster (integration: 3 masters + 3 replicas of our own)', funct
     });
   });
 
-  it('refuses message-scoped markers at start, before the prefix is laid out: a message spans hash slots', async () => {
-    const space = testSpace('cluster-scope', { TALLY_REDIS_URL: seeds, TALLY_MARKER_SCOPE: 'message' });
+  it('atomic mode refuses message-scoped markers at start, before the prefix is laid out: a message spans hash slots', async () => {
+    const space = testSpace('cluster-scope', { TALLY_REDIS_URL: seeds, TALLY_MODE: 'atomic', TALLY_MARKER_SCOPE: 'message' });
     try {
       const refused = await runRefusedStart(space.env);
       expect(refused.code).to.equal(1);
       expect(refused.fatalCode).to.equal('TALLY_MARKER_FORMAT');
       expect(refused.stderrLines, 'one line').to.have.length(1);
-      expect(refused.stderrLines[0]).to.include('TALLY_MARKER_SCOPE');
+      expect(refused.stderrLines[0]).to.include('TALLY_MODE=atomic').and.include('TALLY_MARKER_SCOPE=part');
       const laidOut = await withRedisAt(seeds, (redis) => redis.exists(layoutKey(space.prefix)));
       expect(laidOut, 'no layout recorded with a scope the cluster cannot serve').to.equal(0);
     } finally {
+      await cleanup(space);
+    }
+  });
+
+  it('a prefix laid out message-scoped by two-step mode refuses an atomic daemon at start', async () => {
+    const space = testSpace('cluster-scope-mix', { TALLY_REDIS_URL: seeds, TALLY_MODE: 'two-step' });
+    try {
+      await stopDaemon(await startDaemon(space.env));
+      const format = await withRedisAt(seeds, (redis) => redis.hget(layoutKey(space.prefix), 'marker_format'));
+      expect(format, 'two-step on a cluster lays a new prefix out message-scoped').to.equal(MESSAGE_MARKER_FORMAT);
+      const refused = await runRefusedStart({ ...space.env, TALLY_MODE: 'atomic' });
+      expect(refused.fatalCode).to.equal('TALLY_MARKER_FORMAT');
+      expect(refused.stderrLines[0]).to.include(space.prefix);
+    } finally {
+      await cleanup(space);
+    }
+  });
+
+  it('two-step, message-scoped: counts per slot, one marker per message; a message refused on one slot counts nothing on the others, and its replay counts it once', async () => {
+    const virtualShards = 16;
+    const space = testSpace('cluster-refused', { TALLY_REDIS_URL: seeds, TALLY_MODE: 'two-step', TALLY_BATCH_WAIT_MS: '10' });
+    try {
+      const workload = generateWorkload({ messages: 800, skus: 80, seed: 34, duplicateRate: 0.05, badRate: 0, idInPropertyShare: 0, idPrefix: space.queue });
+      const poisoned = 'SKU-000007';
+      const poisonKey = countKey(space.prefix, shardOf(poisoned, virtualShards), poisoned);
+      await withRedisAt(seeds, (redis) => redis.set(poisonKey, 'abc'));
+      const bodies = new Map<string, Array<{ sku: string; delta: number }>>();
+      for (const p of workload.publishes) {
+        const body = JSON.parse(p.body.toString()) as { id: string; changes: Array<{ sku: string; delta: number }> };
+        bodies.set(body.id, body.changes);
+      }
+      const refused = [...bodies].filter(([, changes]) => changes.some((c) => c.sku === poisoned && c.delta !== 0));
+      const spanning = refused.filter(
+        ([, changes]) => new Set(changes.map((c) => keySlot(countKey(space.prefix, shardOf(c.sku, virtualShards), c.sku)))).size > 1,
+      );
+      expect(spanning.length, 'refused messages whose counts span slots').to.be.greaterThan(5);
+      // Message scope: a refused message counts nothing at all, on any slot.
+      const before = new Map(workload.truth);
+      for (const [, changes] of refused) for (const { sku, delta } of changes) before.set(sku, (before.get(sku) ?? 0) - delta);
+      for (const [sku, n] of before) if (n === 0) before.delete(sku);
+
+      await publishAll(workload.publishes, { url: AMQP_URL, queue: space.queue });
+      const daemon = await startDaemon(space.env);
+      await waitForReadyEmpty(space.queue);
+      await sleep(500);
+      expect((await stopDaemon(daemon)).code).to.equal(0);
+
+      const readCounts = async (): Promise<Map<string, number>> => {
+        const out = await tallyCli(space.env, 'counts', '--json');
+        const counts = new Map(Object.entries(JSON.parse(out.stdout) as Record<string, number>));
+        counts.delete(poisoned);
+        return counts;
+      };
+      const first = compare(await readCounts(), before);
+      expect(first.below, 'nothing else lost').to.deep.equal([]);
+      expect([...first.excess], 'no part of a refused message counted on another slot').to.deep.equal([]);
+      const stats = JSON.parse((await tallyCli(space.env, 'stats', '--json')).stdout) as Record<string, number>;
+      expect(stats.dead_lettered).to.equal(refused.length);
+
+      await withRedisAt(seeds, async (redis) => {
+        const keys = (await Promise.all(scanNodes(redis).map((node) => node.keys(`${space.prefix}mk:*`)))).flat();
+        const shardsWithMarkers = new Set(keys.map((k) => Number(/\{(\d+)\}/.exec(k)![1])));
+        expect(
+          [...shardsWithMarkers].every((shard) => shard < 4),
+          `markers on the 4 marker shards only: ${[...shardsWithMarkers].join(',')}`,
+        ).to.equal(true);
+        await redis.del(poisonKey);
+      });
+      const replay = await tallyCli(space.env, 'dead', 'replay', '--reason', 'count-refused', '--json');
+      expect(replay.code, replay.stderr).to.equal(0);
+      const again = await startDaemon(space.env);
+      await waitForReadyEmpty(space.queue);
+      await sleep(500);
+      expect((await stopDaemon(again)).code).to.equal(0);
+      const final = compare(await readCounts(), new Map([...workload.truth].filter(([sku]) => sku !== poisoned)));
+      expect(final.exact, `after the replay: lost ${final.missingUnits}, excess ${final.excessUnits}`).to.equal(true);
+    } finally {
+      await cleanup(space);
+    }
+  });
+
+  it('two-step, message-scoped: a thread that dies after writing counts on several slots, before the marker, counts nothing twice (receipts per slot)', async () => {
+    const space = testSpace('cluster-receipts', {
+      TALLY_REDIS_URL: seeds,
+      TALLY_MODE: 'two-step',
+      TALLY_WORKERS: '2',
+      TALLY_BATCH_SIZE: '100',
+      TALLY_FAULT_THREAD_EXIT_AFTER_WRITE: '10',
+    });
+    let daemon: DaemonProcess | null = null;
+    try {
+      const workload = generateWorkload({ messages: 3_000, skus: 400, seed: 35, duplicateRate: 0.02, badRate: 0, idPrefix: space.queue });
+      await publishAll(workload.publishes, { url: AMQP_URL, queue: space.queue });
+      daemon = await startDaemon(space.env);
+      await waitForReadyEmpty(space.queue);
+      await sleep(1_000);
+      const deaths = daemon.logs.filter((l) => l.includes('fault injection: worker thread exits')).length;
+      const reruns = daemon.logs.filter((l) => l.includes('batch failed in its worker thread')).length;
+      expect((await stopDaemon(daemon)).code).to.equal(0);
+      daemon = null;
+      expect(deaths, 'threads died between their count writes and their markers').to.be.greaterThan(0);
+      expect(reruns, 'and their batches were rerun').to.be.greaterThan(0);
+      const counts = new Map(Object.entries(JSON.parse((await tallyCli(space.env, 'counts', '--json')).stdout) as Record<string, number>));
+      const diff = compare(counts, workload.truth);
+      expect(diff.exact, `the reruns found every slot's receipt: lost ${diff.missingUnits}, excess ${diff.excessUnits}`).to.equal(true);
+    } finally {
+      if (daemon !== null) await stopDaemon(daemon);
       await cleanup(space);
     }
   });
@@ -105,9 +213,9 @@ describe('Redis Cluster (integration: 3 masters + 3 replicas of our own)', funct
         const counts = new Map(Object.entries(JSON.parse((await tallyCli(space.env, 'counts', '--json')).stdout) as Record<string, number>));
         const diff = compare(counts, workload.truth);
         expect(diff.exact, `${mode}: lost ${diff.missingUnits}, excess ${diff.excessUnits}`).to.equal(true);
-        // TALLY_MARKER_SCOPE unset: on a cluster the daemon lays a new prefix out with part-scoped markers.
+        // TALLY_MARKER_SCOPE unset: on a cluster, two-step lays a new prefix out message-scoped, atomic part-scoped.
         const format = await withRedisAt(seeds, (redis) => redis.hget(layoutKey(space.prefix), 'marker_format'));
-        expect(format, 'the default scope on a cluster').to.equal(MARKER_FORMAT);
+        expect(format, 'the default scope on a cluster').to.equal(mode === 'atomic' ? MARKER_FORMAT : MESSAGE_MARKER_FORMAT);
       } finally {
         for (const daemon of daemons) await stopDaemon(daemon);
         await resetNamespace({ amqpUrl: AMQP_URL, redisUrl: REDIS_URL, queue: space.queue, prefix: space.prefix, partitions: 4 });
@@ -154,6 +262,14 @@ describe('Redis Cluster (integration: 3 masters + 3 replicas of our own)', funct
           keys.filter((k) => k.startsWith(`${space.prefix}mk:`)),
           'no marker',
         ).to.deep.equal([]);
+        // The audit reads every shard's watermark of a partition: keys of several slots, from their masters.
+        const audited = await readWatermarks(
+          redis,
+          space.prefix,
+          0,
+          Array.from({ length: 16 }, (_, vshard) => vshard),
+        );
+        expect(audited.filter((offset) => offset >= 0).length, `watermarks of partition 0 read across slots: ${audited.join(',')}`).to.be.at.least(4);
         const watermarks = keys.filter((k) => /wm:\{\d+\}$/.test(k));
         expect(watermarks.length, 'watermarks on many shards').to.be.at.least(8);
         for (const key of watermarks) {
@@ -194,6 +310,9 @@ describe('Redis Cluster (integration: 3 masters + 3 replicas of our own)', funct
         );
         expect(status.daemons[0]!.pid).to.equal(daemon.child.pid);
         expect(status.layout?.mode).to.equal(mode);
+        // Which marker layout the prefix has: two-step on a cluster writes one marker per message, atomic one per part.
+        expect(status.layout?.marker_scope).to.equal(mode === 'atomic' ? 'part' : 'message');
+        expect((await tallyCli(space.env, 'status')).stdout).to.include(mode === 'atomic' ? 'part-scoped markers' : 'message-scoped markers');
 
         await publishAll(workload.publishes, { url: AMQP_URL, queue: space.queue });
         await waitForReadyEmpty(space.queue);

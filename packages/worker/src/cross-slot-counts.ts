@@ -1,0 +1,259 @@
+/**
+ * Two-step mode, message-scoped markers on a Redis Cluster: step 2, the
+ * count write, when a batch's counts span hash slots.
+ *
+ * A message-scoped batch is a marker shard's messages, whole, and each SKU's
+ * count lives on its own virtual shard's slot (count-keys.ts). No script
+ * can write across slots, so the counts are written per count shard: one
+ * write_counts.lua per shard the batch touches, each with its own receipt
+ * in that shard's slot (`<prefix>w:{<shard>}:<batch id>`), all of them
+ * before the markers are occupied. The seed's order holds across slots:
+ *
+ *   claim (marker slot) -> counts, per count slot -> occupy (marker slot)
+ *
+ * - Write before occupy (invariant 2): the occupation is sent only once
+ *   every shard's write answered `written` or `receipt`.
+ * - Receipts: each shard's write is all or nothing in its slot, and a rerun
+ *   under the same batch id finds its receipt and writes nothing twice, so
+ *   a retry after a lost reply or a failed sibling shard is safe.
+ * - The crash window is the same one as for a single slot: from the first
+ *   shard's write to the occupation, one per batch, held in the window gauge
+ *   by the caller. A SIGKILL in it re-counts the batch's messages on every
+ *   shard already written (the overcount `tally deviation` bounds).
+ * - A part Redis refuses on one shard (WRONGTYPE, an overflow) counted
+ *   nothing there but may have counted on the others: its increments there
+ *   are undone (the same deltas negated, under an `~undo` receipt of their
+ *   own), so a refused message counts nothing anywhere and its replay
+ *   counts it once. Counts are sums: the undo is exact.
+ * - Durability with TALLY_REDIS_WAIT_REPLICAS=N: before the occupation each
+ *   shard's receipt is touched (EXPIRE, a write on the same connection) and
+ *   WAITed for, so no marker is occupied while counts it stands for live on
+ *   a master alone. A receipt that is gone there (a failover lost it, and
+ *   the counts written with it in the same script) is written again.
+ */
+import {
+  describeError,
+  receiptKey,
+  retryUntilDone,
+  ScriptReply,
+  shardOf,
+  PART_NEW,
+  countKey,
+  type BatchTask,
+  type CountRefusal,
+  type PartChanges,
+  type WorkerSettings,
+} from '@tally/shared';
+import { onSlotConnection, type RedisClient } from '@tally/runtime';
+import { addToSum, type Sum } from './aggregate.js';
+import type { BatchLog } from './batch-log.js';
+import { countTtlOf } from './count-ttl.js';
+import { decodeRefusals } from './count-refusals.js';
+import { evalshaArgs, runScript, type LuaScript } from './lua-scripts.js';
+import { BatchWritesLostError, type OnWaitTimeout } from './replica-wait.js';
+
+type Reply = [string, string, unknown];
+
+/** The count writes of one count shard: its SKUs' sums, and which parts they came from. */
+interface ShardWrite {
+  readonly shard: number;
+  readonly sums: Map<string, Sum>;
+  /** The batch's new parts with changes on this shard (batch indexes). */
+  readonly parts: number[];
+}
+
+export interface CrossSlotResult {
+  /** Every touched shard has the batch's counts (written now or by an earlier attempt). */
+  readonly wrote: boolean;
+  readonly refusals: CountRefusal[];
+  readonly retries: number;
+  readonly waitTimeouts: number;
+  /** Count shards the batch wrote to: its fan-out across slots. */
+  readonly shards: number;
+}
+
+export interface CrossSlotDeps {
+  readonly redis: RedisClient;
+  readonly settings: Pick<WorkerSettings, 'prefix' | 'markerTtlS' | 'countTtlS' | 'virtualShards' | 'waitReplicas' | 'waitTimeoutMs'>;
+  readonly task: BatchTask;
+  readonly marked: Uint8Array;
+  readonly writeCounts: LuaScript;
+  readonly log: BatchLog;
+  /** Retries an idempotent step until it is done (the batch's untilDone); `onFailure` runs on each failed attempt. */
+  readonly untilDone: <T>(step: string, run: () => Promise<T>, onFailure?: () => void) => Promise<T>;
+  readonly onWaitTimeout?: OnWaitTimeout;
+}
+
+/** The batch's new parts grouped by the count shard of each change: pure. */
+export function groupByCountShard(changes: readonly PartChanges[], marked: Uint8Array, virtualShards: number): ShardWrite[] {
+  const byShard = new Map<number, ShardWrite>();
+  for (let i = 0; i < changes.length; i++) {
+    if (marked[i] !== PART_NEW) continue;
+    for (const [sku, delta] of changes[i]!) {
+      const shard = shardOf(sku, virtualShards);
+      let write = byShard.get(shard);
+      if (write === undefined) byShard.set(shard, (write = { shard, sums: new Map(), parts: [] }));
+      write.sums.set(sku, addToSum(write.sums.get(sku), delta));
+      if (write.parts[write.parts.length - 1] !== i) write.parts.push(i);
+    }
+  }
+  return [...byShard.values()];
+}
+
+export async function writeCountsAcrossSlots(deps: CrossSlotDeps): Promise<CrossSlotResult> {
+  const { redis, settings, task, marked, log } = deps;
+  const { prefix, markerTtlS } = settings;
+  const shards = settings.virtualShards;
+  if (shards === undefined) throw new TypeError('message-scoped markers need the virtual shard count in the worker settings');
+  const ttl = countTtlOf(settings.countTtlS);
+  const groups = groupByCountShard(task.changes, marked, shards);
+  let retries = 0;
+  const countRetry = (): void => {
+    retries++;
+  };
+
+  const run = (shard: number, receipt: string, keys: string[], argv: Array<string | number>): Promise<Reply> =>
+    deps.untilDone(
+      'write_counts',
+      () =>
+        onSlotConnection(
+          redis,
+          receipt,
+          async (connection) => (await runScript(connection, deps.writeCounts, evalshaArgs(deps.writeCounts, keys, argv), log)) as Reply,
+        ),
+      countRetry,
+    );
+
+  const writeGroup = async (group: ShardWrite): Promise<{ receipt: string; refusals: CountRefusal[] }> => {
+    const receipt = receiptKey(prefix, group.shard, task.batchId);
+    const keys = [receipt];
+    const keyIndex = new Map<string, number>();
+    const argv: Array<string | number> = [ttl.ttlS, markerTtlS, 'sums', ''];
+    for (const [sku, sum] of group.sums) {
+      keys.push(countKey(prefix, group.shard, sku));
+      keyIndex.set(sku, keys.length - 1);
+      argv.push(sum.toString());
+    }
+    argv[3] = ttl.due(keys.slice(1), Date.now());
+    let reply = await run(group.shard, receipt, keys, argv);
+    if (reply[0] === ScriptReply.WRITE_ISOLATE) {
+      // As for one slot (two-step-batch.ts): each part as its own all-or-nothing group, so only refused parts are left out.
+      const partArgv: Array<string | number> = [ttl.ttlS, markerTtlS, 'parts', task.changes.length];
+      for (const i of group.parts) {
+        const mine = task.changes[i]!.filter(([sku]) => shardOf(sku, shards) === group.shard);
+        partArgv.push(i + 1, mine.length);
+        for (const [sku, delta] of mine) partArgv.push(keyIndex.get(sku)!, String(delta));
+      }
+      reply = await run(group.shard, receipt, keys, partArgv);
+    }
+    return { receipt, refusals: decodeRefusals(reply[2], prefix) };
+  };
+
+  // Every shard at once: the writes go to their slots' masters concurrently.
+  const written = await Promise.all(groups.map(writeGroup));
+  const refusals = written.flatMap((shardWrite) => shardWrite.refusals);
+  const receipts = written.map((shardWrite) => shardWrite.receipt);
+
+  const refused = new Set(refusals.map((refusal) => refusal.part));
+  if (refused.size > 0) receipts.push(...(await undoRefusedParts(deps, groups, written, refused, run)));
+
+  let waitTimeouts = 0;
+  if (settings.waitReplicas > 0) {
+    const rewrite = new Map(groups.map((group, index) => [receipts[index]!, () => writeGroup(group)]));
+    const counts = await Promise.all(receipts.map((receipt) => waitForReceipt(deps, receipt, rewrite.get(receipt))));
+    waitTimeouts = counts.reduce((sum, count) => sum + count, 0);
+  }
+  return { wrote: groups.length > 0, refusals: dedupeByPart(refusals), retries, waitTimeouts, shards: groups.length };
+}
+
+/** One refusal per part (a part refused on two shards is reported once, as the scripts do for one slot). */
+function dedupeByPart(refusals: CountRefusal[]): CountRefusal[] {
+  const seen = new Set<number>();
+  return refusals.filter((refusal) => !seen.has(refusal.part) && seen.add(refusal.part));
+}
+
+/**
+ * A part refused on one shard is undone on every shard that counted it: the
+ * same deltas negated, under the batch's `~undo` receipt in that slot (so a
+ * retry undoes once). Returns the undo receipts, for the replica wait.
+ */
+async function undoRefusedParts(
+  deps: CrossSlotDeps,
+  groups: readonly ShardWrite[],
+  written: ReadonlyArray<{ refusals: CountRefusal[] }>,
+  refused: ReadonlySet<number>,
+  run: (shard: number, receipt: string, keys: string[], argv: Array<string | number>) => Promise<Reply>,
+): Promise<string[]> {
+  const { settings, task, log } = deps;
+  const shards = settings.virtualShards!;
+  const ttl = countTtlOf(settings.countTtlS);
+  const undos: Promise<string>[] = [];
+  groups.forEach((group, index) => {
+    const refusedHere = new Set(written[index]!.refusals.map((refusal) => refusal.part));
+    const toUndo = group.parts.filter((part) => refused.has(part) && !refusedHere.has(part));
+    if (toUndo.length === 0) return;
+    const negated = new Map<string, Sum>();
+    for (const part of toUndo) {
+      for (const [sku, delta] of task.changes[part]!) if (shardOf(sku, shards) === group.shard) negated.set(sku, addToSum(negated.get(sku), -delta));
+    }
+    const receipt = receiptKey(settings.prefix, group.shard, `${task.batchId}~undo`);
+    const keys = [receipt, ...[...negated.keys()].map((sku) => countKey(settings.prefix, group.shard, sku))];
+    const argv = [ttl.ttlS, settings.markerTtlS, 'sums', '', ...[...negated.values()].map(String)];
+    undos.push(
+      run(group.shard, receipt, keys, argv).then((reply) => {
+        // Undoing increments just made cannot overflow unless the key changed meanwhile: say so, loudly, with the figures.
+        if (reply[0] === ScriptReply.WRITE_ISOLATE) {
+          log.error(
+            { batchId: task.batchId, shard: group.shard, parts: toUndo },
+            'could not undo a refused message on another count shard: its counts there stand (an overcount; tally deviation does not see it)',
+          );
+        }
+        return receipt;
+      }),
+    );
+  });
+  return Promise.all(undos);
+}
+
+/**
+ * Touches `receipt` and WAITs on its slot's master until the replicas have
+ * it, and so everything its script wrote before it (replication is one
+ * ordered stream per master). A receipt that is gone is written again.
+ * Resolves to the WAITs that timed out.
+ */
+async function waitForReceipt(deps: CrossSlotDeps, receipt: string, rewrite: (() => Promise<unknown>) | undefined): Promise<number> {
+  const { redis, settings, task, log } = deps;
+  const wanted = settings.waitReplicas;
+  let timeouts = 0;
+  for (;;) {
+    const [exists, acked] = await retryUntilDone(
+      () =>
+        onSlotConnection(redis, receipt, async (connection) => {
+          const replies = await connection.pipeline().expire(receipt, settings.markerTtlS).call('WAIT', wanted, settings.waitTimeoutMs).exec();
+          if (replies === null) throw new Error('WAIT pipeline discarded');
+          for (const [error] of replies) if (error) throw error;
+          return [Number(replies[0]![1]), Number(replies[1]![1])] as const;
+        }),
+      {
+        giveUp: (failureClass) => failureClass !== 'transient',
+        onAttemptFailed: ({ error, attempt, delayMs, failureClass }) =>
+          log.warn({ step: 'wait', vshard: task.vshard, attempt, delayMs, failureClass, err: describeError(error) }, 'redis step failed; retrying'),
+      },
+    );
+    if (exists === 0) {
+      // An undo's receipt went with the undo: the rerun under the batch's id undoes again (its receipts say what was refused).
+      if (rewrite === undefined) throw new BatchWritesLostError(`the undo receipt ${receipt} (and so the undo) is`);
+      log.warn({ vshard: task.vshard, receipt }, "a count shard's receipt is gone before its replicas had it (a failover lost it): writing its counts again");
+      await rewrite();
+      continue;
+    }
+    if (acked >= wanted) return timeouts;
+    timeouts++;
+    deps.onWaitTimeout?.(task, acked, wanted);
+    // The same line as replica-wait.ts's: one thing for an operator to look for.
+    log.warn(
+      { step: 'wait', vshard: task.vshard, batchId: task.batchId, receipt, acked, wanted, timeoutMs: settings.waitTimeoutMs, timeouts },
+      'replicas did not acknowledge the batch in time (WAIT); waiting again, its deliveries stay unacked',
+    );
+  }
+}
