@@ -35,7 +35,10 @@ export {
   type TallyConfig,
   type TallyMode,
   type TallySource,
+  TALLY_SETTINGS,
+  unknownSettingError,
 } from './config.js';
+export { closestName, editDistance } from './closest-name.js';
 export { BAD_MESSAGE_REASONS, type BadMessageReason, type Change, formatReason, MESSAGE_LIMITS, parseMessage } from './message.js';
 export { type MessageMapping, parseMessageMapping } from './message-mapping.js';
 export { mappedIdValue } from './mapped-message.js';
