@@ -4,6 +4,7 @@
  * accepted range, like the daemon's configuration errors.
  */
 import { parseArgs } from 'node:util';
+import { unknownSettingError } from '@tally/shared';
 import { CONTENDERS, type ContenderName, type SweepName } from './results.js';
 
 export type BenchCommand = 'run' | 'profile' | 'summarize-profiles' | 'scale-out' | 'shape-cost' | 'partitions' | 'help';
@@ -82,6 +83,20 @@ export const STEADY_CONTENDERS: readonly ContenderName[] = ['ceiling', 'batched'
 
 export class BenchUsageError extends Error {
   readonly code = 'BENCH_USAGE';
+}
+
+/** --tally-env pairs: each a Tally setting, refused here (not after a bench's setup) when the daemon would refuse it. */
+function tallyEnv(pairs: readonly string[]): Readonly<Record<string, string>> {
+  const env = Object.fromEntries(
+    pairs.map((pair) => {
+      const match = pair.match(/^(TALLY_[A-Z0-9_]+)=(.*)$/);
+      if (!match) throw new BenchUsageError(`--tally-env must be TALLY_NAME=value, got ${JSON.stringify(pair)}`);
+      return [match[1]!, match[2]!];
+    }),
+  );
+  const unknown = unknownSettingError(env);
+  if (unknown !== null) throw new BenchUsageError(`--tally-env: ${unknown.message}`);
+  return Object.freeze(env);
 }
 
 const FULL = {
@@ -290,14 +305,6 @@ export function parseBenchArgs(argv: readonly string[], env: Readonly<Record<str
     amqpUrl: v['amqp-url'] ?? env.TALLY_AMQP_URL ?? 'amqp://guest:guest@127.0.0.1:5672',
     redisUrl: v['redis-url'] ?? null,
     profileDir: v['summarize-profiles'] ?? v['profile-dir'] ?? null,
-    tallyEnv: Object.freeze(
-      Object.fromEntries(
-        (v['tally-env'] ?? []).map((pair) => {
-          const match = pair.match(/^(TALLY_[A-Z0-9_]+)=(.*)$/);
-          if (!match) throw new BenchUsageError(`--tally-env must be TALLY_NAME=value, got ${JSON.stringify(pair)}`);
-          return [match[1]!, match[2]!];
-        }),
-      ),
-    ),
+    tallyEnv: tallyEnv(v['tally-env'] ?? []),
   });
 }

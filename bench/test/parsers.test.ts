@@ -37,6 +37,15 @@ describe('parsers', () => {
     expect(() => parseBenchArgs(['--nope'])).to.throw(BenchUsageError);
   });
 
+  it('takes --tally-env settings and refuses a name the daemon would refuse, before any setup', () => {
+    expect(parseBenchArgs(['--tally-env', 'TALLY_BATCH_SIZE=50']).tallyEnv).to.deep.equal({ TALLY_BATCH_SIZE: '50' });
+    expect(() => parseBenchArgs(['--tally-env', 'TALLY_BATCH_SIZ=50'])).to.throw(
+      BenchUsageError,
+      '--tally-env: TALLY_BATCH_SIZ is not a Tally setting; did you mean TALLY_BATCH_SIZE?',
+    );
+    expect(() => parseBenchArgs(['--tally-env', 'BATCH_SIZE=50'])).to.throw(BenchUsageError, 'TALLY_NAME=value');
+  });
+
   it('rotates the contender order by round', () => {
     expect(roundOrder(['a', 'b', 'c'], 0)).to.deep.equal(['a', 'b', 'c']);
     expect(roundOrder(['a', 'b', 'c'], 1)).to.deep.equal(['b', 'c', 'a']);

@@ -18,6 +18,7 @@ import { startTracing } from '@tally/runtime';
 import { EX_SOFTWARE, exitOnBug } from './process/bug-exit.js';
 import { CLOSE_BUDGET_MS, Daemon } from './daemon.js';
 import { createLogger } from './process/logger.js';
+import { linkShortfallLine, producerLinkShortfall } from './telemetry/link-limit.js';
 
 /** Exit codes, as documented above. */
 const EXIT = Object.freeze({ stopped: 0, fatal: 1, config: 2, forced: EX_SOFTWARE });
@@ -53,6 +54,9 @@ if (tracing)
     },
     'tracing on',
   );
+// A batch span keeps OTEL_SPAN_LINK_COUNT_LIMIT producer links (128 by default); a larger batch drops the rest (link-limit.ts).
+const linkShortfall = tracing ? producerLinkShortfall(process.env, config.batchSize) : null;
+if (linkShortfall !== null) log.warn({ ...linkShortfall }, linkShortfallLine(linkShortfall));
 if (config.messageMapping !== null) log.info({ mapping: config.messageMapping.declared }, 'messages read through TALLY_MESSAGE_MAPPING');
 const onBug = exitOnBug(log);
 const daemon = new Daemon(config, log, { onBug, injectBug: faults.bug });

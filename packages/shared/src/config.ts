@@ -5,6 +5,7 @@
 import { isIP } from 'node:net';
 import { availableParallelism } from 'node:os';
 import { validateAmqpNodes } from './broker-nodes.js';
+import { closestName } from './closest-name.js';
 import { ConfigError } from './errors.js';
 import type { MarkerScope } from './markers.js';
 import { parseMessageMapping, type MessageMapping } from './message-mapping.js';
@@ -205,6 +206,93 @@ export const LIMITS = Object.freeze({
 } as const);
 
 export type Env = Readonly<Record<string, string | undefined>>;
+
+/**
+ * Every TALLY_* variable Tally reads: the settings of loadConfig, then the
+ * fault injection of loadFaultInjection (test/config.test.ts checks that
+ * both read exactly these). Any other TALLY_* variable in the environment
+ * stops the start (unknownSettingError): a misspelled TALLY_MODEE=atomic
+ * would otherwise run a two-step daemon that its operator believes atomic.
+ * The standard OTEL_* variables are read by the OpenTelemetry SDK, not here.
+ */
+export const TALLY_SETTINGS: readonly string[] = Object.freeze([
+  'TALLY_AMQP_URL',
+  'TALLY_REDIS_URL',
+  'TALLY_QUEUE',
+  'TALLY_QUEUE_TYPE',
+  'TALLY_DELIVERY_LIMIT',
+  'TALLY_HEARTBEAT_MS',
+  'TALLY_PARTITIONS',
+  'TALLY_PREFIX',
+  'TALLY_SOURCE',
+  'TALLY_MODE',
+  'TALLY_STREAM_DEDUP',
+  'TALLY_STREAM_CHECKPOINT_MS',
+  'TALLY_VIRTUAL_SHARDS',
+  'TALLY_WORKERS',
+  'TALLY_PREFETCH',
+  'TALLY_BATCH_SIZE',
+  'TALLY_BATCH_MAX_CHANGES',
+  'TALLY_BATCH_WAIT_MS',
+  'TALLY_MARKER_TTL_S',
+  'TALLY_MARKER_SUB_BUCKETS',
+  'TALLY_MARKER_CLAIM_TTL_S',
+  'TALLY_MARKER_SCOPE',
+  'TALLY_COUNT_TTL_S',
+  'TALLY_MESSAGE_MAPPING',
+  'TALLY_ACCEPT_TYPES',
+  'TALLY_METRICS_PORT',
+  'TALLY_METRICS_HOST',
+  'TALLY_MAX_MESSAGE_BYTES',
+  'TALLY_SHUTDOWN_GRACE_MS',
+  'TALLY_STALL_MS',
+  'TALLY_LOG_LEVEL',
+  'TALLY_ALLOW_EVICTION',
+  'TALLY_REDIS_WAIT_REPLICAS',
+  'TALLY_REDIS_WAIT_TIMEOUT_MS',
+  // loadFaultInjection: the fault suite's, never for production (docs/faults-and-deviation.md).
+  'TALLY_FAULT_THREAD_EXIT_AFTER_WRITE',
+  'TALLY_FAULT_BUG',
+  'TALLY_FAULT_STREAM_OVERLAP',
+]);
+
+const SETTING_PREFIX = 'TALLY_';
+
+/** The message is the clause itself, so the line reads "TALLY_MODEE is not a Tally setting; did you mean TALLY_MODE?". */
+class UnknownSettingError extends ConfigError {
+  constructor(variable: string, message: string) {
+    super(variable, message);
+    this.message = message;
+  }
+}
+
+/** One clause of the refusal: the unknown name and the setting nearest to it. */
+function unknownSettingClause(name: string): string {
+  // Compared without the shared prefix, so that its six letters do not make every name look close.
+  const nearest = closestName(
+    name.slice(SETTING_PREFIX.length),
+    TALLY_SETTINGS.map((setting) => setting.slice(SETTING_PREFIX.length)),
+  );
+  if (nearest === null) return `${name} is not a Tally setting`;
+  const setting = `${SETTING_PREFIX}${nearest.name}`;
+  return nearest.close
+    ? `${name} is not a Tally setting; did you mean ${setting}?`
+    : `${name} is not a Tally setting (none is close; the nearest is ${setting})`;
+}
+
+/**
+ * A ConfigError naming every TALLY_* variable of `env` that is not in
+ * TALLY_SETTINGS, each with the setting nearest to it; null when there is
+ * none. Only the exact upper-case prefix is Tally's: `tally_mode` is left
+ * alone like any other variable outside TALLY_*.
+ */
+export function unknownSettingError(env: Env): ConfigError | null {
+  const unknown = Object.keys(env)
+    .filter((name) => name.startsWith(SETTING_PREFIX) && env[name] !== undefined && !TALLY_SETTINGS.includes(name))
+    .sort();
+  if (unknown.length === 0) return null;
+  return new UnknownSettingError(unknown[0]!, unknown.map(unknownSettingClause).join(' '));
+}
 
 function read(env: Env, name: string): string | undefined {
   const value = env[name];
@@ -426,9 +514,14 @@ function logLevel(env: Env, name: string): LogLevel {
 
 /**
  * Turns the environment into a validated, frozen config. This is the only
- * function that reads TALLY_* variables; everything else takes TallyConfig.
+ * function that reads TALLY_* variables (with loadFaultInjection); everything
+ * else takes TallyConfig. A TALLY_* variable that is not a setting
+ * (TALLY_SETTINGS) stops it: the daemon and the CLI both start here.
  */
 export function loadConfig(env: Env = process.env): TallyConfig {
+  // First, so that a misspelled setting is named as such rather than its default taken silently.
+  const unknown = unknownSettingError(env);
+  if (unknown !== null) throw unknown;
   const virtualShards = integer(env, 'TALLY_VIRTUAL_SHARDS', DEFAULTS.virtualShards, LIMITS.virtualShards);
   // One core is left to the main thread, which parses, shards and acks every
   // delivery: more worker threads than the cores beside it only compete with

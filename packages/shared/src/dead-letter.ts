@@ -27,6 +27,17 @@ export const COUNT_REFUSED = 'count-refused';
  */
 export const DEAD_AT_HEADER = 'x-tally-dead-at';
 
+/**
+ * The earliest DEAD_AT_HEADER of a message dead-lettered more than once (ms
+ * since the epoch). `tally dead replay` moves the time of the dead letter it
+ * replays here, and the daemon keeps every header of a message it
+ * dead-letters, so the copy of a replay that fails again still carries it.
+ * A `count-refused` message replayed before its key was repaired finds its
+ * other parts' markers and writes none: they still date from the first
+ * dead-lettering, and the replay guard must reckon from that one.
+ */
+export const FIRST_DEAD_AT_HEADER = 'x-tally-first-dead-at';
+
 /** Every code Tally itself writes in `x-tally-reason`. */
 export const TALLY_DEAD_REASONS: readonly string[] = Object.freeze([...BAD_MESSAGE_REASONS, COUNT_REFUSED]);
 

@@ -35,7 +35,10 @@ export {
   type TallyConfig,
   type TallyMode,
   type TallySource,
+  TALLY_SETTINGS,
+  unknownSettingError,
 } from './config.js';
+export { closestName, editDistance } from './closest-name.js';
 export { BAD_MESSAGE_REASONS, type BadMessageReason, type Change, formatReason, MESSAGE_LIMITS, parseMessage } from './message.js';
 export { type MessageMapping, parseMessageMapping } from './message-mapping.js';
 export { mappedIdValue } from './mapped-message.js';
@@ -130,7 +133,7 @@ export {
   requirementError,
   versionAtLeast,
 } from './redis-requirements.js';
-export { BROKER_DEAD_REASONS, COUNT_REFUSED, DEAD_AT_HEADER, deadLetterReason, TALLY_DEAD_REASONS } from './dead-letter.js';
+export { BROKER_DEAD_REASONS, COUNT_REFUSED, DEAD_AT_HEADER, deadLetterReason, FIRST_DEAD_AT_HEADER, TALLY_DEAD_REASONS } from './dead-letter.js';
 export { WindowGauge } from './window-gauge.js';
 export { describeRefusal, isServerRefusal, type RedisHealthEvent } from './redis-health.js';
 export { describeShards, describeShortMaster, findShortMasters, replicationFromInfo, shortfallChanges, type ShortMaster } from './replica-shortfall.js';

@@ -1,8 +1,16 @@
-import { readFileSync } from 'node:fs';
 import { availableParallelism } from 'node:os';
-import { fileURLToPath } from 'node:url';
 import { expect } from 'chai';
-import { DEFAULTS, LIMITS, loadConfig, loadFaultInjection, splitRedisUrls, type Env, type TallyConfig } from '../src/config.js';
+import {
+  DEFAULTS,
+  LIMITS,
+  loadConfig,
+  loadFaultInjection,
+  splitRedisUrls,
+  TALLY_SETTINGS,
+  unknownSettingError,
+  type Env,
+  type TallyConfig,
+} from '../src/config.js';
 import { ConfigError, TallyError } from '../src/errors.js';
 
 function configError(env: Env): ConfigError {
@@ -172,12 +180,9 @@ describe('loadConfig', () => {
       }
     }
 
-    it('covers every TALLY_* variable the config reads', () => {
-      // The variable names as written in the compiled config module.
-      const source = readFileSync(fileURLToPath(new URL('../src/config.js', import.meta.url)), 'utf8');
-      const read = new Set([...source.matchAll(/'(TALLY_[A-Z_]+)'/g)].map((m) => m[1]!));
+    it('covers every Tally setting', () => {
       const covered = new Set(BAD_VALUES.map(([name]) => name));
-      expect([...covered].sort()).to.deep.equal([...read].sort());
+      expect([...covered].sort()).to.deep.equal([...TALLY_SETTINGS].sort());
       expect(covered.size).to.equal(37);
     });
 
@@ -417,6 +422,95 @@ describe('loadConfig', () => {
       const long = 't'.repeat(64);
       expect([...loadConfig({ TALLY_ACCEPT_TYPES: long }).acceptTypes!]).to.deep.equal([long]);
     });
+  });
+});
+
+/** The names loadConfig and loadFaultInjection read from `env`, recorded by a proxy in front of it. */
+function namesRead(env: Record<string, string>): Set<string> {
+  const names = new Set<string>();
+  const recording = new Proxy(env, {
+    get(target, name, receiver) {
+      if (typeof name === 'string') names.add(name);
+      return Reflect.get(target, name, receiver) as unknown;
+    },
+  });
+  loadConfig(recording);
+  loadFaultInjection(recording);
+  return names;
+}
+
+describe('unknown TALLY_* variables', () => {
+  function refusal(env: Env): ConfigError {
+    const error = unknownSettingError(env);
+    expect(error, JSON.stringify(env)).to.be.instanceOf(ConfigError);
+    // loadConfig refuses with the very same error, before it reads anything else.
+    expect(() => loadConfig(env)).to.throw(ConfigError, error!.message);
+    return error!;
+  }
+
+  it('TALLY_SETTINGS holds exactly the variables loadConfig and loadFaultInjection read', () => {
+    // Each environment takes another branch (a stream source, a metrics port, a fault): the union is every read.
+    const read = new Set<string>();
+    const envs: ReadonlyArray<Record<string, string>> = [
+      {},
+      { TALLY_SOURCE: 'stream' },
+      { TALLY_METRICS_PORT: '9464', TALLY_FAULT_BUG: 'main', TALLY_FAULT_THREAD_EXIT_AFTER_WRITE: '1' },
+    ];
+    for (const env of envs) for (const name of namesRead(env)) read.add(name);
+    expect([...read].sort()).to.deep.equal([...TALLY_SETTINGS].sort());
+    expect(new Set(TALLY_SETTINGS).size, 'no setting twice').to.equal(TALLY_SETTINGS.length);
+  });
+
+  it('refuses a misspelled setting in one line naming it and the closest setting', () => {
+    const error = refusal({ TALLY_MODEE: 'atomic' });
+    expect(error.message).to.equal('TALLY_MODEE is not a Tally setting; did you mean TALLY_MODE?');
+    expect(error.code).to.equal('TALLY_CONFIG_INVALID');
+    expect(error.variable).to.equal('TALLY_MODEE');
+  });
+
+  it('suggests the nearest setting for a dropped, swapped or lower-case letter', () => {
+    const cases: ReadonlyArray<readonly [string, string]> = [
+      ['TALLY_PREFX', 'TALLY_PREFIX'],
+      ['TALLY_WROKERS', 'TALLY_WORKERS'],
+      ['TALLY_BATCH_SIZ', 'TALLY_BATCH_SIZE'],
+      ['TALLY_REDIS_WAIT_REPLICA', 'TALLY_REDIS_WAIT_REPLICAS'],
+      ['TALLY_Mode', 'TALLY_MODE'],
+      ['TALLY_MARKER_TTL', 'TALLY_MARKER_TTL_S'],
+      ['TALLY_REDIS_URI', 'TALLY_REDIS_URL'],
+      ['TALLY_AMQP_URI', 'TALLY_AMQP_URL'],
+      ['TALLY_QUEUE_TYP', 'TALLY_QUEUE_TYPE'],
+    ];
+    for (const [typo, setting] of cases) {
+      expect(refusal({ [typo]: '1' }).message, typo).to.equal(`${typo} is not a Tally setting; did you mean ${setting}?`);
+    }
+  });
+
+  it('names the nearest setting without "did you mean" when none is close', () => {
+    const error = refusal({ TALLY_FOO: 'bar' });
+    expect(error.message).to.match(/^TALLY_FOO is not a Tally setting \(none is close; the nearest is TALLY_[A-Z_]+\)$/);
+    expect(error.message).to.not.include('did you mean');
+  });
+
+  it('names every unknown variable, in one line', () => {
+    const error = refusal({ TALLY_MODEE: 'atomic', TALLY_PREFETCH: '10', TALLY_BATCHSIZE: '5' });
+    expect(error.variable).to.equal('TALLY_BATCHSIZE');
+    expect(error.message).to.equal(
+      'TALLY_BATCHSIZE is not a Tally setting; did you mean TALLY_BATCH_SIZE? TALLY_MODEE is not a Tally setting; did you mean TALLY_MODE?',
+    );
+    expect(error.message).to.not.include('\n');
+  });
+
+  it('refuses an unknown name set to an empty value, and ignores one present but undefined', () => {
+    expect(refusal({ TALLY_MODEE: '' }).variable).to.equal('TALLY_MODEE');
+    expect(unknownSettingError({ TALLY_MODEE: undefined })).to.equal(null);
+  });
+
+  it('leaves every known setting, OTEL_* and names outside TALLY_* alone', () => {
+    const env = Object.fromEntries(TALLY_SETTINGS.map((name) => [name, 'x']));
+    expect(unknownSettingError(env)).to.equal(null);
+    expect(
+      unknownSettingError({ OTEL_TRACES_EXPORTER: 'otlp', OTEL_SPAN_LINK_COUNT_LIMIT: '1000', TALLY: 'x', tally_mode: 'atomic', MY_TALLY_MODE: 'x' }),
+    ).to.equal(null);
   });
 });
 

@@ -3,6 +3,7 @@ import {
   bucketExpiresAt,
   bucketOf,
   bucketsToCheck,
+  filterSlotOf,
   claimValue,
   defaultBucketWidthS,
   isPowerOfTwo,
@@ -24,7 +25,8 @@ describe('marker digests', () => {
     expect(markerDigest('abc').toString('hex')).to.equal('ba7816bf8f01cfea414140de5dae2223');
     expect(markerDigest('')).to.have.length(16);
     expect(markerDigest('x'.repeat(10_000))).to.have.length(16);
-    expect(markerDigest('商品-😀').equals(markerDigest('商品-😀'))).to.equal(true);
+    // The id's UTF-8 bytes, as every client and the scripts see them: printf '%s' '商品-😀' | sha256sum
+    expect(markerDigest('商品-😀').toString('hex')).to.equal('74e358d9592993fefb23206937ce32a4');
     expect(markerDigest('msg-1').equals(markerDigest('msg-2'))).to.equal(false);
   });
 
@@ -41,6 +43,37 @@ describe('marker digests', () => {
     expect(subBucketOf(digest, 256)).to.equal(0x34);
     expect(subBucketOf(digest, 65_536)).to.equal(0x1234);
     expect(subBucketOf(digest, 4096)).to.equal(0x234);
+  });
+});
+
+describe('filter slots (marker_buckets.lua coordinatesOf, and test/filter-arithmetic.test.ts in the worker against the script itself)', () => {
+  /** A digest with these bytes 5..8 (the block word) and 9..12 (the four bits); the rest pick the sub-bucket and shard. */
+  const digest = (word: readonly number[], bits: readonly number[]) => Buffer.from([0xaa, 0xbb, 0xcc, 0xdd, ...word, ...bits, 0xee, 0xee, 0xee, 0xee]);
+
+  it('picks the block from bytes 5..8, big-endian and unsigned, modulo the block count', () => {
+    expect(filterSlotOf(digest([0, 0, 1, 2], [0, 0, 0, 0]), 64).block).to.equal(258 % 64);
+    expect(filterSlotOf(digest([0, 0, 1, 2], [0, 0, 0, 0]), 1000).block).to.equal(258);
+    expect(filterSlotOf(digest([0xff, 0xff, 0xff, 0xff], [0, 0, 0, 0]), 1000).block).to.equal(4_294_967_295 % 1000);
+    expect(filterSlotOf(digest([0x80, 0, 0, 0], [0, 0, 0, 0]), 12_288).block).to.equal(2 ** 31 % 12_288);
+  });
+
+  it('sets one bit for each of bytes 9..12, modulo 32: four bits, fewer only when two bytes agree', () => {
+    // 0, 33, 66, 63 -> bits 0, 1, 2, 31 (the top bit: the word is unsigned).
+    expect(filterSlotOf(digest([0, 0, 0, 5], [0, 33, 66, 63]), 64)).to.deep.equal({ block: 5, bits: 0x80000007 });
+    expect(filterSlotOf(digest([0, 0, 0, 5], [7, 8, 9, 10]), 64).bits).to.equal(0b1111 << 7);
+    // 3 and 35 name the same bit.
+    expect(filterSlotOf(digest([0, 0, 0, 5], [3, 35, 4, 5]), 64).bits).to.equal(0b111 << 3);
+  });
+
+  it('sets four distinct bits for every digest whose four bytes differ modulo 32', () => {
+    for (let i = 0; i < 2_000; i++) {
+      const d = markerDigest(`slot-${i}`);
+      const distinct = new Set([d[8]! % 32, d[9]! % 32, d[10]! % 32, d[11]! % 32]).size;
+      let bits = filterSlotOf(d, 64).bits;
+      let set = 0;
+      for (; bits !== 0; bits >>>= 1) set += bits & 1;
+      expect(set, d.toString('hex')).to.equal(distinct);
+    }
   });
 });
 

@@ -60,7 +60,8 @@ export class DeadLetterPublishing {
       ...(properties.headers ?? {}),
       ...extraHeaders,
       'x-tally-reason': reason,
-      // The first attempt's time, right after the batch that marked what was counted of it (replay-guard.ts).
+      // The first attempt's time, right after the batch that marked what was counted of it (replay-guard.ts). A
+      // replayed copy's x-tally-first-dead-at (an earlier dead-lettering) stays among the headers above.
       [DEAD_AT_HEADER]: this.firstAttempt(message),
       'x-tally-source-queue': sourceQueue,
       [DEAD_LETTER_ID_HEADER]: id,

@@ -23,12 +23,12 @@
  * each one (`onForced`) before its dead copy is acked.
  */
 import amqp, { type ConfirmChannel, type GetMessage, type Options } from 'amqplib';
-import { DEAD_AT_HEADER, partitionQueue, QueueMissingError, ReplayRefusedError, type MessageMapping } from '@tally/shared';
+import { DEAD_AT_HEADER, FIRST_DEAD_AT_HEADER, partitionQueue, QueueMissingError, ReplayRefusedError, type MessageMapping } from '@tally/shared';
 import { connectAnyNode } from '../amqp/broker-connect.js';
 import { copyPublishOptions } from '../amqp/message-copy.js';
 import { replayQueueOf, SOURCE_QUEUE_HEADER } from './replay-target.js';
 import { describeDeadLetter, DeadLetterSummary, REASON_HEADER, type DeadLetterEntry } from './dead-summary.js';
-import { replayVerdict, RiskSummary, type ReplayPolicy } from './replay-guard.js';
+import { firstDeadAt, replayVerdict, RiskSummary, type ReplayPolicy } from './replay-guard.js';
 
 export interface DeadQueueTarget {
   /** TALLY_AMQP_URL: one node, or several of one cluster, tried in turn. */
@@ -110,15 +110,24 @@ export interface ReplayReport {
   readonly withoutPartition: number;
 }
 
-/** The copy sent back: body and properties as they were, the reason moved to `x-tally-replayed-reason`. */
-function replayProperties(message: GetMessage, reason: string): Options.Publish {
+/**
+ * The copy sent back: body and properties as they were, the reason moved to
+ * `x-tally-replayed-reason`, the first dead-lettering time to
+ * `x-tally-first-dead-at`.
+ */
+export function replayProperties(message: Pick<GetMessage, 'properties'>, reason: string): Options.Publish {
   const { properties } = message;
   const headers: Record<string, unknown> = { ...(properties.headers ?? {}) };
   delete headers[REASON_HEADER];
   delete headers[SOURCE_QUEUE_HEADER];
   headers['x-tally-replayed-reason'] = reason;
-  // A copy dead-lettered again gets a time of its own.
+  // A copy dead-lettered again gets a time of its own, and keeps the first: what a replay finds already counted
+  // (a count-refused message's other parts) writes no new marker, so their markers date from the first time
+  // (replay-guard.ts firstDeadAt).
+  const first = firstDeadAt(headers);
   delete headers[DEAD_AT_HEADER];
+  delete headers[FIRST_DEAD_AT_HEADER];
+  if (first !== null) headers[FIRST_DEAD_AT_HEADER] = first;
   return copyPublishOptions(properties, headers);
 }
 

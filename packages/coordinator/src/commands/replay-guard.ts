@@ -17,10 +17,14 @@
  *   within the marker lifetime of the earliest moment it may have been
  *   counted. For `count-refused` that is `x-tally-dead-at` (the daemon sets
  *   it when it first dead-letters the message, right after the batch that
- *   marked its other parts). For the broker's reasons it is the earliest of
- *   the x-death times and the message's own timestamp property: a message
- *   parked by the delivery limit may have been counted at its first
- *   delivery, long before it was parked. No time at all: it may be any age.
+ *   marked its other parts), or `x-tally-first-dead-at` when that is
+ *   earlier: a replay that failed again (the key not yet repaired) found the
+ *   other parts' markers and wrote none, so they date from the first
+ *   dead-lettering, not from the last (firstDeadAt). For the broker's
+ *   reasons it is the earliest of the x-death times and the message's own
+ *   timestamp property: a message parked by the delivery limit may have
+ *   been counted at its first delivery, long before it was parked. No time
+ *   at all: it may be any age.
  * - How long do markers live? At least the TALLY_MARKER_TTL_S of the daemon
  *   that wrote them (markers.ts). The CLI knows its own setting; the prefix's
  *   layout records the bucket width its first daemon derived from its own
@@ -28,7 +32,7 @@
  *   smaller of the two is taken: a CLI run with another TALLY_MARKER_TTL_S
  *   than the daemons' errs on the side of refusing.
  */
-import { BAD_MESSAGE_REASONS, COUNT_REFUSED, DEAD_AT_HEADER, deliveryParser, shardOf, type MessageMapping } from '@tally/shared';
+import { BAD_MESSAGE_REASONS, COUNT_REFUSED, DEAD_AT_HEADER, deliveryParser, FIRST_DEAD_AT_HEADER, shardOf, type MessageMapping } from '@tally/shared';
 
 /** What a replay of a dead letter could count a second time. */
 export type Exposure = 'none' | 'whole' | 'other-parts';
@@ -71,10 +75,20 @@ export function epochMs(value: unknown): number | null {
   return raw < 1e11 ? raw * 1000 : raw;
 }
 
+/**
+ * The first time Tally dead-lettered the message: the earlier of its
+ * `x-tally-dead-at` (this dead-lettering) and the `x-tally-first-dead-at` a
+ * replay carried over from an earlier one; null when neither says.
+ */
+export function firstDeadAt(headers: Readonly<Record<string, unknown>> | undefined): number | null {
+  const times = [epochMs(headers?.[DEAD_AT_HEADER]), epochMs(headers?.[FIRST_DEAD_AT_HEADER])].filter((at): at is number => at !== null);
+  return times.length === 0 ? null : Math.min(...times);
+}
+
 /** The earliest moment the dead letter may have been counted (see the file comment); null when nothing says. */
 export function mayHaveBeenCountedSince(facts: DeadLetterFacts, exposure: Exposure): number | null {
   const headers = facts.properties.headers ?? {};
-  const deadAt = epochMs(headers[DEAD_AT_HEADER]);
+  const deadAt = firstDeadAt(headers);
   if (exposure === 'other-parts' && deadAt !== null) return deadAt;
   const times: number[] = [];
   const deaths = headers['x-death'];

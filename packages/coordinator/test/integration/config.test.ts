@@ -1,4 +1,5 @@
 import { expect } from 'chai';
+import { tallyCli } from './fleet-helpers.js';
 import { cleanup, runRefusedStart, startDaemon, stopDaemon, testSpace } from './harness.js';
 
 describe('configuration errors (integration: the real entry point)', function () {
@@ -26,6 +27,24 @@ describe('configuration errors (integration: the real entry point)', function ()
       expect(stderr.trim().split('\n'), 'one line').to.have.length(1);
     });
   }
+
+  it('refuses a misspelled TALLY_* variable with exit 2, naming it and the setting meant, before anything starts', async () => {
+    const space = testSpace('config');
+    // Before this refusal, TALLY_MODEE=atomic started a two-step daemon without a word.
+    const { code, stderr, logs } = await runRefusedStart({ ...space.env, TALLY_MODEE: 'atomic' });
+    expect(code).to.equal(2);
+    expect(stderr.trim()).to.equal('tally: configuration error: TALLY_MODEE is not a Tally setting; did you mean TALLY_MODE?');
+    expect(logs, 'no log line: nothing started').to.deep.equal([]);
+  });
+
+  it('the CLI refuses a misspelled TALLY_* variable too, naming it, rather than reading the default', async () => {
+    const space = testSpace('config');
+    // TALLY_PREFX would otherwise read the counts of the default prefix `tally:` as if they were the prefix meant.
+    const { code, stdout, stderr } = await tallyCli({ ...space.env, TALLY_PREFX: space.prefix }, 'counts', '--json');
+    expect(code).to.equal(1);
+    expect(stdout).to.equal('');
+    expect(stderr.trim()).to.equal('tally: TALLY_PREFX is not a Tally setting; did you mean TALLY_PREFIX?');
+  });
 
   it('never prints the password of a bad URL', async () => {
     const space = testSpace('config');

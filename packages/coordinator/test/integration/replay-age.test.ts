@@ -161,6 +161,84 @@ describe('dead replay and the age of markers (integration)', function () {
     }
   });
 
+  it('count-refused dead letters replayed while still refused keep their first dead-lettering time: no later replay counts their other parts twice', async () => {
+    // A replay before the key is repaired: the other parts are duplicates (markers alive, no new marker written), the
+    // refused part fails again, and the message is dead-lettered again. Its markers still date from the first time.
+    const virtualShards = 16;
+    const ttlS = 5;
+    const space = testSpace('replay-again', { TALLY_MARKER_TTL_S: String(ttlS), TALLY_BATCH_WAIT_MS: '10' });
+    const redis = new Redis(REDIS_URL);
+    const connection = await amqp.connect(AMQP_URL);
+    let daemon: Awaited<ReturnType<typeof startDaemon>> | null = null;
+    try {
+      const poisoned = 'SKU-POISON';
+      const other = ['SKU-A', 'SKU-B', 'SKU-C', 'SKU-D'].find((sku) => shardOf(sku, virtualShards) !== shardOf(poisoned, virtualShards))!;
+      const poisonKey = countKey(space.prefix, shardOf(poisoned, virtualShards), poisoned);
+      await redis.set(poisonKey, 'abc');
+      const ids = [1, 2, 3].map((n) => `${space.queue}-m${n}`);
+      daemon = await startDaemon(space.env);
+      const channel = await connection.createConfirmChannel();
+      for (const id of ids) {
+        const body = {
+          id,
+          changes: [
+            { sku: poisoned, delta: 1 },
+            { sku: other, delta: 10 },
+          ],
+        };
+        channel.sendToQueue(space.queue, Buffer.from(JSON.stringify(body)), { persistent: true });
+      }
+      await channel.waitForConfirms();
+      const deadQueue = `${space.queue}.dead`;
+      const allDead = async () => (await queueState(deadQueue)).messageCount === ids.length && (await queueState(space.queue)).messageCount === 0;
+      await waitFor('the first dead-lettering', allDead, 30_000, 50);
+      // Every marker of their counted parts was written before this instant, and is gone 8 s later (bucket end + TTL).
+      const deadBy = Date.now();
+      expect((await countsOf(space.prefix, virtualShards)).get(other)).to.equal(30);
+
+      // Replayed again and again while the key is still foreign, each time within the marker lifetime of the last
+      // dead-lettering, until the first run's markers have expired.
+      const expiredBy = deadBy + (ttlS + Math.ceil(ttlS / 2)) * 1000 + 500;
+      let replays = 0;
+      let refusedAt: number | null = null;
+      while (Date.now() < expiredBy) {
+        const again = await replay(space.env, '--reason', 'count-refused');
+        if (again.code === 3) {
+          refusedAt = Date.now();
+          expect(again.report.replayed).to.equal(0);
+          break;
+        }
+        expect(again.code, again.stderr).to.equal(0);
+        expect(again.report.replayed).to.equal(ids.length);
+        replays++;
+        await waitFor('dead-lettered again', allDead, 20_000, 50);
+        await sleep(1_000);
+      }
+      expect(replays, 'replayed at least once while the markers lived').to.be.at.least(1);
+
+      // The key repaired after the markers of the first run have expired: the replay must keep them back, naming the
+      // other parts, rather than trust the time of the last dead-lettering and count those parts a second time.
+      await sleep(Math.max(0, expiredBy - Date.now()));
+      await redis.del(poisonKey);
+      const late = await replay(space.env, '--reason', 'count-refused');
+      // What a replay let through (here or in the loop) has been consumed by now.
+      await waitFor('the work queue drained', async () => (await queueState(space.queue)).messageCount === 0, 20_000, 50);
+      await sleep(1_000);
+      expect((await countsOf(space.prefix, virtualShards)).get(other), 'the other parts counted once').to.equal(30);
+      expect(refusedAt, 'refused once the first dead-lettering is older than the marker lifetime').to.not.equal(null);
+      expect(refusedAt! - deadBy, 'not before the marker lifetime less the clock margin').to.be.at.least((ttlS - 1) * 1000 - 1_000);
+      expect(late.code, late.stderr).to.equal(3);
+      expect(late.report.refused).to.deep.include({ messages: ids.length, units: 30 });
+      expect(late.report.refused.countRefused).to.deep.equal({ messages: ids.length, countedParts: ids.length, countedUnits: 30 });
+      expect((await queueState(deadQueue)).messageCount, 'kept in place').to.equal(ids.length);
+    } finally {
+      if (daemon !== null) await stopDaemon(daemon);
+      await connection.close().catch(() => {});
+      redis.disconnect();
+      await cleanup(space);
+    }
+  });
+
   it("the broker's own dead letters (x-death): a replayed copy the broker refuses moves nothing (ReplayRefusedError); past the TTL refused; fresh replayed", async () => {
     const space = testSpace('replay-broker');
     const deadQueue = `${space.queue}.dead`;

@@ -54,6 +54,12 @@ describe('trace links (integration: OTLP receiver)', function () {
         expect((await stopDaemon(daemon)).code).to.equal(0);
         await sleep(300);
         expect((await countsOf(space.prefix)).get('ONE-SKU')).to.equal(500);
+        // The start says so when a batch may hold more messages than its span keeps links, and only then.
+        const warnings = daemon.logs.filter((line) => line.includes('OTEL_SPAN_LINK_COUNT_LIMIT='));
+        if (limit === undefined) {
+          expect(warnings, 'one start warning').to.have.length(1);
+          expect(JSON.parse(warnings[0]!)).to.include({ level: 40, limit: 128, batchSize: 500 }); // pino's warn
+        } else expect(warnings, 'no warning: every producer can be linked').to.deep.equal([]);
         const batches = receiver.spans.filter((s) => s.name === 'tally.batch');
         expect(batches.length).to.be.greaterThan(0);
         const cap = limit ? Number(limit) : 128;

@@ -3,6 +3,7 @@ import { shardOf } from '@tally/shared';
 import {
   epochMs,
   exposureOf,
+  firstDeadAt,
   forcedLine,
   markerLifeS,
   mayHaveBeenCountedSince,
@@ -73,6 +74,22 @@ describe('replay guard (pure: may this dead letter have been counted, and may it
     expect(mayHaveBeenCountedSince(facts({ 'x-death': xDeath(NOW - 5_000) }), 'whole')).to.equal(Math.floor((NOW - 5_000) / 1000) * 1000);
     expect(mayHaveBeenCountedSince(facts({}), 'whole')).to.equal(null);
     expect(mayHaveBeenCountedSince(facts({ 'x-death': 'junk' }), 'whole')).to.equal(null);
+  });
+
+  it('dates a count-refused message dead-lettered again after a replay by its first dead-lettering: its other parts wrote no new marker', () => {
+    const again = { 'x-tally-dead-at': NOW - 5_000, 'x-tally-first-dead-at': NOW - 590_000 };
+    expect(firstDeadAt(again)).to.equal(NOW - 590_000);
+    expect(mayHaveBeenCountedSince(facts(again), 'other-parts')).to.equal(NOW - 590_000);
+    expect(mayHaveBeenCountedSince(facts(again), 'whole')).to.equal(NOW - 590_000);
+    // The last dead-lettering alone would say 5 s: a replay 10 s from the end of the first one's markers.
+    expect(replayVerdict(facts(again), 'count-refused', refusedDetail, policy({ nowMs: NOW + 15_000 })).action).to.equal('refuse');
+    expect(replayVerdict(facts({ 'x-tally-dead-at': NOW - 5_000 }), 'count-refused', refusedDetail, policy({ nowMs: NOW + 15_000 })).action).to.equal('replay');
+    // Whichever is earlier wins, and either alone is enough.
+    expect(firstDeadAt({ 'x-tally-dead-at': NOW - 9_000, 'x-tally-first-dead-at': NOW - 1_000 })).to.equal(NOW - 9_000);
+    expect(firstDeadAt({ 'x-tally-first-dead-at': String(NOW - 7_000) })).to.equal(NOW - 7_000);
+    expect(firstDeadAt({ 'x-tally-dead-at': NOW - 3_000 })).to.equal(NOW - 3_000);
+    expect(firstDeadAt({ 'x-tally-first-dead-at': 'junk' })).to.equal(null);
+    expect(firstDeadAt(undefined)).to.equal(null);
   });
 
   it('replays what was never counted at any age, and what may have been while its markers live', () => {
