@@ -4,13 +4,15 @@
  * written), then the client of the topology it found, the health every
  * writer reports to, and, with TALLY_REDIS_WAIT_REPLICAS, the replica watch.
  */
-import { redactUrl } from '@tally/shared';
-import { createRedisClient, type RedisClient } from '@tally/runtime';
+import type { Redis } from 'ioredis';
+import { isSentinelUrl, parseSentinelUrl, redactUrl } from '@tally/shared';
+import { createRedisClient, isCluster, nodeAddress, type RedisClient } from '@tally/runtime';
 import type { CloseStep } from '../process/close-steps.js';
 import { checkNotInterrupted, type StartContext } from '../process/start-context.js';
 import { RedisHealth } from './redis-health.js';
 import { probeRedis, type RedisProbeReport } from './redis-probe.js';
 import { startReplicaWatch, type ReplicaWatch } from './replica-watch.js';
+import { SentinelWatch } from './sentinel-watch.js';
 import { untilRedis } from './until-redis.js';
 
 export interface RedisEdge {
@@ -22,6 +24,8 @@ export interface RedisEdge {
   readonly health: RedisHealth;
   /** With TALLY_REDIS_WAIT_REPLICAS: the masters that cannot meet the WAIT (replica-watch.ts); null without. */
   readonly replicaWatch: ReplicaWatch | null;
+  /** With redis+sentinel://: the primary and any failover in progress (sentinel-watch.ts); null without. */
+  readonly sentinelWatch: SentinelWatch | null;
 }
 
 export async function openRedis(context: StartContext): Promise<RedisEdge> {
@@ -31,13 +35,19 @@ export async function openRedis(context: StartContext): Promise<RedisEdge> {
   const client = createRedisClient(config.redisUrl, 'tally-coordinator', {}, probe.topology);
   if (probe.topology === 'cluster') log.info({ masters: probe.masters }, 'redis cluster detected: one slot per virtual shard');
   client.on('error', () => {});
-  client.on('ready', () => log.info({ redis: redactUrl(config.redisUrl) }, 'redis ready'));
+  // Behind Sentinel, `node` names the primary this connection reached (it changes with a failover).
+  client.on('ready', () => log.info({ redis: redactUrl(config.redisUrl), node: isCluster(client) ? undefined : nodeAddress(client) }, 'redis ready'));
   client.on('end', () => log.warn('redis connection ended'));
   closeSteps.add(closeRedisStep(client));
   const health = new RedisHealth(log);
   const replicaWatch = startReplicaWatch(client, config, log);
   if (replicaWatch !== null) closeSteps.add({ name: 'stopping the replica watch', run: () => replicaWatch.stop() });
-  return { probe, client, health, replicaWatch };
+  const sentinelWatch = isSentinelUrl(config.redisUrl) ? new SentinelWatch(parseSentinelUrl(config.redisUrl), client as Redis, log) : null;
+  if (sentinelWatch !== null) {
+    sentinelWatch.start();
+    closeSteps.add({ name: 'stopping the sentinel watch', run: () => sentinelWatch.stop() });
+  }
+  return { probe, client, health, replicaWatch, sentinelWatch };
 }
 
 /** QUIT, or a plain disconnect when the server does not answer it in time (a hung Redis never would). */
