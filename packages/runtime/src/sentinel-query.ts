@@ -130,7 +130,7 @@ export class SentinelReader {
       return new RedisRequirementError(
         'TALLY_REDIS_AUTH',
         `the Sentinels refused the credentials (${said}); put the Sentinels' password in TALLY_REDIS_URL's sentinelPassword parameter ` +
-          '(redis+sentinel://host:26379/master?sentinelPassword=…), the data nodes\' in its user:password',
+          "(redis+sentinel://host:26379/master?sentinelPassword=…), the data nodes' in its user:password",
       );
     }
     const tls = problems.find((problem) => problem?.code === 'TALLY_REDIS_TLS');

@@ -286,7 +286,10 @@ function redisUrls(env: Env, name: string, fallback: string): { redisUrl: string
       throw new ConfigError(name, `not a valid URL${where}; expected redis://… or rediss://…, comma-separated for several cluster seed nodes`);
     }
     if (url.protocol !== 'redis:' && url.protocol !== 'rediss:') {
-      throw new ConfigError(name, `unsupported scheme ${JSON.stringify(url.protocol)}${where}; expected one of redis:, rediss:, redis+sentinel:, rediss+sentinel:`);
+      throw new ConfigError(
+        name,
+        `unsupported scheme ${JSON.stringify(url.protocol)}${where}; expected one of redis:, rediss:, redis+sentinel:, rediss+sentinel:`,
+      );
     }
     if (url.hostname === '') throw new ConfigError(name, `no host${where}`);
     parsed.push(url);

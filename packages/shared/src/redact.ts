@@ -38,7 +38,10 @@ function redactOne(raw: string): string {
  * rather than guess where a password with unencoded delimiters ends.
  */
 function redactSentinelUrl(raw: string): string {
-  const scheme = raw.trim().slice(0, raw.trim().indexOf('://') + 3).toLowerCase();
+  const scheme = raw
+    .trim()
+    .slice(0, raw.trim().indexOf('://') + 3)
+    .toLowerCase();
   let target: SentinelTarget;
   try {
     target = parseSentinelUrl(raw);

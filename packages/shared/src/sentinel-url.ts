@@ -77,7 +77,9 @@ export function parseSentinelUrl(raw: string, variable = 'TALLY_REDIS_URL'): Sen
   const username = userinfo === '' ? '' : decode(colon === -1 ? userinfo : userinfo.slice(0, colon), 'user');
   const password = colon === -1 ? '' : decode(userinfo.slice(colon + 1), 'password');
 
-  const sentinels = hostList.split(',').map((entry, i, all) => parseHostPort(entry.trim(), all.length === 1 ? '' : ` (Sentinel ${i + 1} of ${all.length})`, fail));
+  const sentinels = hostList
+    .split(',')
+    .map((entry, i, all) => parseHostPort(entry.trim(), all.length === 1 ? '' : ` (Sentinel ${i + 1} of ${all.length})`, fail));
 
   let tail: URL;
   try {

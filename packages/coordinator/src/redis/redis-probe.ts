@@ -233,7 +233,8 @@ export async function probeRedis(config: ProbeConfig, log: ProbeLog): Promise<Re
     let facts: RedisFacts = factsFromInfo(info);
     if (facts.loading) throw new Error(`redis is loading its data set${where}`);
     // The Sentinels named a node that is not (or no longer) a primary: a failover is under way; an outage, waited out.
-    if (sentinel && !/^role:master\s*$/m.test(info)) throw new Error('the node the Sentinels name as primary answers as a replica; waiting for the failover to settle');
+    if (sentinel && !/^role:master\s*$/m.test(info))
+      throw new Error('the node the Sentinels name as primary answers as a replica; waiting for the failover to settle');
     const configPolicy = await maxmemoryPolicyFromConfig(master);
     if (configPolicy !== null) facts = { ...facts, maxmemoryPolicy: configPolicy };
 

@@ -20,12 +20,19 @@ import type { Logger } from '../process/logger.js';
 
 /** How often the Sentinels are asked: a failover takes seconds (down-after-milliseconds plus an election). */
 export const SENTINEL_POLL_MS = 1_000;
+/**
+ * How often while the connection is down or a failover is in progress: the
+ * window from "primary down" to the switch is often shorter than two slow
+ * polls, and it is the moment an operator looks.
+ */
+export const SENTINEL_FAST_POLL_MS = 250;
 
 export class SentinelWatch {
   private readonly tracker: PrimaryTracker;
   private readonly reader: SentinelReader;
   private timer: NodeJS.Timeout | null = null;
   private running: Promise<void> | null = null;
+  private started = false;
   private stopped = false;
 
   constructor(
@@ -38,16 +45,21 @@ export class SentinelWatch {
     this.reader = new SentinelReader(target);
   }
 
-  start(intervalMs = SENTINEL_POLL_MS): void {
-    if (this.timer !== null || this.stopped) return;
-    void this.check();
-    this.timer = setInterval(() => void this.check(), intervalMs);
-    this.timer.unref();
+  start(): void {
+    if (this.started || this.stopped) return;
+    this.started = true;
+    const next = (): void => {
+      if (this.stopped) return;
+      const fast = this.client.status !== 'ready' || this.tracker.state.failoverInProgress;
+      this.timer = setTimeout(() => void this.check().then(next), fast ? SENTINEL_FAST_POLL_MS : SENTINEL_POLL_MS);
+      this.timer.unref();
+    };
+    void this.check().then(next);
   }
 
   stop(): void {
     this.stopped = true;
-    if (this.timer !== null) clearInterval(this.timer);
+    if (this.timer !== null) clearTimeout(this.timer);
     this.timer = null;
     this.reader.close();
   }
