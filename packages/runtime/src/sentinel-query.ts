@@ -48,6 +48,8 @@ export class SentinelReader {
   /** Index in target.sentinels of the Sentinel `client` talks to, and where the next attempt starts. */
   private current = 0;
   private closed = false;
+  /** The last 'error' event of `client`: why a connection failed. */
+  private connectionError: unknown = null;
 
   constructor(
     private readonly target: SentinelTarget,
@@ -63,8 +65,9 @@ export class SentinelReader {
   async read(): Promise<SentinelAnswer> {
     const refusals: Refusal[] = [];
     const count = this.target.sentinels.length;
+    const start = this.current;
     for (let tried = 0; tried < count && !this.closed; tried++) {
-      const index = (this.current + tried) % count;
+      const index = (start + tried) % count;
       const address = this.target.sentinels[index]!;
       try {
         const client = this.clientFor(index, address);
@@ -72,8 +75,10 @@ export class SentinelReader {
         this.current = index;
         return { sentinel: joinAddress(address.host, address.port), master: sentinelMasterFromReply(reply) };
       } catch (error) {
+        // "Connection is closed" says nothing: the connection's own error (ECONNREFUSED, a TLS failure) says why.
+        const cause = this.connectionError ?? error;
         this.dropClient();
-        refusals.push({ sentinel: joinAddress(address.host, address.port), error });
+        refusals.push({ sentinel: joinAddress(address.host, address.port), error: cause });
       }
     }
     throw this.explain(refusals);
@@ -103,8 +108,10 @@ export class SentinelReader {
       connectTimeout: timeoutMs,
       commandTimeout: timeoutMs,
     });
-    // A refused connection shows on the command; the event would otherwise be unhandled.
-    client.on('error', () => {});
+    this.connectionError = null;
+    client.on('error', (error: unknown) => {
+      this.connectionError = error;
+    });
     this.client = client;
     return client;
   }

@@ -17,7 +17,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { Redis } from 'ioredis';
 import { freePorts } from './free-port.js';
 import { startPrivateRedis, type PrivateRedis } from './private-redis.js';
-import { adminClientOptions, killAllSync, spawnRedis, type RedisProcess } from './redis-process.js';
+import { adminClientOptions, killAllSync, spawnRedis, type RedisAccess, type RedisProcess, type RedisTlsFiles } from './redis-process.js';
 
 export interface SentinelGroupOptions {
   readonly masterName?: string;
@@ -29,6 +29,15 @@ export interface SentinelGroupOptions {
   readonly failoverTimeoutMs?: number;
   /** The Sentinels' own password (requirepass); none by default. */
   readonly sentinelPassword?: string;
+  /** The data nodes' password (requirepass, masterauth, and the Sentinels' auth-pass); none by default. */
+  readonly password?: string;
+  /**
+   * TLS only, everywhere: the data nodes and the Sentinels listen for TLS
+   * only (no plaintext port), and replication and the Sentinels' own
+   * connections speak it too (tls-replication), so anything that works
+   * proves TLS was spoken.
+   */
+  readonly tls?: RedisTlsFiles;
   /** How long start-up may take until every Sentinel knows the replicas and the other Sentinels (30 s). */
   readonly timeoutMs?: number;
 }
@@ -38,7 +47,7 @@ export interface SentinelGroup {
   /** The data nodes started, primary first; the test may kill any of them. */
   readonly nodes: readonly PrivateRedis[];
   readonly sentinelPorts: readonly number[];
-  /** TALLY_REDIS_URL for the group: redis+sentinel://127.0.0.1:p1,…/masterName (with the Sentinel password, when set). */
+  /** TALLY_REDIS_URL for the group: redis+sentinel://127.0.0.1:p1,…/masterName, with the passwords when set (rediss+sentinel:// with TLS). */
   readonly url: string;
   /** The port of the primary as the first Sentinel that answers names it; null when none answers. */
   primaryPort(): Promise<number | null>;
@@ -63,11 +72,34 @@ export async function startSentinelGroup(options: SentinelGroupOptions = {}): Pr
     for (const node of nodes) await node.stop();
     await rm(dir, { recursive: true, force: true });
   };
+  const data: RedisAccess = { password: options.password, tls: options.tls };
+  const tlsReplication = options.tls === undefined ? [] : ['--tls-replication', 'yes'];
+  const dataNode = (replicaOf: number | null): Promise<PrivateRedis> =>
+    startPrivateRedis({
+      ...data,
+      args: [
+        ...tlsReplication,
+        ...(options.password === undefined ? [] : ['--masterauth', options.password]),
+        ...(replicaOf === null ? [] : ['--replicaof', '127.0.0.1', String(replicaOf)]),
+      ],
+    });
+  const roleOf = async (port: number): Promise<string | null> => {
+    const client = new Redis({ ...adminClientOptions(port, data), connectTimeout: 1_000 });
+    client.on('error', () => {});
+    try {
+      await client.connect();
+      return /^role:(\w+)/m.exec(await client.info('replication'))?.[1] ?? null;
+    } catch {
+      return null;
+    } finally {
+      client.disconnect();
+    }
+  };
   try {
-    const primary = await startPrivateRedis();
+    const primary = await dataNode(null);
     nodes.push(primary);
     for (let i = 0; i < (options.replicas ?? 1); i++) {
-      const replica = await startPrivateRedis({ args: ['--replicaof', '127.0.0.1', String(primary.port)] });
+      const replica = await dataNode(primary.port);
       nodes.push(replica);
       await waitForSync(replica);
     }
@@ -83,6 +115,7 @@ export async function startSentinelGroup(options: SentinelGroupOptions = {}): Pr
           `sentinel down-after-milliseconds ${masterName} ${options.downAfterMs ?? 1_000}`,
           `sentinel failover-timeout ${masterName} ${options.failoverTimeoutMs ?? 3_000}`,
           `sentinel parallel-syncs ${masterName} 1`,
+          ...(options.password === undefined ? [] : [`sentinel auth-pass ${masterName} ${options.password}`]),
           '',
         ].join('\n'),
       );
@@ -90,12 +123,14 @@ export async function startSentinelGroup(options: SentinelGroupOptions = {}): Pr
         await spawnRedis({
           port,
           configFile: file,
-          args: ['--sentinel', '--loglevel', 'warning'],
+          args: ['--sentinel', '--loglevel', 'warning', ...tlsReplication],
           ...(options.sentinelPassword === undefined ? {} : { password: options.sentinelPassword }),
+          ...(options.tls === undefined ? {} : { tls: options.tls }),
         }),
       );
     }
-    const ask = (port: number): Redis => new Redis({ ...adminClientOptions(port, { password: options.sentinelPassword }), connectTimeout: 1_000 });
+    const ask = (port: number): Redis =>
+      new Redis({ ...adminClientOptions(port, { password: options.sentinelPassword, tls: options.tls }), connectTimeout: 1_000 });
     // Ready once every Sentinel knows every replica and every other Sentinel: a failover can then be elected.
     const deadline = Date.now() + (options.timeoutMs ?? 30_000);
     for (const port of ports) {
@@ -107,6 +142,7 @@ export async function startSentinelGroup(options: SentinelGroupOptions = {}): Pr
       }
     }
     const auth = options.sentinelPassword === undefined ? '' : `?sentinelPassword=${encodeURIComponent(options.sentinelPassword)}`;
+    const userinfo = options.password === undefined ? '' : `:${encodeURIComponent(options.password)}@`;
     const primaryPort = async (): Promise<number | null> => {
       for (const port of ports) {
         const info = await sentinelMaster(ask(port), masterName).catch(() => null);
@@ -118,7 +154,7 @@ export async function startSentinelGroup(options: SentinelGroupOptions = {}): Pr
       masterName,
       nodes,
       sentinelPorts: ports,
-      url: `redis+sentinel://${ports.map((port) => `127.0.0.1:${port}`).join(',')}/${masterName}${auth}`,
+      url: `${options.tls === undefined ? 'redis' : 'rediss'}+sentinel://${userinfo}${ports.map((port) => `127.0.0.1:${port}`).join(',')}/${masterName}${auth}`,
       primaryPort,
       async waitForNewPrimary(port, timeoutMs = 30_000) {
         const until = Date.now() + timeoutMs;
@@ -132,7 +168,7 @@ export async function startSentinelGroup(options: SentinelGroupOptions = {}): Pr
       async addReplica() {
         const current = await primaryPort();
         if (current === null) throw new Error('no Sentinel names a primary');
-        const replica = await startPrivateRedis({ args: ['--replicaof', '127.0.0.1', String(current)] });
+        const replica = await dataNode(current);
         nodes.push(replica);
         await waitForSync(replica);
         return replica;
@@ -154,19 +190,6 @@ async function sentinelMaster(client: Redis, name: string): Promise<Map<string, 
     const fields = new Map<string, string>();
     for (let i = 0; i + 1 < reply.length; i += 2) fields.set(reply[i]!, reply[i + 1]!);
     return fields;
-  } finally {
-    client.disconnect();
-  }
-}
-
-async function roleOf(port: number): Promise<string | null> {
-  const client = new Redis({ ...adminClientOptions(port, {}), connectTimeout: 1_000 });
-  client.on('error', () => {});
-  try {
-    await client.connect();
-    return /^role:(\w+)/m.exec(await client.info('replication'))?.[1] ?? null;
-  } catch {
-    return null;
   } finally {
     client.disconnect();
   }

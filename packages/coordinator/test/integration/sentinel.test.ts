@@ -21,11 +21,22 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { expect } from 'chai';
 import { Redis } from 'ioredis';
 import { escapeGlob, type DeviationEstimate } from '@tally/shared';
-import { startSentinelGroup, type SentinelGroup } from '@tally/testkit';
-import { generateWorkload } from '@tally/workload';
+import { asAdmin, makeTestCertificates, startSentinelGroup, type SentinelGroup, type TestCertificates } from '@tally/testkit';
+import { generateWorkload, publishAll } from '@tally/workload';
 import type { StatusReport } from '../../src/commands/status.js';
 import { tallyCli } from './fleet-helpers.js';
-import { cleanup, compare, publishPaced, startDaemon, stopDaemon, testSpace, waitForReadyEmpty } from './harness.js';
+import {
+  cleanup,
+  compare,
+  publishPaced,
+  runRefusedStart,
+  startDaemon,
+  stopDaemon,
+  testSpace,
+  waitForReadyEmpty,
+  AMQP_URL,
+  type RefusedStart,
+} from './harness.js';
 import { brokerQueue, countsAt, metricsText, readyz, sample, waitFor } from './runtime-probes.js';
 
 interface PrimaryView {
@@ -165,4 +176,104 @@ describe('Redis Sentinel (integration: 1 primary, 1 replica, 3 Sentinels; the pr
       }
     });
   }
+});
+
+/**
+ * The same guards as for any Redis, and the Sentinels' own: against a group
+ * that speaks TLS only (data nodes, replication and Sentinels) with a
+ * password on the data nodes and another on the Sentinels. A wrong master
+ * name or Sentinel password stops the start with one line naming it, not a
+ * retry loop on "All sentinels are unreachable".
+ */
+describe('Redis Sentinel start guards and TLS (integration: TLS only, data and Sentinel passwords)', function () {
+  this.timeout(120_000);
+  const DATA_PASSWORD = 'data-s3cret';
+  const SENTINEL_PASSWORD = 'sentinel-s3cret';
+  let certs: TestCertificates;
+  let group: SentinelGroup;
+  let hosts: string;
+
+  before(async () => {
+    certs = await makeTestCertificates();
+    group = await startSentinelGroup({ masterName: 'tally-tls', tls: certs.redis, password: DATA_PASSWORD, sentinelPassword: SENTINEL_PASSWORD });
+    hosts = group.sentinelPorts.map((port) => `127.0.0.1:${port}`).join(',');
+  });
+  after(async () => {
+    await group?.stop();
+    await certs?.remove();
+  });
+
+  const url = (userinfo: string, path: string, query: string): string => `rediss+sentinel://${userinfo}${hosts}/${path}${query}`;
+  const refused = async (redisUrl: string): Promise<RefusedStart> => {
+    const space = testSpace('sentinel-guard', { TALLY_REDIS_URL: redisUrl, NODE_EXTRA_CA_CERTS: certs.caFile });
+    const result = await runRefusedStart(space.env);
+    expect(result.code, `exit code; stderr: ${result.stderr}`).to.equal(1);
+    expect(result.stderrLines, 'one stderr line').to.have.length(1);
+    expect(
+      result.logs.some((line) => line.includes('redis unavailable; retrying')),
+      'not a retry loop',
+    ).to.equal(false);
+    expect(result.stderr + result.logs.join('\n'), 'no password in any line')
+      .not.to.include(DATA_PASSWORD)
+      .and.not.to.include(SENTINEL_PASSWORD);
+    return result;
+  };
+
+  it('a master name no Sentinel monitors: exit 1, TALLY_REDIS_SENTINEL naming the name', async () => {
+    const result = await refused(url(`:${DATA_PASSWORD}@`, 'no-such-master', `?sentinelPassword=${SENTINEL_PASSWORD}`));
+    expect(result.fatalCode).to.equal('TALLY_REDIS_SENTINEL');
+    expect(result.stderrLines[0]).to.include('"no-such-master"').and.include('sentinel monitor');
+  });
+
+  it("without the Sentinels' password: exit 1, TALLY_REDIS_AUTH naming sentinelPassword", async () => {
+    const result = await refused(url(`:${DATA_PASSWORD}@`, 'tally-tls', ''));
+    expect(result.fatalCode).to.equal('TALLY_REDIS_AUTH');
+    expect(result.stderrLines[0]).to.include('sentinelPassword');
+  });
+
+  it('a wrong password for the data nodes: exit 1, TALLY_REDIS_AUTH', async () => {
+    const result = await refused(url(':wrong@', 'tally-tls', `?sentinelPassword=${SENTINEL_PASSWORD}`));
+    expect(result.fatalCode).to.equal('TALLY_REDIS_AUTH');
+  });
+
+  it('an evicting primary behind the Sentinels: exit 1, TALLY_REDIS_EVICTION_POLICY', async () => {
+    const primary = group.nodes.find((node) => node.port === primaryPortNow)!;
+    await asAdmin(primary, (admin) => admin.config('SET', 'maxmemory-policy', 'allkeys-lru'));
+    try {
+      const result = await refused(group.url);
+      expect(result.fatalCode).to.equal('TALLY_REDIS_EVICTION_POLICY');
+      expect(result.stderrLines[0]).to.include('allkeys-lru');
+    } finally {
+      await asAdmin(primary, (admin) => admin.config('SET', 'maxmemory-policy', 'noeviction'));
+    }
+  });
+
+  it('TLS to the Sentinels and the data nodes, both passwords: the daemon, its threads and the CLI count exactly; no password logged', async () => {
+    const space = testSpace('sentinel-tls', { TALLY_REDIS_URL: group.url, NODE_EXTRA_CA_CERTS: certs.caFile, TALLY_WORKERS: '2' });
+    try {
+      const daemon = await startDaemon(space.env);
+      const starting = JSON.parse(daemon.logs.find((line) => line.includes('"msg":"starting"'))!) as { redis: string };
+      expect(starting.redis).to.equal(`rediss+sentinel://:***@${hosts}/tally-tls?sentinelPassword=***`);
+      const workload = generateWorkload({ messages: 300, skus: 40, maxChanges: 4, duplicateRate: 0.05, seed: 27, idPrefix: space.queue });
+      await publishAll(workload.publishes, { url: AMQP_URL, queue: space.queue });
+      await waitForReadyEmpty(space.queue);
+      await waitFor('every delivery acked', async () => (await brokerQueue(space.queue)).unacked === 0, 30_000);
+      expect((await stopDaemon(daemon)).code).to.equal(0);
+      expect(daemon.logs.join('\n')).not.to.include(DATA_PASSWORD).and.not.to.include(SENTINEL_PASSWORD);
+
+      const cli = await tallyCli(space.env, 'counts', '--json');
+      expect(cli.code, cli.stderr).to.equal(0);
+      expect(JSON.parse(cli.stdout)).to.deep.equal(Object.fromEntries(workload.truth));
+      const status = await tallyCli(space.env, 'status');
+      expect(status.code, status.stderr).to.equal(0);
+      expect(status.stdout).to.include(`redis   sentinel master tally-tls: primary 127.0.0.1:${primaryPortNow}, 1 replica, 3 Sentinels`);
+    } finally {
+      await cleanup(space);
+    }
+  });
+
+  let primaryPortNow = 0;
+  beforeEach(async () => {
+    primaryPortNow = (await group.primaryPort()) ?? 0;
+  });
 });
