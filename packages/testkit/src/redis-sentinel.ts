@@ -17,6 +17,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { Redis } from 'ioredis';
 import { freePorts } from './free-port.js';
 import { startPrivateRedis, type PrivateRedis } from './private-redis.js';
+import { startProxy, type ProxyControl } from './tcp-proxy.js';
 import { adminClientOptions, killAllSync, spawnRedis, type RedisAccess, type RedisProcess, type RedisTlsFiles } from './redis-process.js';
 
 export interface SentinelGroupOptions {
@@ -38,6 +39,15 @@ export interface SentinelGroupOptions {
    * proves TLS was spoken.
    */
   readonly tls?: RedisTlsFiles;
+  /**
+   * The first primary is known by a TCP proxy's address (tcp-proxy.ts):
+   * the Sentinels monitor it there, and name it so to clients and replicas,
+   * so a test can hold the replication stream alone
+   * (`primaryProxy.hold('replication')`): a replica that lags by exactly
+   * what was held when the primary dies. (A replica pointed at a proxy the
+   * Sentinels do not know is repointed by them within seconds.)
+   */
+  readonly primaryBehindProxy?: boolean;
   /** How long start-up may take until every Sentinel knows the replicas and the other Sentinels (30 s). */
   readonly timeoutMs?: number;
 }
@@ -47,6 +57,8 @@ export interface SentinelGroup {
   /** The data nodes started, primary first; the test may kill any of them. */
   readonly nodes: readonly PrivateRedis[];
   readonly sentinelPorts: readonly number[];
+  /** With primaryBehindProxy: the proxy in front of the first primary, whose port the Sentinels name; null otherwise. */
+  readonly primaryProxy: ProxyControl | null;
   /** TALLY_REDIS_URL for the group: redis+sentinel://127.0.0.1:p1,…/masterName, with the passwords when set (rediss+sentinel:// with TLS). */
   readonly url: string;
   /** The port of the primary as the first Sentinel that answers names it; null when none answers. */
@@ -66,8 +78,10 @@ export async function startSentinelGroup(options: SentinelGroupOptions = {}): Pr
   const sentinels: RedisProcess[] = [];
   const onExit = (): void => killAllSync(sentinels);
   process.once('exit', onExit);
+  let primaryProxy: ProxyControl | null = null;
   const stop = async (): Promise<void> => {
     process.removeListener('exit', onExit);
+    await primaryProxy?.close();
     await Promise.all(sentinels.map((sentinel) => sentinel.kill()));
     for (const node of nodes) await node.stop();
     await rm(dir, { recursive: true, force: true });
@@ -98,8 +112,10 @@ export async function startSentinelGroup(options: SentinelGroupOptions = {}): Pr
   try {
     const primary = await dataNode(null);
     nodes.push(primary);
+    if (options.primaryBehindProxy) primaryProxy = await startProxy(primary.port);
+    const monitored = primaryProxy?.port ?? primary.port;
     for (let i = 0; i < (options.replicas ?? 1); i++) {
-      const replica = await dataNode(primary.port);
+      const replica = await dataNode(monitored);
       nodes.push(replica);
       await waitForSync(replica);
     }
@@ -111,7 +127,7 @@ export async function startSentinelGroup(options: SentinelGroupOptions = {}): Pr
         file,
         [
           `dir ${dir}`,
-          `sentinel monitor ${masterName} 127.0.0.1 ${primary.port} ${quorum}`,
+          `sentinel monitor ${masterName} 127.0.0.1 ${monitored} ${quorum}`,
           `sentinel down-after-milliseconds ${masterName} ${options.downAfterMs ?? 1_000}`,
           `sentinel failover-timeout ${masterName} ${options.failoverTimeoutMs ?? 3_000}`,
           `sentinel parallel-syncs ${masterName} 1`,
@@ -154,6 +170,7 @@ export async function startSentinelGroup(options: SentinelGroupOptions = {}): Pr
       masterName,
       nodes,
       sentinelPorts: ports,
+      primaryProxy,
       url: `${options.tls === undefined ? 'redis' : 'rediss'}+sentinel://${userinfo}${ports.map((port) => `127.0.0.1:${port}`).join(',')}/${masterName}${auth}`,
       primaryPort,
       async waitForNewPrimary(port, timeoutMs = 30_000) {
