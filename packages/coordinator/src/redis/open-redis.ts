@@ -2,7 +2,8 @@
  * The Redis edge of the daemon, opened first: the start-up probe (a Redis
  * that cannot keep Tally's promise stops the start before anything is
  * written), then the client of the topology it found, the health every
- * writer reports to, and, with TALLY_REDIS_WAIT_REPLICAS, the replica watch.
+ * writer reports to, with TALLY_REDIS_WAIT_REPLICAS the replica watch, and
+ * behind Sentinel the watch that names the primary and a failover.
  */
 import type { Redis } from 'ioredis';
 import { isSentinelUrl, parseSentinelUrl, redactUrl } from '@tally/shared';
