@@ -6,7 +6,7 @@
  */
 import { parseArgs } from 'node:util';
 import { CliUsageError, classifyRedisFailure, loadConfig, RedisRequirementError, type RedisFailure } from '@tally/shared';
-import { connectRedis, startTracing, type RedisClient } from '@tally/runtime';
+import { connectRedis, ONE_SHOT, startTracing, type RedisClient } from '@tally/runtime';
 import { countsToJson, readCounts } from './commands/counts.js';
 import { deadList, deadListText, deadReplay, deadReplayText, deadReplayWarning, deadSubcommand, EXIT_REPLAY_REFUSED } from './commands/dead.js';
 import { deviationEstimate, deviationText } from './commands/deviation.js';
@@ -259,7 +259,7 @@ async function main(argv: string[]): Promise<void> {
  */
 async function cliRedis(url: string): Promise<RedisClient> {
   try {
-    return await connectRedis(url, 'tally-cli', { maxRetriesPerRequest: 0, retryStrategy: () => null });
+    return await connectRedis(url, 'tally-cli', ONE_SHOT);
   } catch (error) {
     const problem = classifyRedisFailure(error as RedisFailure);
     throw problem === null ? error : new RedisRequirementError(problem.code, problem.message);

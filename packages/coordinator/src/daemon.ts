@@ -10,7 +10,7 @@
  *                            └── stop() meanwhile ────────────┘ (start() resolves without running)
  */
 import { randomBytes } from 'node:crypto';
-import { redactUrl, type CounterValues, type TallyConfig } from '@tally/shared';
+import { redactUrl, type CounterValues, type PrimaryState, type TallyConfig } from '@tally/shared';
 import type { AmqpBrokerState } from './amqp/message-source.js';
 import { CLOSE_BUDGET_MS, CloseSteps, runSteps, STEP_TIMEOUT_MS } from './process/close-steps.js';
 import { newDaemonId } from './fleet/heartbeat.js';
@@ -39,6 +39,11 @@ type Lifecycle =
   | { readonly state: 'stopped'; readonly counters: CounterValues | null };
 
 export type DaemonState = Lifecycle['state'];
+
+/** The failover in progress that /readyz names, if any. */
+function failoverOf(primary: PrimaryState | null): { reason: string; sinceMs: number | null } | null {
+  return primary === null || primary.reason === null ? null : { reason: primary.reason, sinceMs: primary.sinceMs };
+}
 
 export class Daemon {
   private lifecycle: Lifecycle = { state: 'created' };
@@ -93,6 +98,8 @@ export class Daemon {
     messagesInProgress: number;
     oldestUnackedS: number | null;
     redis: RedisProbeReport | null;
+    /** Behind Sentinel: the primary, any failover in progress, failovers seen (sentinel-state.ts); null otherwise. */
+    redisPrimary: PrimaryState | null;
     amqp: AmqpBrokerState | null;
   } {
     const open = this.open;
@@ -104,6 +111,7 @@ export class Daemon {
       messagesInProgress: open?.pipeline.messagesInProgress ?? 0,
       oldestUnackedS: ageMs === null ? null : Math.round(ageMs) / 1000,
       redis: open?.runtime.redis.probe ?? null,
+      redisPrimary: open?.runtime.redis.sentinelWatch?.state ?? null,
       amqp: open?.runtime.source.brokerState ?? null,
     };
   }
@@ -117,6 +125,7 @@ export class Daemon {
       consuming: status.consuming,
       redisConnected: status.redisReady,
       refusal: open?.runtime.redis.health.current() ?? null,
+      failover: failoverOf(status.redisPrimary),
       replicasShort: open?.runtime.redis.replicaWatch?.short ?? [],
       refusedPartitions: open?.runtime.source.refusedPartitions ?? [],
       oldestUnackedMs: open?.pipeline.oldestUnackedAgeMs() ?? null,

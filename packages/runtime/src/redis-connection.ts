@@ -1,13 +1,32 @@
 /**
- * How Tally talks to Redis, standalone or a Redis Cluster: connection options that fail fast (the caller
- * retries), topology detection, and the scan and slot helpers.
+ * How Tally talks to Redis, standalone, behind Sentinel or a Redis Cluster: connection options that fail
+ * fast (the caller retries), topology detection, and the scan and slot helpers.
  */
+import { isIP, type Socket } from 'node:net';
 import { Cluster, Redis, type ClusterOptions, type RedisOptions } from 'ioredis';
-import { backoffDelay, redactUrl, RedisRequirementError, splitRedisUrls, type BackoffOptions, type RedisTopology } from '@tally/shared';
+import {
+  backoffDelay,
+  isSentinelUrl,
+  joinAddress,
+  parseSentinelUrl,
+  redactUrl,
+  RedisRequirementError,
+  splitRedisUrls,
+  type BackoffOptions,
+  type RedisTopology,
+  type SentinelTarget,
+} from '@tally/shared';
 import { keySlot } from './key-slot.js';
+import { askSentinels } from './sentinel-query.js';
 
 /** ioredis's own reconnects: quicker than the step retries, since a reconnect is cheap and nothing waits on its log. */
 export const RECONNECT_BACKOFF: BackoffOptions = Object.freeze({ baseMs: 50, capMs: 2_000 });
+
+/**
+ * For one-shot clients (the CLI, the probe): one attempt, no reconnects, no
+ * failover subscriptions (their connections would outlive a quick command).
+ */
+export const ONE_SHOT: RedisOptions = Object.freeze({ maxRetriesPerRequest: 0, retryStrategy: () => null, failoverDetector: false });
 
 /** A client for either topology. Both speak the same commands; what differs (scans, slots) goes through the helpers below. */
 export type RedisClient = Redis | Cluster;
@@ -47,15 +66,90 @@ function connectionOptions(connectionName: string): RedisOptions {
  *
  * `rediss://` URLs get TLS from ioredis itself; passwords come from the URL.
  * On a cluster, the first seed's user, password and TLS go to every node the
- * cluster announces (clusterOptions).
+ * cluster announces (clusterOptions). A `redis+sentinel://` URL gives a
+ * standalone client that asks the Sentinels for the primary at every
+ * (re)connect (sentinelOptions): the daemon, its threads and the CLI all
+ * follow a failover through this one factory.
  */
 export function createRedisClient(url: string, connectionName: string, overrides?: RedisOptions): Redis;
 export function createRedisClient(url: string, connectionName: string, overrides: RedisOptions, topology: 'standalone'): Redis;
 export function createRedisClient(url: string, connectionName: string, overrides: RedisOptions, topology: RedisTopology): RedisClient;
 export function createRedisClient(url: string, connectionName: string, overrides: RedisOptions = {}, topology: RedisTopology = 'standalone'): RedisClient {
+  if (isSentinelUrl(url)) return new Redis(sentinelOptions(parseSentinelUrl(url), connectionName, overrides));
   const seeds = splitRedisUrls(url);
   if (topology === 'cluster') return new Cluster(seeds.map(seedNode), clusterOptions(seeds[0]!, connectionName, overrides));
   return new Redis(seeds[0] ?? url, { ...connectionOptions(connectionName), ...overrides });
+}
+
+/** Reconnects of the failover detector's subscriptions to a Sentinel that went away (ioredis waits a minute by default). */
+const SENTINEL_RESUBSCRIBE_BACKOFF: BackoffOptions = Object.freeze({ baseMs: 500, capMs: 10_000 });
+
+/**
+ * The options of a client of the primary behind Sentinel. The standalone
+ * options above hold (no resend of a command that may have run, every
+ * failure to the caller's retry loop); on top of them:
+ *
+ * - role master, and the ready check on (the default): at every connect
+ *   ioredis asks a Sentinel for the primary, then checks that the node says
+ *   `role:master` in INFO; a replica answering where the primary was (a
+ *   Sentinel not yet told, a demoted node) is dropped and the next Sentinel
+ *   asked, before any command is sent on it.
+ * - failoverDetector: the client subscribes to `+switch-master` on the
+ *   Sentinels and reconnects at once when the primary changes, instead of
+ *   writing on to an old primary that is still up (a partition) and being
+ *   told READONLY only once it is demoted.
+ * - reconnectOnError for READONLY: the node was demoted under the
+ *   connection; reconnect (asking the Sentinels again) and fail the command
+ *   to the retry loop (1: never resent by ioredis).
+ * - sentinelRetryStrategy: the caller's retryStrategy. When no Sentinel
+ *   answers, the daemon's clients keep asking with its backoff; a one-shot
+ *   client (retryStrategy null: the CLI, the probe) fails at once.
+ * - TLS (rediss+sentinel://) to the Sentinels and to the data nodes, both
+ *   verified; a CA given by the caller (`overrides.tls`) applies to both.
+ *   The primary is reached at the address the Sentinels announce, so its
+ *   certificate must name that address.
+ */
+export function sentinelOptions(target: SentinelTarget, connectionName: string, overrides: RedisOptions = {}): RedisOptions {
+  const base = { ...connectionOptions(connectionName), ...overrides };
+  const tls = target.tls ? { tls: overrides.tls ?? {}, sentinelTLS: overrides.tls ?? {}, enableTLSForSentinelMode: true } : {};
+  return {
+    ...base,
+    sentinels: target.sentinels.map(({ host, port }) => ({ host, port })),
+    name: target.masterName,
+    role: 'master',
+    db: target.db,
+    ...(target.username === null ? {} : { username: target.username }),
+    ...(target.password === null ? {} : { password: target.password }),
+    ...(target.sentinelUsername === null ? {} : { sentinelUsername: target.sentinelUsername }),
+    ...(target.sentinelPassword === null ? {} : { sentinelPassword: target.sentinelPassword }),
+    ...tls,
+    sentinelRetryStrategy: base.retryStrategy ?? ((times) => backoffDelay(times, RECONNECT_BACKOFF)),
+    sentinelReconnectStrategy: (times) => backoffDelay(times, SENTINEL_RESUBSCRIBE_BACKOFF),
+    sentinelCommandTimeout: 2_000,
+    failoverDetector: overrides.failoverDetector ?? true,
+    reconnectOnError: (error) => (/^READONLY\b/.test(error.message) ? 1 : false),
+  };
+}
+
+/** Whether a client reaches its node through Sentinel. */
+export function isSentinelClient(client: RedisClient): boolean {
+  return !isCluster(client) && Array.isArray(client.options.sentinels) && client.options.sentinels.length > 0;
+}
+
+/**
+ * The `host:port` of the node a connection serves: as configured for a
+ * standalone node or a cluster node, and for a client behind Sentinel the
+ * address its socket reached (the primary of the moment), or null while it
+ * has none.
+ */
+export function nodeAddress(connection: Redis): string | null {
+  if (!isSentinelClient(connection)) return `${connection.options.host ?? '127.0.0.1'}:${connection.options.port ?? 6379}`;
+  const stream = (connection as unknown as { stream?: Socket }).stream;
+  const host = stream?.remoteAddress;
+  const port = stream?.remotePort;
+  if (connection.status !== 'ready' || host === undefined || port === undefined) return null;
+  // An IPv4 peer on a dual-stack socket reads ::ffff:a.b.c.d; the Sentinels announce a.b.c.d.
+  return joinAddress(isIP(host) === 6 && host.startsWith('::ffff:') ? host.slice(7) : host, port);
 }
 
 function seedNode(url: string): { host: string; port: number } {
@@ -125,6 +219,8 @@ export function isCluster(client: RedisClient): client is Cluster {
  * name a standalone Redis, which has no seeds.
  */
 export async function detectRedisTopology(url: string, overrides: RedisOptions = {}): Promise<RedisTopology> {
+  // Sentinel monitors a standalone primary (a Redis Cluster fails over by itself); the probe asks the Sentinels first.
+  if (isSentinelUrl(url)) return 'standalone';
   const seeds = splitRedisUrls(url);
   let lastError: unknown = new Error('TALLY_REDIS_URL names no Redis');
   for (const seed of seeds) {
@@ -164,6 +260,8 @@ export async function detectRedisTopology(url: string, overrides: RedisOptions =
 
 /** A client of the detected topology: what the CLI and the tests use. The daemon detects once, in its probe. */
 export async function connectRedis(url: string, connectionName: string, overrides: RedisOptions = {}): Promise<RedisClient> {
+  // Behind Sentinel: the Sentinels first, so a wrong master name or Sentinel password reads as such (sentinel-query.ts).
+  if (isSentinelUrl(url)) await askSentinels(parseSentinelUrl(url), overrides.tls === undefined ? {} : { tls: overrides.tls });
   const topology = await detectRedisTopology(url, overrides.tls === undefined ? {} : { tls: overrides.tls });
   const client = createRedisClient(url, connectionName, overrides, topology);
   if (isCluster(client)) await whenClusterReady(client);

@@ -9,6 +9,7 @@ import { closestName } from './closest-name.js';
 import { ConfigError } from './errors.js';
 import type { MarkerScope } from './markers.js';
 import { parseMessageMapping, type MessageMapping } from './message-mapping.js';
+import { isSentinelUrl, parseSentinelUrl } from './sentinel-url.js';
 
 export type TallyMode = 'two-step' | 'atomic';
 
@@ -41,8 +42,9 @@ export interface TallyConfig {
   /** The URLs of TALLY_AMQP_URL, one per node, in the order given: the daemon and the CLI try them in turn (broker-nodes.ts). */
   readonly amqpNodes: readonly string[];
   /**
-   * TALLY_REDIS_URL as given (scheme lower-cased): one URL, or the seed nodes
-   * of a Redis Cluster separated by commas. Log it only through redactUrl.
+   * TALLY_REDIS_URL as given (scheme lower-cased): one URL, the seed nodes
+   * of a Redis Cluster separated by commas, or Sentinels and a master name
+   * (redis+sentinel://, sentinel-url.ts). Log it only through redactUrl.
    */
   readonly redisUrl: string;
   /** The URLs of TALLY_REDIS_URL, one per seed node (one for a standalone Redis). */
@@ -353,6 +355,12 @@ export function splitRedisUrls(raw: string): string[] {
  */
 function redisUrls(env: Env, name: string, fallback: string): { redisUrl: string; redisSeeds: readonly string[] } {
   const raw = read(env, name) ?? fallback;
+  if (isSentinelUrl(raw)) {
+    // Sentinels and a master name (sentinel-url.ts): validated here, parsed again where a client is built.
+    parseSentinelUrl(raw, name);
+    const url = withLowerCaseScheme(raw.trim());
+    return { redisUrl: url, redisSeeds: Object.freeze([url]) };
+  }
   const seeds = splitRedisUrls(raw);
   if (seeds.length === 0) throw new ConfigError(name, 'expected a redis:// or rediss:// URL, or several comma-separated');
   const parsed: URL[] = [];
@@ -366,7 +374,10 @@ function redisUrls(env: Env, name: string, fallback: string): { redisUrl: string
       throw new ConfigError(name, `not a valid URL${where}; expected redis://… or rediss://…, comma-separated for several cluster seed nodes`);
     }
     if (url.protocol !== 'redis:' && url.protocol !== 'rediss:') {
-      throw new ConfigError(name, `unsupported scheme ${JSON.stringify(url.protocol)}${where}; expected one of redis:, rediss:`);
+      throw new ConfigError(
+        name,
+        `unsupported scheme ${JSON.stringify(url.protocol)}${where}; expected one of redis:, rediss:, redis+sentinel:, rediss+sentinel:`,
+      );
     }
     if (url.hostname === '') throw new ConfigError(name, `no host${where}`);
     parsed.push(url);

@@ -35,6 +35,7 @@ export type RedisRequirementCode =
   | 'TALLY_REDIS_NOPERM'
   | 'TALLY_REDIS_AUTH'
   | 'TALLY_REDIS_CLUSTER'
+  | 'TALLY_REDIS_SENTINEL'
   | 'TALLY_REDIS_TLS';
 
 export class TallyError extends Error {

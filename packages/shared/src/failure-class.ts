@@ -49,6 +49,12 @@ export function isProgrammingError(error: unknown): error is Error {
 
 /** Reply prefixes of a server in a passing state: loading, failing over, out of memory, resharding. */
 const TRANSIENT_REPLY = /^(OOM|LOADING|BUSY|READONLY|MASTERDOWN|TRYAGAIN|CLUSTERDOWN|MOVED|ASK|NOSCRIPT|EXECABORT|MISCONF|NOREPLICAS)\b/;
+/**
+ * WAIT sent to a replica: a connection that reached a node while it was
+ * being demoted, or a replica answering before the Sentinels' switch. The
+ * client's ready check and READONLY move it to the primary; the batch waits.
+ */
+const REPLICA_REPLY = /^ERR WAIT cannot be used with replica instances/;
 
 /** Refusals caused by the values in the command: the same write fails the same way every time. */
 const DATA_REPLY =
@@ -62,7 +68,7 @@ const DATA_REPLY =
  * refusal should be seen, not retried quietly forever nor blamed on the data.
  */
 export function classifyRedisReply(message: string): FailureClass {
-  if (TRANSIENT_REPLY.test(message)) return 'transient';
+  if (TRANSIENT_REPLY.test(message) || REPLICA_REPLY.test(message)) return 'transient';
   if (DATA_REPLY.test(message)) return 'data';
   return 'fatal';
 }

@@ -21,6 +21,17 @@ export {
   UnknownReplyError,
 } from './errors.js';
 export { redactUrl } from './redact.js';
+export { DEFAULT_SENTINEL_PORT, isSentinelUrl, parseSentinelUrl, type SentinelAddress, type SentinelTarget } from './sentinel-url.js';
+export {
+  failoverFlags,
+  joinAddress,
+  type PrimaryChange,
+  type PrimaryState,
+  PrimaryTracker,
+  type SentinelMasterInfo,
+  sentinelMasterFromReply,
+  type SentinelObservation,
+} from './sentinel-state.js';
 export { nextNodeIndex, splitAmqpUrls } from './broker-nodes.js';
 export { tlsTrustFailure } from './tls-trust.js';
 export {

@@ -16,6 +16,8 @@ const REPLIES: Array<[reply: string, expected: FailureClass]> = [
   ['BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE.', 'transient'],
   ["READONLY You can't write against a read only replica.", 'transient'],
   ["MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'.", 'transient'],
+  // A connection that reached a replica during a Sentinel failover: waited out, never fatal.
+  ['ERR WAIT cannot be used with replica instances. Please also note that since Redis 4.0 if a replica is configured to be writable', 'transient'],
   ['TRYAGAIN Multiple keys request during rehashing of slot', 'transient'],
   ['CLUSTERDOWN The cluster is down', 'transient'],
   ['MOVED 3999 127.0.0.1:6381', 'transient'],

@@ -13,3 +13,4 @@ export { markerEntry, markersDone, readMarkers, writeClaim, writeDoneMarker, typ
 export { testWorkerSettings } from './worker-settings.js';
 export { makeTestCertificates, type TestCertificates } from './tls-certificates.js';
 export { startRabbitCluster, type RabbitCluster, type RabbitClusterOptions, type RabbitNode, type RabbitTlsFiles } from './rabbit-cluster.js';
+export { startSentinelGroup, type SentinelGroup, type SentinelGroupOptions } from './redis-sentinel.js';

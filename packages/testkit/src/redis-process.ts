@@ -38,6 +38,8 @@ export interface RedisAccess {
 export interface SpawnRedisOptions extends RedisAccess {
   readonly binary?: string;
   readonly port: number;
+  /** A configuration file, given first as redis-server wants it (a Sentinel needs one it can rewrite). */
+  readonly configFile?: string;
   /** Arguments after the port, bind and access arguments. */
   readonly args: readonly string[];
   readonly readyTimeoutMs?: number;
@@ -79,7 +81,8 @@ function listenArgs(port: number, access: RedisAccess): string[] {
 
 /** Spawns redis-server and resolves once it answers PING; rejects (with the server's stderr) if it exits first. */
 export async function spawnRedis(options: SpawnRedisOptions): Promise<RedisProcess> {
-  const child = spawn(options.binary ?? 'redis-server', [...listenArgs(options.port, options), '--daemonize', 'no', ...options.args], {
+  const file = options.configFile === undefined ? [] : [options.configFile];
+  const child = spawn(options.binary ?? 'redis-server', [...file, ...listenArgs(options.port, options), '--daemonize', 'no', ...options.args], {
     stdio: ['ignore', 'ignore', 'pipe'],
   });
   let stderr = '';

@@ -15,18 +15,34 @@ export interface ProxyControl {
   resume(): void;
   /** New connections go to another port from now on (a failover moved the service); current ones are left as they are. */
   retarget(port: number): void;
+  /**
+   * Holds what the server sends (the client hears nothing more, the server
+   * believes it sent it) until release(); a cut or a dead server drops what
+   * was held. `replication`: only on the connections of replicas (those that
+   * sent PSYNC or SYNC), so a replica behind the proxy lags by exactly what
+   * was held, whatever the kernel's socket buffers would have carried, while
+   * the other clients of the server go on.
+   */
+  hold(which?: 'all' | 'replication'): void;
+  release(): void;
   close(): Promise<void>;
 }
 
 export async function startProxy(targetPort: number, targetHost = '127.0.0.1'): Promise<ProxyControl> {
   const sockets = new Set<net.Socket>();
   let paused = false;
+  let holding: 'all' | 'replication' | null = null;
+  /** Client sockets that opened a replication stream (PSYNC or SYNC). */
+  const replicas = new WeakSet<net.Socket>();
+  /** Server chunks held, each with the client it was meant for. */
+  let held: Array<{ client: net.Socket; chunk: Buffer }> = [];
   const control: ProxyControl = {
     port: 0,
     inspect: null,
     cutAll() {
       for (const socket of sockets) socket.destroy();
       sockets.clear();
+      held = [];
     },
     pause() {
       paused = true;
@@ -37,6 +53,15 @@ export async function startProxy(targetPort: number, targetHost = '127.0.0.1'): 
     },
     retarget(port) {
       targetPort = port;
+    },
+    hold(which = 'all') {
+      holding = which;
+    },
+    release() {
+      holding = null;
+      const pending = held;
+      held = [];
+      for (const { client, chunk } of pending) if (!client.destroyed) client.write(chunk);
     },
     close: () =>
       new Promise((resolve) => {
@@ -53,6 +78,7 @@ export async function startProxy(targetPort: number, targetHost = '127.0.0.1'): 
     sockets.add(client);
     sockets.add(upstream);
     const drop = () => {
+      held = held.filter((entry) => entry.client !== client);
       client.destroy();
       upstream.destroy();
       sockets.delete(client);
@@ -60,6 +86,7 @@ export async function startProxy(targetPort: number, targetHost = '127.0.0.1'): 
     };
     let cutting = false;
     client.on('data', (chunk: Buffer) => {
+      if (/^(\*\d+\r\n\$\d+\r\n)?P?SYNC\b/i.test(chunk.toString('latin1', 0, 32))) replicas.add(client);
       const verdict = control.inspect?.(chunk) ?? 'forward';
       upstream.write(chunk);
       if (verdict === 'cut-after') {
@@ -73,7 +100,8 @@ export async function startProxy(targetPort: number, targetHost = '127.0.0.1'): 
         drop();
         return;
       }
-      if (!client.destroyed) client.write(chunk);
+      if (holding === 'all' || (holding === 'replication' && replicas.has(client))) held.push({ client, chunk });
+      else if (!client.destroyed) client.write(chunk);
     });
     client.on('error', drop);
     upstream.on('error', drop);

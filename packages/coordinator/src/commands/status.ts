@@ -9,8 +9,19 @@
  */
 import type amqp from 'amqplib';
 import type { Redis } from 'ioredis';
-import { describeError, layoutKey, markerScopeOf, partitionQueues, type MarkerScope, type TallyConfig, type TallyMode } from '@tally/shared';
-import { connectRedis, scanNodes, type RedisClient } from '@tally/runtime';
+import {
+  describeError,
+  failoverFlags,
+  isSentinelUrl,
+  layoutKey,
+  markerScopeOf,
+  parseSentinelUrl,
+  partitionQueues,
+  type MarkerScope,
+  type TallyConfig,
+  type TallyMode,
+} from '@tally/shared';
+import { askSentinels, connectRedis, ONE_SHOT, scanNodes, type RedisClient } from '@tally/runtime';
 import { connectAnyNode } from '../amqp/broker-connect.js';
 import { listDaemons, type LiveDaemon } from '../fleet/heartbeat.js';
 import { readStreamStatus, type StreamPartitionStatus } from './stream-status.js';
@@ -51,8 +62,26 @@ export interface QueueStatus {
   readonly error?: string;
 }
 
+/** Behind Sentinel (redis+sentinel://): the primary as the Sentinels name it. */
+export interface SentinelStatus {
+  /** The master group name. */
+  readonly master: string;
+  /** `host:port`; null when no Sentinel answered. */
+  readonly primary: string | null;
+  readonly flags: string[];
+  readonly failover_in_progress: boolean;
+  /** Replicas and Sentinels the answering Sentinel knows. */
+  readonly replicas: number | null;
+  readonly sentinels: number | null;
+  /** The Sentinel that answered. */
+  readonly sentinel: string | null;
+  readonly error?: string;
+}
+
 export interface StatusReport {
   readonly prefix: string;
+  /** Behind Sentinel: the current primary and any failover in progress; null for a Redis named directly. */
+  readonly sentinel: SentinelStatus | null;
   readonly layout: LayoutStatus | null;
   readonly queue: QueueStatus;
   readonly daemons: LiveDaemon[];
@@ -148,6 +177,34 @@ export function partitionStatus(queue: string, partitions: number, depths: reado
   }));
 }
 
+/** What the Sentinels say of the master now; a Sentinel that cannot be reached is shown as such. */
+export async function readSentinelStatus(redisUrl: string): Promise<SentinelStatus> {
+  const target = parseSentinelUrl(redisUrl);
+  try {
+    const { sentinel, master } = await askSentinels(target);
+    return {
+      master: target.masterName,
+      primary: master.address,
+      flags: [...master.flags],
+      failover_in_progress: failoverFlags(master.flags).length > 0,
+      replicas: master.replicas,
+      sentinels: master.sentinels,
+      sentinel,
+    };
+  } catch (error) {
+    return {
+      master: target.masterName,
+      primary: null,
+      flags: [],
+      failover_in_progress: false,
+      replicas: null,
+      sentinels: null,
+      sentinel: null,
+      error: describeError(error),
+    };
+  }
+}
+
 /**
  * The whole report. `nodes` are the Redis nodes whose keys are scanned for
  * heartbeats (the one client on a standalone Redis, every master on a
@@ -156,22 +213,28 @@ export function partitionStatus(queue: string, partitions: number, depths: reado
 export async function readStatus(
   nodes: readonly Redis[],
   redis: RedisClient,
-  config: Pick<TallyConfig, 'prefix' | 'amqpNodes' | 'queue' | 'deadLetterQueue'> & Partial<Pick<TallyConfig, 'partitions' | 'source'>>,
+  config: Pick<TallyConfig, 'prefix' | 'amqpNodes' | 'queue' | 'deadLetterQueue'> & Partial<Pick<TallyConfig, 'partitions' | 'source' | 'redisUrl'>>,
 ): Promise<StatusReport> {
   const depths: QueueDepth[] = [];
-  const [daemons, layout, queue] = await Promise.all([listDaemons(nodes, config.prefix), readLayout(redis, config.prefix), readQueueStatus(config, depths)]);
+  const redisUrl = config.redisUrl;
+  const [daemons, layout, queue, sentinel] = await Promise.all([
+    listDaemons(nodes, config.prefix),
+    readLayout(redis, config.prefix),
+    readQueueStatus(config, depths),
+    redisUrl !== undefined && isSentinelUrl(redisUrl) ? readSentinelStatus(redisUrl) : null,
+  ]);
   const partitions = config.partitions ?? 1;
   if (config.source === 'stream') {
     const broker = await connectAnyNode(config.amqpNodes, 'tally-cli-status').catch(() => null);
     broker?.model.on('error', () => {});
     try {
       const streams = await readStreamStatus(redis, broker?.model ?? null, { prefix: config.prefix, queue: config.queue, partitions }, daemons);
-      return { prefix: config.prefix, layout, queue, daemons, partitions: [], streams };
+      return { prefix: config.prefix, sentinel, layout, queue, daemons, partitions: [], streams };
     } finally {
       await broker?.model.close().catch(() => {});
     }
   }
-  return { prefix: config.prefix, layout, queue, daemons, partitions: partitionStatus(config.queue, partitions, depths, daemons), streams: [] };
+  return { prefix: config.prefix, sentinel, layout, queue, daemons, partitions: partitionStatus(config.queue, partitions, depths, daemons), streams: [] };
 }
 
 function table(rows: string[][]): string[] {
@@ -190,6 +253,7 @@ export function statusText(report: StatusReport): string {
   lines.push(
     `prefix  ${report.prefix}  ${layout === null ? '(no layout: no daemon has started on it)' : `${layout.virtual_shards} virtual shards, ${layout.mode} mode${layout.partitions > 1 ? `, ${layout.partitions} partitions` : ''}${layout.marker_scope === null ? '' : `, ${layout.marker_scope}-scoped markers`}`}`,
   );
+  if (report.sentinel !== null) lines.push(sentinelLine(report.sentinel));
   if (queue.error !== undefined) lines.push(`queue   ${queue.name}: ${queue.error}`);
   else if (!queue.exists) lines.push(`queue   ${queue.name}: does not exist`);
   else {
@@ -253,9 +317,21 @@ export function statusText(report: StatusReport): string {
   return lines.join('\n');
 }
 
+/** `redis   sentinel master M: primary H:P, 1 replica, 3 Sentinels[; failover in progress (o_down, …)]`. */
+export function sentinelLine(sentinel: SentinelStatus): string {
+  const head = `redis   sentinel master ${sentinel.master}`;
+  if (sentinel.primary === null) return `${head}: ${sentinel.error ?? 'no Sentinel answers'}`;
+  const plural = (n: number | null, word: string): string => `${n ?? '?'} ${word}${n === 1 ? '' : 's'}`;
+  const down = failoverFlags(sentinel.flags);
+  return (
+    `${head}: primary ${sentinel.primary}, ${plural(sentinel.replicas, 'replica')}, ${plural(sentinel.sentinels, 'Sentinel')}` +
+    (down.length > 0 ? `; failover in progress (${down.join(', ')})` : '')
+  );
+}
+
 /** The CLI command: one connection to each server, one attempt, then out. */
 export async function statusCommand(config: TallyConfig, json: boolean, out: (line: string) => void): Promise<void> {
-  const redis = await connectRedis(config.redisUrl, 'tally-cli', { maxRetriesPerRequest: 0, retryStrategy: () => null });
+  const redis = await connectRedis(config.redisUrl, 'tally-cli', ONE_SHOT);
   redis.on('error', () => {});
   try {
     // Heartbeat keys have no hash tag: on a cluster they are spread over every master.

@@ -30,7 +30,7 @@ export interface CloseStep {
  *   nothing more;
  * - the stats flush once no thread can report anything more;
  * - the channel: only now do the unacked deliveries go back to the broker;
- * - the heartbeat and the replica watch, then Redis (they use its client);
+ * - the heartbeat and the replica and sentinel watches, then Redis (they use its client);
  * - the metrics endpoint last: it answers until the end.
  */
 export const CLOSE_ORDER = [
@@ -40,6 +40,7 @@ export const CLOSE_ORDER = [
   'closing amqp',
   'stopping the heartbeat',
   'stopping the replica watch',
+  'stopping the sentinel watch',
   'closing redis',
   'closing the metrics endpoint',
 ] as const;

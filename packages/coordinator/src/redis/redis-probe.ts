@@ -3,6 +3,7 @@
  * do, before the daemon writes anything. The rules live in
  * @tally/shared redis-requirements.ts; this file only asks the server.
  *
+ *   SENTINEL MASTER (redis+sentinel)  unknown master name, Sentinel password -> fatal
  *   connect (AUTH)                    wrong password, TLS trust   -> fatal
  *   INFO cluster on the seeds         standalone or Redis Cluster (cluster_enabled:1)
  *   INFO                              version, AOF, replicas, loading
@@ -28,12 +29,14 @@ import {
   classifyRedisFailure,
   countKey,
   factsFromInfo,
+  isSentinelUrl,
   layoutKey,
   markerBaseKey,
   plaintextPortProblem,
   receiptKey,
   RedisRequirementError,
   requirementError,
+  parseSentinelUrl,
   parseVersion,
   versionAtLeast,
   type RedisFacts,
@@ -42,7 +45,7 @@ import {
   type RedisWarning,
   type TallyConfig,
 } from '@tally/shared';
-import { createRedisClient, detectRedisTopology, keySlot, whenClusterReady, type RedisClient } from '@tally/runtime';
+import { askSentinels, createRedisClient, detectRedisTopology, keySlot, ONE_SHOT, whenClusterReady, type RedisClient } from '@tally/runtime';
 
 /** What the daemon reports about its Redis (status, /readyz detail, gauges). */
 export interface RedisProbeReport {
@@ -146,6 +149,7 @@ export function speaksPlainRedis(host: string, port: number, timeoutMs = 1_000):
 }
 
 async function tlsAimedAtPlainPort(redisUrl: string): Promise<boolean> {
+  if (isSentinelUrl(redisUrl)) return false;
   const url = new URL(redisUrl);
   if (url.protocol !== 'rediss:') return false;
   return speaksPlainRedis(url.hostname.replace(/^\[|\]$/g, ''), Number(url.port || 6379));
@@ -153,6 +157,8 @@ async function tlsAimedAtPlainPort(redisUrl: string): Promise<boolean> {
 
 /** Probes Redis once. Throws RedisRequirementError on a configuration problem, a plain Error on an outage. */
 export async function probeRedis(config: ProbeConfig, log: ProbeLog): Promise<RedisProbeReport> {
+  const sentinel = isSentinelUrl(config.redisUrl);
+  if (sentinel) await probeSentinels(config.redisUrl);
   const seed = splitFirst(config.redisUrl);
   const topology = await attempt(
     'connecting',
@@ -172,8 +178,7 @@ export async function probeRedis(config: ProbeConfig, log: ProbeLog): Promise<Re
       lazyConnect: true,
       // The probe reads INFO itself; ioredis's ready check would print its own warning when INFO is refused.
       enableReadyCheck: false,
-      retryStrategy: () => null,
-      maxRetriesPerRequest: 0,
+      ...ONE_SHOT,
     },
     topology,
   );
@@ -227,6 +232,9 @@ export async function probeRedis(config: ProbeConfig, log: ProbeLog): Promise<Re
     const info = await attempt(`INFO${where}`, lastClientError, () => master.info());
     let facts: RedisFacts = factsFromInfo(info);
     if (facts.loading) throw new Error(`redis is loading its data set${where}`);
+    // The Sentinels named a node that is not (or no longer) a primary: a failover is under way; an outage, waited out.
+    if (sentinel && !/^role:master\s*$/m.test(info))
+      throw new Error('the node the Sentinels name as primary answers as a replica; waiting for the failover to settle');
     const configPolicy = await maxmemoryPolicyFromConfig(master);
     if (configPolicy !== null) facts = { ...facts, maxmemoryPolicy: configPolicy };
 
@@ -243,6 +251,29 @@ export async function probeRedis(config: ProbeConfig, log: ProbeLog): Promise<Re
     const keys = [countKey(settings.prefix, shard, id), `${markerBaseKey(settings.prefix, shard)}:${id}`, receiptKey(settings.prefix, shard, id)];
     await attempt(`EVALSHA of Tally's scripts${where}`, lastClientError, () => master.evalsha(sha, keys.length, ...keys));
     return { facts };
+  }
+}
+
+/**
+ * Behind Sentinel, the Sentinels first: a master name they do not monitor or
+ * a Sentinel password they refuse is a configuration problem named here
+ * (ioredis would report either as "All sentinels are unreachable", an outage
+ * retried forever); a Sentinel that does not answer is an outage. With
+ * rediss+sentinel://, a Sentinel port that answers a plaintext PING is
+ * named as one that does not speak TLS.
+ */
+async function probeSentinels(redisUrl: string): Promise<void> {
+  const target = parseSentinelUrl(redisUrl);
+  try {
+    await askSentinels(target);
+  } catch (error) {
+    if (error instanceof RedisRequirementError || !target.tls) throw error;
+    const first = target.sentinels[0]!;
+    if (await speaksPlainRedis(first.host, first.port)) {
+      const problem = plaintextPortProblem(`Sentinel ${first.host}:${first.port}: the TLS handshake got no answer, a plaintext PING did`);
+      throw new RedisRequirementError(problem.code, problem.message);
+    }
+    throw error;
   }
 }
 

@@ -24,7 +24,7 @@
  * within about one WAIT timeout of the first batch it holds.
  */
 import type { Cluster, Redis } from 'ioredis';
-import { isCluster, keySlot, whenClusterReady, type RedisClient } from '@tally/runtime';
+import { isCluster, keySlot, nodeAddress, whenClusterReady, type RedisClient } from '@tally/runtime';
 import { describeError, describeShortMaster, findShortMasters, replicationFromInfo, shortfallChanges, type ShortMaster } from '@tally/shared';
 import type { Logger } from '../process/logger.js';
 
@@ -105,7 +105,10 @@ export class ReplicaWatch {
     try {
       // A cluster client starts without its slot map: the first check (at start) waits for it rather than see no master.
       if (isCluster(this.redis) && this.redis.status !== 'ready') await whenClusterReady(this.redis);
-      const { owners, connections } = this.topology();
+      const topology = this.topology();
+      // Behind Sentinel with no connection now (a failover): nothing to ask, and nothing learned; the next check will know.
+      if (topology === null) return;
+      const { owners, connections } = topology;
       const replicas = new Map<string, number | null>();
       await Promise.all(
         [...connections].map(async ([address, connection]) => {
@@ -120,17 +123,19 @@ export class ReplicaWatch {
     }
   }
 
-  /** Which master serves each virtual shard, and a connection to each. */
-  private topology(): { owners: (string | undefined)[]; connections: Map<string, Redis | null> } {
+  /** Which master serves each virtual shard, and a connection to each; null while a client behind Sentinel reaches no node. */
+  private topology(): { owners: (string | undefined)[]; connections: Map<string, Redis | null> } | null {
     const shards = Array.from({ length: this.options.virtualShards }, (_, shard) => shard);
     if (!isCluster(this.redis)) {
-      const address = addressOf(this.redis);
+      // Behind Sentinel the node is the primary of the moment: a failover makes the old one "no longer serving".
+      const address = nodeAddress(this.redis);
+      if (address === null) return null;
       return { owners: shards.map(() => address), connections: new Map([[address, this.redis]]) };
     }
     const cluster: Cluster = this.redis;
     // The slot map names a slot's master first (host:port as ioredis reaches it).
     const owners = shards.map((shard) => cluster.slots[keySlot(`{${shard}}`)]?.[0]);
-    const nodes = new Map(cluster.nodes('master').map((node) => [addressOf(node), node]));
+    const nodes = new Map(cluster.nodes('master').map((node) => [nodeAddress(node)!, node]));
     const connections = new Map<string, Redis | null>();
     for (const address of owners) if (address !== undefined) connections.set(address, nodes.get(address) ?? null);
     return { owners, connections };
@@ -180,10 +185,6 @@ export class ReplicaWatch {
       );
     }
   }
-}
-
-function addressOf(connection: Redis): string {
-  return `${connection.options.host ?? '127.0.0.1'}:${connection.options.port ?? 6379}`;
 }
 
 /** The daemon's watch, started; null when TALLY_REDIS_WAIT_REPLICAS is 0 (no WAIT, nothing to watch). */

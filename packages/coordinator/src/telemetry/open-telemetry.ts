@@ -29,7 +29,7 @@ export async function openTelemetry(context: StartContext, redis: RedisEdge, cou
   if (config.metricsPort === null) return null;
   const { exporter, provider: meterProvider, histograms } = await createMetricsExport();
   metrics.setGlobalMeterProvider(meterProvider);
-  const { replicaWatch } = redis;
+  const { replicaWatch, sentinelWatch } = redis;
   const daemonMetrics = new DaemonMetrics(
     meterProvider.getMeter(METER_NAME),
     { queue: config.queue, mode: config.mode, virtualShards: config.virtualShards },
@@ -61,6 +61,7 @@ export async function openTelemetry(context: StartContext, redis: RedisEdge, cou
       amqpBlocked: () => live.source?.brokerState.blocked ?? false,
       unroutableDeadLetters: () => live.source?.brokerState.unroutableDeadLetters ?? 0,
       ...(replicaWatch === null ? {} : { replicasShort: () => replicaWatch.shortfallByMaster() }),
+      ...(sentinelWatch === null ? {} : { failovers: () => sentinelWatch.state }),
     },
   );
   if (config.source === 'stream') {

@@ -14,6 +14,8 @@ export interface ReadinessFacts {
   readonly consuming: boolean;
   readonly redisConnected: boolean;
   readonly refusal: RedisRefusalState | null;
+  /** Behind Sentinel: the failover in progress (sentinel-watch.ts), or null. */
+  readonly failover?: { readonly reason: string; readonly sinceMs: number | null } | null;
   /** Masters with fewer online replicas than TALLY_REDIS_WAIT_REPLICAS (replica-watch.ts); empty without a WAIT. */
   readonly replicasShort?: readonly ShortMasterSince[];
   /** TALLY_SOURCE=stream: partitions refused because their stream is not the one checkpointed (stream-source.ts). */
@@ -37,6 +39,8 @@ const READY: ReadinessVerdict = Object.freeze({ ready: true, reason: null, since
 export function judgeReadiness(facts: ReadinessFacts): ReadinessVerdict {
   if (facts.state !== 'running') return { ready: false, reason: `daemon ${facts.state}`, since: null };
   const reasons: Array<{ text: string; sinceMs: number | null }> = [];
+  // A failover explains the refusals and the lost connection that come with it: named first.
+  if (facts.failover) reasons.push({ text: facts.failover.reason, sinceMs: facts.failover.sinceMs });
   if (facts.refusal !== null) {
     reasons.push({ text: `${describeKind(facts.refusal.errorType)}: ${facts.refusal.message}`, sinceMs: facts.refusal.sinceMs });
   }

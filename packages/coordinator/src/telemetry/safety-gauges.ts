@@ -11,6 +11,8 @@
  *   tally.dead_letter.unroutable     dead-letter copies the broker returned as unroutable
  *   tally.redis.replicas_short       per master (server.address, server.port): replicas missing for
  *                                    TALLY_REDIS_WAIT_REPLICAS (0 when it can be met); only with a WAIT
+ *   tally.redis.failovers            primary switches seen behind Sentinel since start (tally.redis.sentinel.master);
+ *                                    only with redis+sentinel://
  */
 import type { Attributes, Meter } from '@opentelemetry/api';
 import type { RedisProbeReport } from '../redis/redis-probe.js';
@@ -21,6 +23,8 @@ export interface SafetySources {
   readonly unroutableDeadLetters: () => number;
   /** Replicas missing for the WAIT, by master `host:port` (replica-watch.ts); absent without TALLY_REDIS_WAIT_REPLICAS. */
   readonly replicasShort?: () => ReadonlyMap<string, number>;
+  /** Behind Sentinel: the master group's name and the primary switches seen (sentinel-watch.ts); absent otherwise. */
+  readonly failovers?: () => { readonly masterName: string; readonly failovers: number };
 }
 
 export function registerSafetyGauges(meter: Meter, base: Attributes, sources: SafetySources): void {
@@ -58,6 +62,18 @@ export function registerSafetyGauges(meter: Meter, base: Attributes, sources: Sa
           const colon = address.lastIndexOf(':');
           result.observe(missing, { ...base, 'server.address': address.slice(0, colon), 'server.port': Number(address.slice(colon + 1)) });
         }
+      });
+  }
+  const failovers = sources.failovers;
+  if (failovers !== undefined) {
+    meter
+      .createObservableCounter('tally.redis.failovers', {
+        description: 'Primary switches of the Sentinel master group seen since start: each one may have cost what WAIT did not guard',
+        unit: '{failover}',
+      })
+      .addCallback((result) => {
+        const { masterName, failovers: seen } = failovers();
+        result.observe(seen, { ...base, 'tally.redis.sentinel.master': masterName });
       });
   }
 }

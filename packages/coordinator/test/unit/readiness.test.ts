@@ -79,4 +79,16 @@ describe('judgeReadiness', () => {
     // Not short, or no WAIT at all: nothing said.
     expect(judgeReadiness({ ...healthy, replicasShort: [] }).ready).to.equal(true);
   });
+
+  it('names a Sentinel failover first, as the cause of the refusals and the lost connection', () => {
+    const verdict = judgeReadiness({
+      ...healthy,
+      redisConnected: false,
+      failover: { reason: 'redis failover in progress: the Sentinels see primary 10.0.0.5:6379 of m as o_down', sinceMs: Date.parse('2026-01-01T00:00:58Z') },
+    });
+    expect(verdict.ready).to.equal(false);
+    expect(verdict.reason).to.equal('redis failover in progress: the Sentinels see primary 10.0.0.5:6379 of m as o_down; redis connection down');
+    expect(verdict.since).to.equal('2026-01-01T00:00:58.000Z');
+    expect(judgeReadiness({ ...healthy, failover: null }).ready).to.equal(true);
+  });
 });
