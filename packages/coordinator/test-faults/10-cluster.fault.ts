@@ -123,9 +123,7 @@ describe('faults: Redis Cluster', function () {
         const missing = await withRedisAt(seeds, async (redis) => unmarkedGoodParts(parts, await markedParts(redis, space.prefix), scope, VSHARDS));
         const duplicateUnits = duplicateUnitsPerShard(workload);
         // two-step: per kill, at most one batch per lane in the crash window, plus duplicates two daemons count at once.
-        const boundPerShard = Array.from({ length: VSHARDS }, (_, v) =>
-          mode === 'atomic' ? 0 : kills * windowUnits(parts, v, scope) + duplicateUnits[v]!,
-        );
+        const boundPerShard = Array.from({ length: VSHARDS }, (_, v) => (mode === 'atomic' ? 0 : kills * windowUnits(parts, v, scope) + duplicateUnits[v]!));
         const stats = await statsAt(seeds, space.prefix);
         rows.push({
           scenario: `cluster, 3 daemons, SIGKILL (${mode})`,
