@@ -12,7 +12,7 @@ import {
   defaultBucketWidthS,
   parseInfo,
   defaultMarkerScope,
-  markerFilterBits,
+  filterBitsOfFormat,
   markerFormatOf,
   markersPerSubBucket,
   type MarkerScope,
@@ -82,7 +82,7 @@ export function steadyPrepare(ctx: BenchContext<Redis>, plan: SteadyPlan): (pref
   return async (prefix) => {
     const settings = markerSettings(ctx.tallyEnv);
     const scope = benchMarkerScope(ctx.tallyEnv, ctx.nodes.topology, plan.mode);
-    const filterBits = markerFilterBits(scope);
+    const filterBits = filterBitsOfFormat(markerFormatOf(scope));
     const populationAt = (nowS: number) =>
       steadyPopulation({
         rate: plan.rate,

@@ -37,6 +37,8 @@ export interface WorkerSettings {
    * its own SKU's shard (of `virtualShards`); absent means `part`, where both
    * are the task's vshard.
    */
+  /** Filter bits per marker of the prefix's recorded format (filterBitsOfFormat); absent: by scope (markerFilterBits). */
+  readonly markerFilterBits?: number;
   readonly markerScope?: MarkerScope;
   readonly virtualShards?: number;
   /** Two-step: this daemon's claim token (hex), the same in all its threads, new at every start. */

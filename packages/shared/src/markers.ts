@@ -25,6 +25,16 @@ export const MARKER_FORMAT = 'digest16-buckets-v1';
 export const MESSAGE_MARKER_FORMAT = 'digest16-message-buckets-v1';
 
 /**
+ * Part-scoped markers whose buckets keep filters (marker_buckets.lua), as
+ * message-scoped ones do: what a new part-scoped prefix is laid out with
+ * (atomic mode and streams on a Redis Cluster). Its own format because the
+ * filter is only sound when every writer sets its bits: builds from before
+ * it refuse the format at start, and prefixes of MARKER_FORMAT keep their
+ * unfiltered buckets (filterBitsOfFormat).
+ */
+export const FILTERED_MARKER_FORMAT = 'digest16-filtered-buckets-v1';
+
+/**
  * What one marker stands for. `part`: a message's changes on one virtual
  * shard (a message of changes on four shards has four markers). `message`:
  * the whole message, so a pre-check and an occupation cost one field per
@@ -34,7 +44,7 @@ export type MarkerScope = 'part' | 'message';
 
 /** The scope a recorded marker format stands for; null for a format this build does not write. */
 export function markerScopeOf(format: string): MarkerScope | null {
-  if (format === MARKER_FORMAT) return 'part';
+  if (format === MARKER_FORMAT || format === FILTERED_MARKER_FORMAT) return 'part';
   if (format === MESSAGE_MARKER_FORMAT) return 'message';
   return null;
 }
@@ -60,8 +70,9 @@ export function defaultMarkerScope(topology: 'standalone' | 'cluster', mode: 'tw
   return messageScopeServes(topology, mode, source) ? 'message' : 'part';
 }
 
+/** The format a new prefix of `scope` is laid out with. */
 export function markerFormatOf(scope: MarkerScope): string {
-  return scope === 'message' ? MESSAGE_MARKER_FORMAT : MARKER_FORMAT;
+  return scope === 'message' ? MESSAGE_MARKER_FORMAT : FILTERED_MARKER_FORMAT;
 }
 
 /**
@@ -103,11 +114,24 @@ export function markerShardOf(digest: Uint8Array | DigestText, virtualShards: nu
  * filter of its digests, so a pre-check reads the marker hashes only for
  * the digests it may hold (about 3 % of messages are duplicates; the filter
  * adds well under 1 % of false "may hold"). It never misses a digest
- * written to its bucket. Part-scoped prefixes keep none: builds from before
- * the filter write their buckets without setting its bits.
+ * written to its bucket. A prefix of MARKER_FORMAT keeps none: builds from
+ * before the filter wrote its buckets without setting its bits.
  */
-export function markerFilterBits(scope: MarkerScope | undefined): number {
-  return scope === 'message' ? 12 : 0;
+export const FILTER_BITS = 12;
+
+export function filterBitsOfFormat(format: string): number {
+  return format === MESSAGE_MARKER_FORMAT || format === FILTERED_MARKER_FORMAT ? FILTER_BITS : 0;
+}
+
+/**
+ * The filter bits a thread's scripts use: the prefix's recorded format's
+ * (settings.markerFilterBits, set by the daemon from the layout); without
+ * it (tests, tools), message scope's and none for part scope, as before
+ * FILTERED_MARKER_FORMAT.
+ */
+export function markerFilterBits(scope: MarkerScope | undefined, recorded?: number): number {
+  if (recorded !== undefined) return recorded;
+  return scope === 'message' ? FILTER_BITS : 0;
 }
 
 /**

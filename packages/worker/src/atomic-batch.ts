@@ -45,7 +45,10 @@ export const ATOMIC_BATCH_SHA = ATOMIC_BATCH.sha;
 
 /** The EVALSHA arguments of a batch after the command name: SHA, number of keys, keys, then ARGV as documented in the script. */
 export function atomicBatchArgs(
-  settings: Pick<WorkerSettings, 'prefix' | 'markerTtlS' | 'countTtlS' | 'markerBucketS' | 'markerSubBuckets' | 'markerScope' | 'virtualShards'>,
+  settings: Pick<
+    WorkerSettings,
+    'prefix' | 'markerTtlS' | 'countTtlS' | 'markerBucketS' | 'markerSubBuckets' | 'markerScope' | 'markerFilterBits' | 'virtualShards'
+  >,
   task: BatchTask,
   batchId: string,
 ): ScriptArg[] {
@@ -92,7 +95,7 @@ export function atomicBatchArgs(
     settings.markerSubBuckets,
     safe ? 'sums' : 'parts',
     ttl.due(keys, Date.now()),
-    markerFilterBits(settings.markerScope),
+    markerFilterBits(settings.markerScope, settings.markerFilterBits),
   );
   if (safe) {
     // Decimal strings: exact past 2^53 (a bigint), and never a double the script would have to print back.

@@ -62,7 +62,10 @@ export class BatchWritesLostError extends Error {
  */
 export async function waitForReplicas(
   redis: RedisClient,
-  settings: Pick<WorkerSettings, 'prefix' | 'waitReplicas' | 'waitTimeoutMs' | 'markerTtlS' | 'markerBucketS' | 'markerSubBuckets' | 'markerScope'>,
+  settings: Pick<
+    WorkerSettings,
+    'prefix' | 'waitReplicas' | 'waitTimeoutMs' | 'markerTtlS' | 'markerBucketS' | 'markerSubBuckets' | 'markerScope' | 'markerFilterBits'
+  >,
   task: BatchTask,
   digests: readonly Uint8Array[],
   log: BatchLog,
@@ -76,7 +79,7 @@ export async function waitForReplicas(
     args: evalshaArgs(
       CONFIRM_MARKERS,
       [shardKey],
-      [settings.markerBucketS, settings.markerTtlS, settings.markerSubBuckets, markerFilterBits(settings.markerScope), ...distinct],
+      [settings.markerBucketS, settings.markerTtlS, settings.markerSubBuckets, markerFilterBits(settings.markerScope, settings.markerFilterBits), ...distinct],
     ),
     slotKey: shardKey,
     lost: (missing) => `${missing} of the batch's ${distinct.length} markers are`,

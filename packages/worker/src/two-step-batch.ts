@@ -116,7 +116,7 @@ export async function runTwoStepBatch(
   // The shard's marker base names its slot (hash tag {vshard}): every step runs on that slot's master.
   const shardKey = markerBaseKey(prefix, vshard);
   const receipt = receiptKey(prefix, vshard, task.batchId);
-  const bucketArgs = [markerBucketS, markerTtlS, markerSubBuckets, markerFilterBits(settings.markerScope)];
+  const bucketArgs = [markerBucketS, markerTtlS, markerSubBuckets, markerFilterBits(settings.markerScope, settings.markerFilterBits)];
 
   const tracer = batchTracer();
   const t0 = performance.now();

@@ -9,6 +9,7 @@ import {
   LEGACY_MARKER_FORMAT,
   layoutKey,
   legacyMarkerScanPattern,
+  FILTERED_MARKER_FORMAT,
   MARKER_FORMAT,
   markerFormatOf,
   MarkerFormatRefusedError,
@@ -273,7 +274,7 @@ async function ensureMarkerFormat(redis: RedisClient, config: LayoutConfig, repl
     if (live !== null) {
       const expiry = live.ttlS >= 0 ? `${live.key} expires in ${live.ttlS} s` : `${live.key} has no TTL and must be deleted by hand`;
       throw new MarkerFormatRefusedError(
-        `prefix "${config.prefix}" holds live idempotency markers in the ${LEGACY_MARKER_FORMAT} format of an older Tally (${expiry}); this build writes ${MARKER_FORMAT} and would miss the duplicates they record. ` +
+        `prefix "${config.prefix}" holds live idempotency markers in the ${LEGACY_MARKER_FORMAT} format of an older Tally (${expiry}); this build writes ${proposedMarkers(config).format} and would miss the duplicates they record. ` +
           `Stop the older daemons and start again once their markers have expired (at most their TALLY_MARKER_TTL_S after their last write), or use a new TALLY_PREFIX.`,
       );
     }
@@ -290,7 +291,7 @@ async function ensureMarkerFormat(redis: RedisClient, config: LayoutConfig, repl
   }
   if (recorded === null || recorded.scope === null || !(recorded.bucketS >= 1) || !(recorded.subBuckets >= 1)) {
     throw new MarkerFormatRefusedError(
-      `prefix "${config.prefix}" records the marker format ${JSON.stringify(recorded?.format ?? '')} (Redis key ${key}), this build writes ${MARKER_FORMAT} or ${MESSAGE_MARKER_FORMAT}; run the build that laid it out, or use a new TALLY_PREFIX.`,
+      `prefix "${config.prefix}" records the marker format ${JSON.stringify(recorded?.format ?? '')} (Redis key ${key}), this build writes ${MARKER_FORMAT}, ${FILTERED_MARKER_FORMAT} or ${MESSAGE_MARKER_FORMAT}; run the build that laid it out, or use a new TALLY_PREFIX.`,
     );
   }
   return { ...recorded, scope: recorded.scope };

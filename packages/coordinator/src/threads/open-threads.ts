@@ -5,6 +5,7 @@
  * as it happens: a WAIT that keeps timing out holds its batch, and a Redis
  * that refuses a batch step makes it retry quietly; both must show meanwhile.
  */
+import { filterBitsOfFormat } from '@tally/shared';
 import type { Layout } from '../fleet/layout-guard.js';
 import { STEP_TIMEOUT_MS } from '../process/close-steps.js';
 import type { StartContext, Threads } from '../process/start-context.js';
@@ -26,6 +27,7 @@ export function openThreads(context: StartContext, redis: RedisEdge, layout: Lay
       markerBucketS: layout.markers.bucketS,
       markerSubBuckets: layout.markers.subBuckets,
       markerScope: layout.markers.scope,
+      markerFilterBits: filterBitsOfFormat(layout.markers.format),
       virtualShards: config.virtualShards,
       claimToken: context.claimToken,
       claimTtlMs: config.markerClaimTtlS * 1000,

@@ -12,7 +12,7 @@ import { expect } from 'chai';
 import { generateWorkload, publishAll } from '@tally/workload';
 import { resetNamespace, startRedisCluster, type RedisCluster } from '@tally/testkit';
 import { keySlot, isCluster, scanNodes } from '@tally/runtime';
-import { countKey, layoutKey, MARKER_FORMAT, MESSAGE_MARKER_FORMAT, shardOf, type TallyMode } from '@tally/shared';
+import { countKey, FILTERED_MARKER_FORMAT, layoutKey, MESSAGE_MARKER_FORMAT, shardOf, type TallyMode } from '@tally/shared';
 import type { StatusReport } from '../../src/commands/status.js';
 import { readWatermarks } from '../../src/stream/watermark-audit.js';
 import {
@@ -215,7 +215,7 @@ describe('Redis Cluster (integration: 3 masters + 3 replicas of our own)', funct
         expect(diff.exact, `${mode}: lost ${diff.missingUnits}, excess ${diff.excessUnits}`).to.equal(true);
         // TALLY_MARKER_SCOPE unset: on a cluster, two-step lays a new prefix out message-scoped, atomic part-scoped.
         const format = await withRedisAt(seeds, (redis) => redis.hget(layoutKey(space.prefix), 'marker_format'));
-        expect(format, 'the default scope on a cluster').to.equal(mode === 'atomic' ? MARKER_FORMAT : MESSAGE_MARKER_FORMAT);
+        expect(format, 'the default scope on a cluster').to.equal(mode === 'atomic' ? FILTERED_MARKER_FORMAT : MESSAGE_MARKER_FORMAT);
       } finally {
         for (const daemon of daemons) await stopDaemon(daemon);
         await resetNamespace({ amqpUrl: AMQP_URL, redisUrl: REDIS_URL, queue: space.queue, prefix: space.prefix, partitions: 4 });

@@ -1,7 +1,7 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import { expect } from 'chai';
 import { Redis } from 'ioredis';
-import { layoutKey, legacyMarkerKey, isTallyError, MARKER_FORMAT, SHARD_HASH, type TallyMode } from '@tally/shared';
+import { FILTERED_MARKER_FORMAT, layoutKey, legacyMarkerKey, isTallyError, SHARD_HASH, type TallyMode } from '@tally/shared';
 import { ensureLayout, type Layout } from '../../src/fleet/layout-guard.js';
 import { cleanup, REDIS_URL, spawnDaemon, stopDaemon, testSpace, withRedis, type DaemonProcess } from './harness.js';
 
@@ -115,10 +115,10 @@ describe('layout and mode check (integration: daemons racing on a new prefix)', 
     try {
       await withRedis(async (redis) => {
         const fresh = await ensureLayout(redis, { prefix: space.prefix, virtualShards: 16, mode: 'two-step', markerTtlS: 600, markerSubBuckets: 64 });
-        expect(fresh.markers).to.deep.equal({ format: MARKER_FORMAT, scope: 'part', bucketS: 300, subBuckets: 64 });
+        expect(fresh.markers).to.deep.equal({ format: FILTERED_MARKER_FORMAT, scope: 'part', bucketS: 300, subBuckets: 64 });
         // A later daemon with other marker settings adopts what the prefix recorded.
         const later = await ensureLayout(redis, { prefix: space.prefix, virtualShards: 16, mode: 'two-step', markerTtlS: 60, markerSubBuckets: 1024 });
-        expect(later.markers).to.deep.equal({ format: MARKER_FORMAT, scope: 'part', bucketS: 300, subBuckets: 64 });
+        expect(later.markers).to.deep.equal({ format: FILTERED_MARKER_FORMAT, scope: 'part', bucketS: 300, subBuckets: 64 });
 
         // A prefix laid out by an older Tally: no marker_format, and a live key-per-marker marker.
         await redis.hset(layoutKey(old.prefix), 'virtual_shards', '16', 'hash', SHARD_HASH, 'mode', 'two-step', 'created_at', 'then');
@@ -133,8 +133,8 @@ describe('layout and mode check (integration: daemons racing on a new prefix)', 
         expect(await redis.hget(layoutKey(old.prefix), 'marker_format'), 'nothing recorded').to.equal(null);
         await redis.del(legacyMarkerKey(old.prefix, 3, 'msg-1'));
         const upgraded = await ensureLayout(redis, { prefix: old.prefix, virtualShards: 16, mode: 'two-step' });
-        expect(upgraded.markers.format).to.equal(MARKER_FORMAT);
-        expect(await redis.hget(layoutKey(old.prefix), 'marker_format')).to.equal(MARKER_FORMAT);
+        expect(upgraded.markers.format).to.equal(FILTERED_MARKER_FORMAT);
+        expect(await redis.hget(layoutKey(old.prefix), 'marker_format')).to.equal(FILTERED_MARKER_FORMAT);
 
         // A format this build does not know (a newer build's) is refused too.
         await redis.hset(layoutKey(old.prefix), 'marker_format', 'from-the-future');

@@ -9,7 +9,7 @@
  */
 import { expect } from 'chai';
 import { generateWorkload, publishAll, type Publish } from '@tally/workload';
-import { layoutKey, markerDigest, markerShardOf, MESSAGE_MARKER_FORMAT, MARKER_FORMAT } from '@tally/shared';
+import { FILTERED_MARKER_FORMAT, layoutKey, MARKER_FORMAT, markerDigest, markerShardOf, MESSAGE_MARKER_FORMAT } from '@tally/shared';
 import { readMarkers } from '@tally/testkit';
 import {
   cleanup,
@@ -149,11 +149,54 @@ describe('message-scoped markers (integration: real daemon, RabbitMQ and Redis)'
     const daemon = await startDaemon({ ...parts.env, TALLY_MARKER_SCOPE: '' });
     await waitForReadyEmpty(parts.queue);
     expect((await stopDaemon(daemon)).code).to.equal(0);
-    expect(await withRedis((redis) => redis.hget(layoutKey(parts.prefix), 'marker_format'))).to.equal(MARKER_FORMAT);
+    expect(await withRedis((redis) => redis.hget(layoutKey(parts.prefix), 'marker_format'))).to.equal(FILTERED_MARKER_FORMAT);
     expect(
       daemon.logs.some((l) => l.includes('TALLY_MARKER_SCOPE differs')),
       'no warning when the scope is not set',
     ).to.equal(false);
     expect((await statsOf(parts.prefix)).duplicates, 'the 20 redelivered messages found their part markers').to.equal(20);
+  });
+
+  it('part scope: a new prefix keeps filters (its own format); one laid out unfiltered by an older build stays unfiltered, and both find every duplicate', async () => {
+    const filterKeys = async (prefix: string): Promise<number> =>
+      withRedis(async (redis) => (await redis.keys(`${prefix}mk:*`)).filter((key) => key.endsWith(':f')).length);
+    for (const format of [FILTERED_MARKER_FORMAT, MARKER_FORMAT]) {
+      const s = space(`pf-${format === MARKER_FORMAT ? 'old' : 'new'}`, { TALLY_MARKER_SCOPE: 'part', TALLY_MODE: 'atomic' });
+      if (format === MARKER_FORMAT) {
+        // What a build from before the filtered format recorded: its buckets carry no filter bits.
+        await withRedis((redis) =>
+          redis.hset(
+            layoutKey(s.prefix),
+            'virtual_shards',
+            '16',
+            'hash',
+            'fnv1a32-utf8',
+            'mode',
+            'atomic',
+            'created_at',
+            'then',
+            'marker_format',
+            MARKER_FORMAT,
+            'marker_bucket_s',
+            '300',
+            'marker_sub_buckets',
+            '256',
+          ),
+        );
+      }
+      const workload = generateWorkload({ messages: 400, skus: 100, duplicateRate: 0, badRate: 0, seed: 7, idPrefix: s.queue });
+      const messages = workload.publishes;
+      await publishAll(messages, { url: AMQP_URL, queue: s.queue });
+      await drainWithDaemon(s.env, s.queue);
+      // Every message again: each must be found by its markers, through the filter or without one.
+      await publishAll(messages, { url: AMQP_URL, queue: s.queue });
+      await drainWithDaemon(s.env, s.queue);
+      expect(await withRedis((redis) => redis.hget(layoutKey(s.prefix), 'marker_format'))).to.equal(format);
+      if (format === MARKER_FORMAT) expect(await filterKeys(s.prefix), 'an unfiltered prefix gets no filter').to.equal(0);
+      else expect(await filterKeys(s.prefix), 'a new part-scoped prefix keeps a filter per bucket').to.be.greaterThan(0);
+      const stats = await statsOf(s.prefix);
+      expect(stats.duplicates + stats.partial_duplicates, `${format}: every copy found`).to.equal(messages.length);
+      expect(compare(await countsOf(s.prefix), workload.truth).exact, `${format}: counted once`).to.equal(true);
+    }
   });
 });
