@@ -31,26 +31,14 @@
  *   a master alone. A receipt that is gone there (a failover lost it, and
  *   the counts written with it in the same script) is written again.
  */
-import {
-  describeError,
-  receiptKey,
-  retryUntilDone,
-  ScriptReply,
-  shardOf,
-  PART_NEW,
-  countKey,
-  type BatchTask,
-  type CountRefusal,
-  type PartChanges,
-  type WorkerSettings,
-} from '@tally/shared';
+import { receiptKey, ScriptReply, shardOf, PART_NEW, countKey, type BatchTask, type CountRefusal, type PartChanges, type WorkerSettings } from '@tally/shared';
 import { onSlotConnection, type RedisClient } from '@tally/runtime';
 import { addToSum, type Sum } from './aggregate.js';
 import type { BatchLog } from './batch-log.js';
 import { countTtlOf } from './count-ttl.js';
 import { decodeRefusals } from './count-refusals.js';
 import { evalshaArgs, runScript, type LuaScript } from './lua-scripts.js';
-import { BatchWritesLostError, type OnWaitTimeout } from './replica-wait.js';
+import { BatchWritesLostError, waitAfterTouch, type OnWaitTimeout } from './replica-wait.js';
 
 type Reply = [string, string, unknown];
 
@@ -221,39 +209,27 @@ async function undoRefusedParts(
  * ordered stream per master). A receipt that is gone is written again.
  * Resolves to the WAITs that timed out.
  */
-async function waitForReceipt(deps: CrossSlotDeps, receipt: string, rewrite: (() => Promise<unknown>) | undefined): Promise<number> {
+function waitForReceipt(deps: CrossSlotDeps, receipt: string, rewrite: (() => Promise<unknown>) | undefined): Promise<number> {
   const { redis, settings, task, log } = deps;
-  const wanted = settings.waitReplicas;
-  let timeouts = 0;
-  for (;;) {
-    const [exists, acked] = await retryUntilDone(
-      () =>
-        onSlotConnection(redis, receipt, async (connection) => {
-          const replies = await connection.pipeline().expire(receipt, settings.markerTtlS).call('WAIT', wanted, settings.waitTimeoutMs).exec();
-          if (replies === null) throw new Error('WAIT pipeline discarded');
-          for (const [error] of replies) if (error) throw error;
-          return [Number(replies[0]![1]), Number(replies[1]![1])] as const;
-        }),
-      {
-        giveUp: (failureClass) => failureClass !== 'transient',
-        onAttemptFailed: ({ error, attempt, delayMs, failureClass }) =>
-          log.warn({ step: 'wait', vshard: task.vshard, attempt, delayMs, failureClass, err: describeError(error) }, 'redis step failed; retrying'),
+  return waitAfterTouch(
+    redis,
+    settings,
+    task,
+    {
+      slotKey: receipt,
+      // EXPIRE answers 1 when the receipt is there: 'missing' is its complement.
+      touch: async (connection) => {
+        const replies = await connection.pipeline().expire(receipt, settings.markerTtlS).call('WAIT', settings.waitReplicas, settings.waitTimeoutMs).exec();
+        return replies?.map(([error, value], i) => [error, i === 0 ? 1 - Number(value) : value] as [Error | null, unknown]) ?? null;
       },
-    );
-    if (exists === 0) {
-      // An undo's receipt went with the undo: the rerun under the batch's id undoes again (its receipts say what was refused).
-      if (rewrite === undefined) throw new BatchWritesLostError(`the undo receipt ${receipt} (and so the undo) is`);
-      log.warn({ vshard: task.vshard, receipt }, "a count shard's receipt is gone before its replicas had it (a failover lost it): writing its counts again");
-      await rewrite();
-      continue;
-    }
-    if (acked >= wanted) return timeouts;
-    timeouts++;
-    deps.onWaitTimeout?.(task, acked, wanted);
-    // The same line as replica-wait.ts's: one thing for an operator to look for.
-    log.warn(
-      { step: 'wait', vshard: task.vshard, batchId: task.batchId, receipt, acked, wanted, timeoutMs: settings.waitTimeoutMs, timeouts },
-      'replicas did not acknowledge the batch in time (WAIT); waiting again, its deliveries stay unacked',
-    );
-  }
+      onMissing: async () => {
+        // An undo's receipt went with the undo: the rerun under the batch's id undoes again (its receipts say what was refused).
+        if (rewrite === undefined) throw new BatchWritesLostError(`the undo receipt ${receipt} (and so the undo) is`);
+        log.warn({ vshard: task.vshard, receipt }, "a count shard's receipt is gone before its replicas had it (a failover lost it): writing its counts again");
+        await rewrite();
+      },
+    },
+    log,
+    deps.onWaitTimeout ?? (() => {}),
+  );
 }

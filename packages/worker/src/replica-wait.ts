@@ -34,6 +34,7 @@
  * (onSlotConnection), whose replicas are the ones that matter; a NOSCRIPT
  * reply loads the script there and the pair is sent again.
  */
+import type { Redis } from 'ioredis';
 import { onSlotConnection, type RedisClient } from '@tally/runtime';
 import { describeError, markerBaseKey, markerFilterBits, retryUntilDone, watermarkKey, type BatchTask, type WorkerSettings } from '@tally/shared';
 import type { BatchLog } from './batch-log.js';
@@ -129,19 +130,59 @@ async function waitAfterConfirming(
   log: BatchLog,
   onTimeout: OnWaitTimeout,
 ): Promise<number> {
+  return waitAfterTouch(
+    redis,
+    settings,
+    task,
+    {
+      slotKey: confirm.slotKey,
+      touch: async (connection) => {
+        const send = () => connection.pipeline().call('EVALSHA', confirm.args).call('WAIT', settings.waitReplicas, settings.waitTimeoutMs).exec();
+        let replies = await send();
+        if (replies !== null && isNoScript(replies[0]![0])) {
+          // A fresh or restarted server: load the script there and send the pair again (that WAIT's answer was not ours).
+          await loadScriptInto(connection, confirm.script);
+          replies = await send();
+        }
+        return replies;
+      },
+      onMissing: (missing) => {
+        throw new BatchWritesLostError(confirm.lost(missing));
+      },
+    },
+    log,
+    onTimeout,
+  );
+}
+
+/**
+ * A write of the batch's own in a slot, then WAIT, on one connection and in
+ * one pipeline (see above): `touch` sends the pair and answers with its
+ * replies, the first a count of what it found missing (0: nothing).
+ * `onMissing` throws, or repairs what is missing and the pair is sent again.
+ */
+export interface Touch {
+  readonly slotKey: string;
+  touch(connection: Redis): Promise<Array<[Error | null, unknown]> | null>;
+  onMissing(missing: number): Promise<void> | void;
+}
+
+/** Sends `touch` until its WAIT answers enough replicas; resolves to the WAITs that timed out. */
+export async function waitAfterTouch(
+  redis: RedisClient,
+  settings: Pick<WorkerSettings, 'waitReplicas' | 'waitTimeoutMs'>,
+  task: BatchTask,
+  touch: Touch,
+  log: BatchLog,
+  onTimeout: OnWaitTimeout,
+): Promise<number> {
   const wanted = settings.waitReplicas;
   let timeouts = 0;
   for (;;) {
     const [missing, acked] = await retryUntilDone(
       () =>
-        onSlotConnection(redis, confirm.slotKey, async (connection) => {
-          const send = () => connection.pipeline().call('EVALSHA', confirm.args).call('WAIT', wanted, settings.waitTimeoutMs).exec();
-          let replies = await send();
-          if (replies !== null && isNoScript(replies[0]![0])) {
-            // A fresh or restarted server: load the script there and send the pair again (that WAIT's answer was not ours).
-            await loadScriptInto(connection, confirm.script);
-            replies = await send();
-          }
+        onSlotConnection(redis, touch.slotKey, async (connection) => {
+          const replies = await touch.touch(connection);
           if (replies === null) throw new Error('WAIT pipeline discarded');
           for (const [error] of replies) if (error) throw error;
           return [Number(replies[0]![1]), Number(replies[1]![1])] as const;
@@ -152,7 +193,10 @@ async function waitAfterConfirming(
           log.warn({ step: 'wait', vshard: task.vshard, attempt, delayMs, failureClass, err: describeError(error) }, 'redis step failed; retrying'),
       },
     );
-    if (missing > 0) throw new BatchWritesLostError(confirm.lost(missing));
+    if (missing > 0) {
+      await touch.onMissing(missing);
+      continue;
+    }
     if (acked >= wanted) return timeouts;
     timeouts++;
     onTimeout(task, acked, wanted);
