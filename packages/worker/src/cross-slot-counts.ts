@@ -64,12 +64,19 @@ export interface CrossSlotDeps {
   readonly redis: RedisClient;
   readonly settings: Pick<WorkerSettings, 'prefix' | 'markerTtlS' | 'countTtlS' | 'virtualShards' | 'waitReplicas' | 'waitTimeoutMs'>;
   readonly task: BatchTask;
-  readonly marked: Uint8Array;
+  /** The batch's new parts by count shard (shardWritesOf). */
+  readonly groups: readonly ShardWrite[];
   readonly writeCounts: LuaScript;
   readonly log: BatchLog;
   /** Retries an idempotent step until it is done (the batch's untilDone); `onFailure` runs on each failed attempt. */
   readonly untilDone: <T>(step: string, run: () => Promise<T>, onFailure?: () => void) => Promise<T>;
   readonly onWaitTimeout?: OnWaitTimeout;
+}
+
+/** The batch's new parts by count shard, for a thread that knows the shard count (checked: a guess would write counts where no reader looks). */
+export function shardWritesOf(task: BatchTask, marked: Uint8Array, settings: Pick<WorkerSettings, 'virtualShards'>): ShardWrite[] {
+  if (settings.virtualShards === undefined) throw new TypeError('message-scoped markers need the virtual shard count in the worker settings');
+  return groupByCountShard(task.changes, marked, settings.virtualShards);
 }
 
 /** The batch's new parts grouped by the count shard of each change: pure. */
@@ -89,18 +96,17 @@ export function groupByCountShard(changes: readonly PartChanges[], marked: Uint8
 }
 
 export async function writeCountsAcrossSlots(deps: CrossSlotDeps): Promise<CrossSlotResult> {
-  const { redis, settings, task, marked, log } = deps;
+  const { redis, settings, task, groups, log } = deps;
   const { prefix, markerTtlS } = settings;
-  const shards = settings.virtualShards;
-  if (shards === undefined) throw new TypeError('message-scoped markers need the virtual shard count in the worker settings');
+  // Checked by shardWritesOf, which made the groups.
+  const shards = settings.virtualShards!;
   const ttl = countTtlOf(settings.countTtlS);
-  const groups = groupByCountShard(task.changes, marked, shards);
   let retries = 0;
   const countRetry = (): void => {
     retries++;
   };
 
-  const run = (shard: number, receipt: string, keys: string[], argv: Array<string | number>): Promise<Reply> =>
+  const run = (receipt: string, keys: string[], argv: Array<string | number>): Promise<Reply> =>
     deps.untilDone(
       'write_counts',
       () =>
@@ -123,7 +129,7 @@ export async function writeCountsAcrossSlots(deps: CrossSlotDeps): Promise<Cross
       argv.push(sum.toString());
     }
     argv[3] = ttl.due(keys.slice(1), Date.now());
-    let reply = await run(group.shard, receipt, keys, argv);
+    let reply = await run(receipt, keys, argv);
     if (reply[0] === ScriptReply.WRITE_ISOLATE) {
       // As for one slot (two-step-batch.ts): each part as its own all-or-nothing group, so only refused parts are left out.
       const partArgv: Array<string | number> = [ttl.ttlS, markerTtlS, 'parts', task.changes.length];
@@ -132,7 +138,7 @@ export async function writeCountsAcrossSlots(deps: CrossSlotDeps): Promise<Cross
         partArgv.push(i + 1, mine.length);
         for (const [sku, delta] of mine) partArgv.push(keyIndex.get(sku)!, String(delta));
       }
-      reply = await run(group.shard, receipt, keys, partArgv);
+      reply = await run(receipt, keys, partArgv);
     }
     return { receipt, refusals: decodeRefusals(reply[2], prefix) };
   };
@@ -170,7 +176,7 @@ async function undoRefusedParts(
   groups: readonly ShardWrite[],
   written: ReadonlyArray<{ refusals: CountRefusal[] }>,
   refused: ReadonlySet<number>,
-  run: (shard: number, receipt: string, keys: string[], argv: Array<string | number>) => Promise<Reply>,
+  run: (receipt: string, keys: string[], argv: Array<string | number>) => Promise<Reply>,
 ): Promise<string[]> {
   const { settings, task, log } = deps;
   const shards = settings.virtualShards!;
@@ -188,7 +194,7 @@ async function undoRefusedParts(
     const keys = [receipt, ...[...negated.keys()].map((sku) => countKey(settings.prefix, group.shard, sku))];
     const argv = [ttl.ttlS, settings.markerTtlS, 'sums', '', ...[...negated.values()].map(String)];
     undos.push(
-      run(group.shard, receipt, keys, argv).then((reply) => {
+      run(receipt, keys, argv).then((reply) => {
         // Undoing increments just made cannot overflow unless the key changed meanwhile: say so, loudly, with the figures.
         if (reply[0] === ScriptReply.WRITE_ISOLATE) {
           log.error(

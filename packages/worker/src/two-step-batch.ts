@@ -46,7 +46,7 @@ import {
 } from '@tally/shared';
 import { onSlotConnection, type RedisClient } from '@tally/runtime';
 import { aggregateNewParts } from './aggregate.js';
-import { writeCountsAcrossSlots } from './cross-slot-counts.js';
+import { shardWritesOf, writeCountsAcrossSlots } from './cross-slot-counts.js';
 import { countKeysOf } from './count-keys.js';
 import { countTtlOf } from './count-ttl.js';
 import type { BatchHooks, BatchLog } from './batch-log.js';
@@ -132,9 +132,15 @@ export async function runTwoStepBatch(
   if (claimTakeovers > 0) log.warn({ vshard, claimTakeovers }, 'took over parts whose claim by another daemon had run out (it died or stalled); counted here');
   const t1 = performance.now();
 
-  const sums = aggregateNewParts(changes, (i) => marked[i] === PART_NEW);
+  // Message-scoped markers on a cluster: the batch's counts span slots, and
+  // are summed per count shard (cross-slot-counts.ts); on one slot, per SKU.
+  const crossSlot = settings.markerScope === 'message' && settings.redisTopology === 'cluster';
+  const shardWrites = crossSlot ? shardWritesOf(task, marked, settings) : null;
+  const sums = shardWrites === null ? aggregateNewParts(changes, (i) => marked[i] === PART_NEW) : null;
+  // A SKU's count lives on one shard: the shards' sums together hold each SKU once.
+  const distinctSkus = sums?.size ?? shardWrites!.reduce((n, write) => n + write.sums.size, 0);
   const gauge = gaugeOf(settings);
-  let windowMessages = sums.size > 0 ? newMessages(task, marked) : 0;
+  let windowMessages = distinctSkus > 0 ? newMessages(task, marked) : 0;
   // The window opens with the count write and closes when the markers are
   // occupied; its span is a sibling of the two step spans it spans.
   const crashWindow = tracer.startSpan('tally.crash_window', { attributes: { 'tally.shard': vshard } });
@@ -142,16 +148,14 @@ export async function runTwoStepBatch(
   let refusals: CountRefusal[] = [];
   let wroteCounts = false;
   let waitTimeouts = 0;
-  // Message-scoped markers on a cluster: the batch's counts span slots (cross-slot-counts.ts).
-  const crossSlot = settings.markerScope === 'message' && settings.redisTopology === 'cluster';
-  if (sums.size > 0 && crossSlot) {
+  if (shardWrites !== null && shardWrites.length > 0) {
     gauge?.open(vshard, windowMessages);
-    const written = await inSpan(tracer, 'tally.write_counts', { 'tally.shard': vshard, 'tally.skus.distinct': sums.size }, () =>
+    const written = await inSpan(tracer, 'tally.write_counts', { 'tally.shard': vshard, 'tally.skus.distinct': distinctSkus }, () =>
       writeCountsAcrossSlots({
         redis,
         settings,
         task,
-        marked,
+        groups: shardWrites,
         writeCounts: WRITE_COUNTS,
         log,
         untilDone: (step, run, onFailure) => untilDone(step, task, log, run, onFailure),
@@ -162,12 +166,7 @@ export async function runTwoStepBatch(
     waitTimeouts = written.waitTimeouts;
     wroteCounts = written.wrote;
     refusals = written.refusals;
-    logRefusals(log, task, refusals);
-    if (refusals.length > 0) {
-      for (const refusal of refusals) windowMessages -= task.shares?.[refusal.part] ?? 1;
-      gauge?.open(vshard, Math.max(0, windowMessages));
-    }
-  } else if (sums.size > 0) {
+  } else if (sums !== null && sums.size > 0) {
     const keys = [receipt];
     const ttl = countTtlOf(countTtlS);
     const keyOf = countKeysOf(settings, vshard);
@@ -213,12 +212,12 @@ export async function runTwoStepBatch(
     }
     wroteCounts = reply[0] === ScriptReply.WRITE_WRITTEN;
     refusals = decodeRefusals(reply[2], prefix);
-    logRefusals(log, task, refusals);
-    // A refused part counted nothing: it is not in the window.
-    if (refusals.length > 0) {
-      for (const refusal of refusals) windowMessages -= task.shares?.[refusal.part] ?? 1;
-      gauge?.open(vshard, Math.max(0, windowMessages));
-    }
+  }
+  logRefusals(log, task, refusals);
+  // A refused part counted nothing: it is not in the window.
+  if (refusals.length > 0) {
+    for (const refusal of refusals) windowMessages -= task.shares?.[refusal.part] ?? 1;
+    gauge?.open(vshard, Math.max(0, windowMessages));
   }
   const t2 = performance.now();
 
@@ -234,7 +233,7 @@ export async function runTwoStepBatch(
     // only when time has moved to a later bucket and the markers must follow (OCCUPY_NEEDS_DIGESTS).
     // With counts written, the receipt must still be there (OCCUPY_RECEIPT_GONE otherwise): see occupy_markers.lua.
     // Across slots the receipts are in the count shards' slots, out of the script's reach: they were checked (and WAITed for) before.
-    const occupyKeys = sums.size > 0 && !crossSlot ? [shardKey, receipt] : [shardKey];
+    const occupyKeys = distinctSkus > 0 && !crossSlot ? [shardKey, receipt] : [shardKey];
     const args = evalshaArgs(OCCUPY_MARKERS, occupyKeys, [...bucketArgs, claimBucket, claimBatch, refusedDigests.length, ...refusedDigests]);
     const moving = (): Buffer[] => {
       const moved: Buffer[] = [];
