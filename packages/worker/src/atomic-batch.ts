@@ -38,6 +38,7 @@ import type { BatchHooks, BatchLog } from './batch-log.js';
 import { batchTracer, inSpan } from './batch-tracing.js';
 import { decodeRefusals, logRefusals } from './count-refusals.js';
 import { waitForReplicas } from './replica-wait.js';
+import { NO_VOUCHED_BUCKETS, settledFiltersOf, type VouchedBuckets } from './settled-filters.js';
 
 /** The batch script, its KEYS and ARGV documented in lua/atomic_batch.lua. */
 export const ATOMIC_BATCH = loadScript('atomic_batch', 'redis lost the atomic batch script (restart or SCRIPT FLUSH); loading it again');
@@ -51,6 +52,7 @@ export function atomicBatchArgs(
   >,
   task: BatchTask,
   batchId: string,
+  vouched: VouchedBuckets = NO_VOUCHED_BUCKETS,
 ): ScriptArg[] {
   const { prefix, markerTtlS, countTtlS } = settings;
   const { vshard, changes } = task;
@@ -96,6 +98,8 @@ export function atomicBatchArgs(
     safe ? 'sums' : 'parts',
     ttl.due(keys, Date.now()),
     markerFilterBits(settings.markerScope, settings.markerFilterBits),
+    vouched.buckets,
+    vouched.flags,
   );
   if (safe) {
     // Decimal strings: exact past 2^53 (a bigint), and never a double the script would have to print back.
@@ -120,11 +124,22 @@ async function runAtomicScript(redis: RedisClient, settings: WorkerSettings, tas
   // The coordinator's batch id, the same for every attempt and every rerun of
   // this batch: a retry after a lost reply, or a rerun after this thread
   // died, finds the receipt the first run left and gets its answer back.
-  const args = atomicBatchArgs(settings, task, task.batchId);
-  let writeRetries = 0;
   // On the master of the shard's slot (every key carries the hash tag {vshard}): see onSlotConnection.
   const shardKey = markerBaseKey(settings.prefix, task.vshard);
-  const runOnce = reportingHealth(task.vshard, () => onSlotConnection(redis, shardKey, (connection) => runScript(connection, ATOMIC_BATCH, args, log)));
+  // Settled buckets' filters are probed here, from this thread's copies (settled-filters.ts).
+  const settled = markerFilterBits(settings.markerScope, settings.markerFilterBits) > 0 ? settledFiltersOf(settings.markerBucketS, settings.markerTtlS) : null;
+  const args = atomicBatchArgs(settings, task, task.batchId, settled?.vouch(shardKey, taskDigests(task)));
+  let writeRetries = 0;
+  const runOnce = reportingHealth(task.vshard, () =>
+    onSlotConnection(redis, shardKey, async (connection) => {
+      const reply = (await runScript(connection, ATOMIC_BATCH, args, log)) as [string, unknown, number, number?];
+      if (reply[3] !== undefined)
+        settled?.observe(shardKey, reply[3], connection, (error) =>
+          log.warn({ vshard: task.vshard, err: describeError(error) }, 'could not copy a settled marker filter; the batch script probes that bucket itself'),
+        );
+      return reply;
+    }),
+  );
   const reply = (await retryUntilDone(runOnce, {
     // A `fatal` or `data` reply (a bad argument, NOPERM, a bug) would fail
     // the same way here: it goes to the coordinator, which retries a `fatal`

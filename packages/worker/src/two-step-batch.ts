@@ -49,6 +49,7 @@ import { aggregateNewParts } from './aggregate.js';
 import { shardWritesOf, writeCountsAcrossSlots } from './cross-slot-counts.js';
 import { countKeysOf } from './count-keys.js';
 import { countTtlOf } from './count-ttl.js';
+import { settledFiltersOf } from './settled-filters.js';
 import type { BatchHooks, BatchLog } from './batch-log.js';
 import { batchTracer, inSpan } from './batch-tracing.js';
 import { decodeRefusals, logRefusals } from './count-refusals.js';
@@ -122,10 +123,23 @@ export async function runTwoStepBatch(
   const t0 = performance.now();
   // Claims are retried with the same token: a claim this daemon made on an
   // attempt whose reply was lost is its own, and is taken again.
-  const claimArgs = evalshaArgs(CLAIM_MARKERS, [shardKey], [...bucketArgs, settings.claimToken, settings.claimTtlMs, ...digests]);
+  // Settled buckets' filters are probed here, from this thread's copies (settled-filters.ts).
+  const settled = bucketArgs[3]! > 0 ? settledFiltersOf(markerBucketS, markerTtlS) : null;
+  const vouched = settled?.vouch(shardKey, digests);
+  const claimArgs = evalshaArgs(
+    CLAIM_MARKERS,
+    [shardKey],
+    [...bucketArgs, settings.claimToken, settings.claimTtlMs, vouched?.buckets ?? '', vouched?.flags ?? '', ...digests],
+  );
   const [flags, claimBucket, claimTakeovers, claimBatch] = await inSpan(tracer, 'tally.precheck', { 'tally.shard': vshard, 'tally.markers': parts }, () =>
     untilDone('precheck', task, log, () =>
-      onSlotConnection(redis, shardKey, async (connection) => (await runScript(connection, CLAIM_MARKERS, claimArgs, log)) as [string, number, number, number]),
+      onSlotConnection(redis, shardKey, async (connection) => {
+        const reply = (await runScript(connection, CLAIM_MARKERS, claimArgs, log)) as [string, number, number, number, number];
+        settled?.observe(shardKey, reply[4], connection, (error) =>
+          log.warn({ vshard, err: describeError(error) }, 'could not copy a settled marker filter; the claim script probes that bucket itself'),
+        );
+        return reply;
+      }),
     ),
   );
   const marked = parsePartFlags(flags, parts);

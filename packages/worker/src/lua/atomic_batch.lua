@@ -22,23 +22,29 @@
                            the refusal path set every written key's TTL)
     ARGV[9]                filter bits per expected marker of a bucket it
                            opens (0: no filter)
-    'sums':  ARGV[10 .. m+9]    per count key, the sum of its deltas over
-                                all n parts, duplicates included (decimal)
-             ARGV[m+10 .. 2m+9] per count key, how many changes of all n
-                                parts name it
-             ARGV[2m+10 ..]     the parts, as below
-    'parts': ARGV[10 ..]        the parts
+    ARGV[10]               the buckets the worker probed itself, as in
+                           claim_markers.lua ARGV[7]
+    ARGV[11]               their flags, one character per part per bucket,
+                           as in claim_markers.lua ARGV[8]
+    'sums':  ARGV[12 .. m+11]    per count key, the sum of its deltas over
+                                 all n parts, duplicates included (decimal)
+             ARGV[m+12 .. 2m+11] per count key, how many changes of all n
+                                 parts name it
+             ARGV[2m+12 ..]      the parts, as below
+    'parts': ARGV[12 ..]         the parts
     the parts              per part: its 16-byte digest, k, then k pairs
                            (count key index 1..m, delta as a decimal string)
 
   Output:
-    {flags, refusals, replayed}
+    {flags, refusals, replayed, now}
       flags        one character per part: '0' counted now, '1' a duplicate,
                    '2' refused by Redis (counted nothing, no marker)
       refusals     one {part index, count key, delta, Redis error} per
                    refused part (the first change Redis refused in it)
       replayed     1 when the receipt answered: the batch had already run,
                    and flags and refusals are the first run's
+      now          the server's time, seconds (absent when replayed): which
+                   buckets have settled
 
   Errors:
     TALLY_SCRIPT_ARGS  the keys and arguments disagree; nothing was written
@@ -69,9 +75,9 @@ local refresh = ARGV[8]
 local filterBits = tonumber(ARGV[9])
 if filterBits == nil then return redis.error_reply('TALLY_SCRIPT_ARGS no filter bits argument') end
 if layout == 'sums' then
-  sumAt, namedAt, partsAt = 9, 9 + m, 10 + 2 * m
+  sumAt, namedAt, partsAt = 11, 11 + m, 12 + 2 * m
 elseif layout == 'parts' then
-  partsAt = 10
+  partsAt = 12
 else
   return redis.error_reply('TALLY_SCRIPT_ARGS unknown layout ' .. tostring(layout))
 end
@@ -99,7 +105,7 @@ end
 local doneSet = {}
 local currentSubs = readBuckets(current, oldest, all, function(_, digest, value)
   if value == '1' then doneSet[digest] = true end
-end)
+end, vouchedBuckets(ARGV[10], ARGV[11], all))
 
 local SAFE = 9007199254740991
 
@@ -256,4 +262,4 @@ local result = table.concat(flags)
 local receipt = result
 if #refusals > 0 then receipt = result .. ':' .. cjson.encode(refusals) end
 redis.call('SET', KEYS[1], receipt, 'EX', markerTtl)
-return {result, refusals, 0}
+return {result, refusals, 0, nowS}

@@ -14,10 +14,17 @@
                 opens (0: no filter)
     ARGV[5]     this daemon's claim token (hex)
     ARGV[6]     claim TTL, milliseconds
-    ARGV[7 ..]  one 16-byte digest per part
+    ARGV[7]     the buckets the worker probed itself, from its copies of
+                settled buckets' filters: '' or 'bucket:blocks:markers'
+                joined by ','; a bucket whose block count or marker count
+                (meta `n`, -1 when absent) is not the copy's is probed here
+                instead
+    ARGV[8]     per bucket of ARGV[7] in its order, one character per part,
+                '1' where that filter may hold the part's digest
+    ARGV[9 ..]  one 16-byte digest per part
 
   Output:
-    {flags, bucket, takeovers, batch}
+    {flags, bucket, takeovers, batch, now}
       flags      one character per part: '0' new (now claimed by this
                  daemon), '1' done (a duplicate: its marker is occupied, or
                  an earlier part of this batch has the same digest), '2' held
@@ -26,6 +33,7 @@
       takeovers  parts claimed over another daemon's expired claim
       batch      this batch's number in that bucket (0 when nothing was
                  claimed), for occupy_markers
+      now        the server's time, seconds: which buckets have settled
 
   Errors:
     TALLY_SCRIPT_ARGS  no filter bits argument; nothing was written
@@ -41,7 +49,7 @@ local filterBits = tonumber(ARGV[4])
 if filterBits == nil then return redis.error_reply('TALLY_SCRIPT_ARGS no filter bits argument') end
 local mine = 'c' .. ARGV[5] .. ':'
 local claimTtl = tonumber(ARGV[6])
-local FIRST = 7
+local FIRST = 9
 local t = redis.call('TIME')
 local nowS = tonumber(t[1])
 local nowMs = nowS * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -86,6 +94,11 @@ local function stateOf(bucket, value)
   return state
 end
 
+-- The buckets the worker probed itself: by bucket, its block count and the distinct digests its copy may hold.
+local parts = {}
+for i = FIRST, #ARGV do parts[#parts + 1] = ARGV[i] end
+local vouched = vouchedBuckets(ARGV[7], ARGV[8], parts)
+
 -- Every live bucket that holds markers, newest first: done wins; a live claim of another daemon holds.
 local expired = {}
 local currentSubs = readBuckets(current, oldest, distinct, function(bucket, digest, value)
@@ -97,7 +110,7 @@ local currentSubs = readBuckets(current, oldest, distinct, function(bucket, dige
   elseif state == 'expired' then
     expired[digest] = true
   end
-end)
+end, vouched)
 
 -- Claim the new ones for a new batch number in the bucket of now, opening the bucket if this is its first write.
 local fresh = {}
@@ -120,4 +133,4 @@ end
 for i = FIRST, #ARGV do
   if flags[i - FIRST + 1] == nil then flags[i - FIRST + 1] = seen[ARGV[i]] end
 end
-return {table.concat(flags), current, takeovers, batch}
+return {table.concat(flags), current, takeovers, batch, nowS}

@@ -179,17 +179,58 @@ local function groupBy(subs, bucket, digests)
   return order, groups, subOfKey
 end
 
+-- The buckets the worker probed itself (its copies of settled buckets'
+-- filters, worker/src/settled-filters.ts), for readBuckets: by bucket, the
+-- block count and marker count (meta `n`, -1 when absent) the copy was
+-- taken at, and the distinct digests that copy may hold. `buckets` is '' or
+-- 'bucket:blocks:markers' joined by ','; `flags` has, per bucket in that
+-- order, one character per digest of `digests`, '1' where the copy may
+-- hold it.
+local function vouchedBuckets(buckets, flags, digests)
+  if buckets == nil or buckets == '' then return nil end
+  local vouched = {}
+  local n = #digests
+  local v = 0
+  for bucket, blocks, markers in string.gmatch(buckets, '(%d+):(%d+):(-?%d+)') do
+    local suspects, taken = {}, {}
+    for i = 1, n do
+      if string.byte(flags, v * n + i) == 49 then
+        local digest = digests[i]
+        if not taken[digest] then
+          taken[digest] = true
+          suspects[#suspects + 1] = digest
+        end
+      end
+    end
+    vouched[tonumber(bucket)] = {blocks = tonumber(blocks), markers = tonumber(markers), digests = suspects}
+    v = v + 1
+  end
+  return vouched
+end
+
 -- Calls visit(bucket, digest, value) for every digest present in a live
 -- bucket (now back to `oldest`), newest first: one HMGET per hash and
 -- bucket. A bucket without a meta hash holds no marker and is not read.
+-- `vouched` (optional, vouchedBuckets): the buckets the worker probed from
+-- its copies of their filters: only the digests a copy may hold are read,
+-- and only if the bucket still has the copy's block count and marker count
+-- (a marker written since, by a clock set back, means the copy is short of
+-- its bits); otherwise the bucket is probed here as any other.
 -- Returns the sub-bucket count of `current` (false when it has none yet).
-local function readBuckets(current, oldest, digests, visit)
+local function readBuckets(current, oldest, digests, visit, vouched)
   local currentSubs = false
   for bucket = current, oldest, -1 do
     local subs = tonumber(redis.call('HGET', metaKey(bucket), 's'))
     if bucket == current then currentSubs = subs or false end
     if subs then
-      local order, groups = groupBy(subs, bucket, mayHold(bucket, digests))
+      local probed = vouched and vouched[bucket]
+      local candidates
+      if probed and filterOf(bucket) == probed.blocks and (tonumber(redis.call('HGET', metaKey(bucket), 'n')) or -1) == probed.markers then
+        candidates = probed.digests
+      else
+        candidates = mayHold(bucket, digests)
+      end
+      local order, groups = groupBy(subs, bucket, candidates)
       for _, key in ipairs(order) do
         local group = groups[key]
         for from = 1, #group, CHUNK do
