@@ -8,8 +8,8 @@
  * claim (docs/benchmark.md, "Where the time goes"). Every script writes
  * markers into the bucket of now (marker_buckets.lua), so once the server's
  * clock has left a bucket its filter no longer changes: the thread reads it
- * once (the words and the bucket's block and marker counts, in one MULTI)
- * and probes it here, in JavaScript, for nothing. The script then reads the
+ * once (the bucket's block and marker counts, then its words) and probes
+ * it here, in JavaScript, for nothing. The script then reads the
  * marker hashes of such a bucket only for the digests this copy may hold.
  *
  * Exact, not trusting clocks: the script uses a copy only while the bucket
@@ -148,9 +148,17 @@ export class SettledFilters {
   }
 }
 
-/** A settled bucket's filter, its block count and marker count, read at one instant (MULTI); null when it has none. */
+/**
+ * A settled bucket's filter with the block and marker counts it holds at
+ * least; null when it has none. The counts are read before the words, in
+ * one pipeline and not in a MULTI (the ACL docs/redis-requirements.md
+ * recommends grants no @transaction): a bucket's filter only gains bits, so
+ * words read after the count hold every bit of the markers it counts, and a
+ * marker written in between raises `n` past the copy's, which the script
+ * then refuses to trust.
+ */
 async function readFilter(connection: Redis, shardKey: string, bucket: number): Promise<FilterCopy | null> {
-  const replies = await connection.multi().hmget(`${shardKey}:${bucket}:m`, 'f', 'n').getBuffer(`${shardKey}:${bucket}:f`).exec();
+  const replies = await connection.pipeline().hmget(`${shardKey}:${bucket}:m`, 'f', 'n').getBuffer(`${shardKey}:${bucket}:f`).exec();
   if (replies === null) return null;
   for (const [error] of replies) if (error) throw error;
   const [f, n] = replies[0]![1] as [string | null, string | null];
