@@ -214,17 +214,24 @@ async function sentinelMaster(client: Redis, name: string): Promise<Map<string, 
 
 /** Waits until a replica's link is up and its first sync done. */
 async function waitForSync(replica: PrivateRedis, timeoutMs = 20_000): Promise<void> {
-  const client = replica.admin();
-  try {
-    await client.connect();
-    const deadline = Date.now() + timeoutMs;
-    for (;;) {
+  const deadline = Date.now() + timeoutMs;
+  let last: string;
+  for (;;) {
+    // A fresh connection per look: a Sentinel that reconfigures the new replica ends with CLIENT KILL TYPE normal,
+    // which closes ours ("Connection is closed") while the replica is still syncing.
+    const client = replica.admin();
+    client.on('error', () => {});
+    try {
+      await client.connect();
       const info = await client.info('replication');
       if (/master_link_status:up/.test(info) && /master_sync_in_progress:0/.test(info)) return;
-      if (Date.now() > deadline) throw new Error(`replica ${replica.port} did not sync within ${timeoutMs} ms`);
-      await sleep(50);
+      last = /master_link_status:\w+/.exec(info)?.[0] ?? 'no master link';
+    } catch (error) {
+      last = error instanceof Error ? error.message : String(error);
+    } finally {
+      client.disconnect();
     }
-  } finally {
-    client.disconnect();
+    if (Date.now() > deadline) throw new Error(`replica ${replica.port} did not sync within ${timeoutMs} ms (last: ${last})`);
+    await sleep(50);
   }
 }

@@ -204,13 +204,16 @@ describe('dead replay and the age of markers (integration)', function () {
       while (Date.now() < expiredBy) {
         const again = await replay(space.env, '--reason', 'count-refused');
         if (again.code === 3) {
-          refusedAt = Date.now();
-          expect(again.report.replayed).to.equal(0);
-          break;
+          refusedAt ??= Date.now();
+          // Each copy is judged by its own first dead-lettering time, milliseconds apart when they were dead-lettered
+          // by different batches: a replay at the edge of the lifetime may keep some back and still move the rest.
+          expect(again.report.replayed + again.report.refused.messages, again.stderr).to.equal(ids.length);
+          if (again.report.replayed === 0) break;
+        } else {
+          expect(again.code, again.stderr).to.equal(0);
+          expect(again.report.replayed).to.equal(ids.length);
+          replays++;
         }
-        expect(again.code, again.stderr).to.equal(0);
-        expect(again.report.replayed).to.equal(ids.length);
-        replays++;
         await waitFor('dead-lettered again', allDead, 20_000, 50);
         await sleep(1_000);
       }
