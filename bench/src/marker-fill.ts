@@ -20,7 +20,7 @@
  * here): tens of millions of fields take seconds, not minutes.
  */
 import { randomBytes } from 'node:crypto';
-import type { Redis } from 'ioredis';
+import { Cluster, type Redis } from 'ioredis';
 import { filterBlocksFor, layoutKey, markerBaseKey, markerMetaKey, MARKER_FORMAT, SHARD_HASH, type TallyMode } from '@tally/shared';
 import { seededRandom } from '@tally/workload';
 import { expiryBitmap, subBucketCounts, type Population } from './steady-population.js';
@@ -130,7 +130,7 @@ export interface FillReport {
 }
 
 /** The server's clock, seconds with microseconds (what the scripts' TIME reads). */
-export async function serverNowS(redis: Redis): Promise<number> {
+export async function serverNowS(redis: Redis | Cluster): Promise<number> {
   const [seconds, micros] = await redis.time();
   return Number(seconds) + Number(micros) / 1e6;
 }
@@ -142,7 +142,7 @@ export async function serverNowS(redis: Redis): Promise<number> {
  * markers were laid out with, and verifies it instead of creating it.
  */
 export async function writeLayout(
-  redis: Redis,
+  redis: Redis | Cluster,
   layout: { prefix: string; virtualShards: number; mode: TallyMode; bucketS: number; subBuckets: number; format?: string; createdAt?: Date },
 ): Promise<void> {
   await redis.hset(layoutKey(layout.prefix), {
@@ -156,9 +156,16 @@ export async function writeLayout(
   });
 }
 
-export async function fillMarkers(redis: Redis, plan: FillPlan): Promise<FillReport> {
+/** Loads a script where EVALSHA will find it: the server, or every master of a cluster (a shard's keys may be on any). */
+async function loadEverywhere(redis: Redis | Cluster, script: string): Promise<string> {
+  const servers = redis instanceof Cluster ? redis.nodes('master') : [redis];
+  const shas = await Promise.all(servers.map((server) => server.script('LOAD', script) as Promise<string>));
+  return shas[0]!;
+}
+
+export async function fillMarkers(redis: Redis | Cluster, plan: FillPlan): Promise<FillReport> {
   const started = performance.now();
-  const sha = (await redis.script('LOAD', FILL_MARKERS_LUA)) as string;
+  const sha = await loadEverywhere(redis, FILL_MARKERS_LUA);
   const random = seededRandom(plan.seed);
   let markers = 0;
   let hashes = 0;

@@ -59,7 +59,8 @@ export interface BenchOptions {
   /**
    * --steady-state: after each round's drains, each Tally mode drains again
    * on a prefix filled with the marker population the marker TTL holds at
-   * `steadyRate` msg/s (no latency runs or sweeps unless asked for).
+   * `steadyRate` msg/s (no latency runs or sweeps unless asked for); with
+   * --scale-out, in the Redis figures, on both topologies.
    */
   readonly steadyState: boolean;
   readonly steadyRate: number;
@@ -136,6 +137,8 @@ export const USAGE = `usage: pnpm bench [--quick] [flags]
                   [--redis-figures]                 then ceiling, two-step, atomic drains on both: Redis B and CPU µs
                                                     per message, masters summed, replicas apart (full run: always)
                   [--cluster-replicas N]            replicas per master (1; 0 to see what replication costs)
+                  [--steady-state [--steady-rate N]] the figures' Tally modes drain again on filled prefixes,
+                                                    both topologies (implies --redis-figures)
 
 workload:  --warmup N (5000; quick 1000): drained first by every contender, outside the measured window; 0: none
            --messages N (50000; quick 4000)  --skus N (10000)  --zipf S (1)  --changes MIN-MAX (1-8)
@@ -252,7 +255,8 @@ export function parseBenchArgs(argv: readonly string[], env: Readonly<Record<str
               : 'run';
   for (const flag of ['redis-figures', 'cluster-replicas'] as const)
     if (v[flag] !== undefined && command !== 'scale-out') throw new BenchUsageError(`--${flag} goes with --scale-out`);
-  if (steadyState && command !== 'run') throw new BenchUsageError('--steady-state goes with a plain run (not --profile, --scale-out or --summarize-profiles)');
+  if (steadyState && command !== 'run' && command !== 'scale-out')
+    throw new BenchUsageError('--steady-state goes with a plain run or --scale-out (not --profile, --shape-cost, --partitions or --summarize-profiles)');
   if (v['steady-rate'] !== undefined && !steadyState) throw new BenchUsageError('--steady-rate goes with --steady-state');
   const contenders = list('contenders', v.contenders, steadyState ? STEADY_CONTENDERS : CONTENDERS, (c) => {
     if (!(CONTENDERS as readonly string[]).includes(c)) throw new BenchUsageError(`--contenders accepts ${CONTENDERS.join(', ')}; got ${JSON.stringify(c)}`);
@@ -296,7 +300,8 @@ export function parseBenchArgs(argv: readonly string[], env: Readonly<Record<str
     markerTtls: list('marker-ttls', v['marker-ttls'], base.markerTtls, (t) => int('marker-ttls', t, 0, 1, 3_600)),
     markerTtlRate: int('marker-ttl-rate', v['marker-ttl-rate'], 2_000, 10, 100_000),
     contenders,
-    redisFigures: command === 'scale-out' && (v['redis-figures'] === true || !quick),
+    // The steady drains of --scale-out are Redis figures: --steady-state brings them in a quick run too.
+    redisFigures: command === 'scale-out' && (v['redis-figures'] === true || !quick || steadyState),
     clusterReplicas: int('cluster-replicas', v['cluster-replicas'], 1, 0, 2),
     warmupMessages: int('warmup', v.warmup, base.warmupMessages, 0, 1_000_000),
     steadyState,

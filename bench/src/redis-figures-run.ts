@@ -9,11 +9,16 @@
  *   per topology: the servers' CPU over IDLE_SECONDS with no drain (their fixed cost)
  *   for each round, for each topology (order rotated by round):
  *     ceiling, two-step, atomic (order rotated by round), each a runDrain with marker memory measured
+ *     with --steady-state: each Tally mode again on a prefix filled with the marker
+ *       population of the steady rate (steady-state.ts), on that topology's servers
  */
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Workload } from '@tally/workload';
 import type { AnyBenchContext } from './context.js';
 import { runDrain } from './drain.js';
+import { isTally } from './contenders.js';
+import { readsStream } from './results.js';
+import { steadyPrepare, steadyShares } from './steady-state.js';
 import { FIGURE_CONTENDERS, type IdleCpu, type TopologyDrain, type TopologyName } from './redis-figures.js';
 import { sampleCpu } from './redis-nodes.js';
 import { roundOrder } from './run-bench.js';
@@ -38,11 +43,21 @@ async function idleCpu(topology: FigureTopology): Promise<IdleCpu> {
   };
 }
 
+/** --steady-state: the rate whose marker population is filled before each steady drain, and the fill's seed. */
+export interface FigureSteadyState {
+  readonly rate: number;
+  readonly seed: number;
+}
+
+/** The figures' contenders that drain again at steady state: the Tally modes with markers (a stream has none). */
+const STEADY_FIGURE_CONTENDERS = FIGURE_CONTENDERS.filter((c) => isTally(c) && !readsStream(c));
+
 export async function runRedisFigures(
   topologies: readonly FigureTopology[],
   workload: Workload,
   rounds: number,
   log: (line: string) => void,
+  steady: FigureSteadyState | null = null,
 ): Promise<{ drains: TopologyDrain[]; idle: IdleCpu[] }> {
   const idle: IdleCpu[] = [];
   for (const topology of topologies) {
@@ -53,13 +68,31 @@ export async function runRedisFigures(
   const drains: TopologyDrain[] = [];
   for (let round = 0; round < rounds; round++) {
     for (const topology of roundOrder(topologies, round)) {
-      for (const contender of roundOrder(FIGURE_CONTENDERS, round)) {
+      const runs = [
+        ...roundOrder(FIGURE_CONTENDERS, round).map((contender) => ({ contender, steady: false })),
+        ...(steady === null ? [] : roundOrder(STEADY_FIGURE_CONTENDERS, round).map((contender) => ({ contender, steady: true }))),
+      ];
+      for (const { contender, steady: atSteadyState } of runs) {
+        const mode = contender === 'tally-atomic' ? 'atomic' : 'two-step';
         const { record, memory } = await runDrain(topology.ctx, {
           contender,
           round,
-          label: `${topology.name}.r${round}`,
+          label: `${topology.name}.${atSteadyState ? 'ss' : 'r'}${round}`,
           workload,
-          measureMarkers: true,
+          measureMarkers: !atSteadyState,
+          ...(atSteadyState && steady !== null
+            ? {
+                variant: 'steady' as const,
+                prepare: steadyPrepare(topology.ctx, {
+                  mode,
+                  rate: steady.rate,
+                  shares: steadyShares(topology.ctx, mode, workload),
+                  seed: steady.seed + round,
+                  // At 3,000 msg/s, plus the preload and the stop (as run-bench.ts plans it).
+                  drainBudgetS: workload.publishes.length / 3_000 + 15,
+                }),
+              }
+            : {}),
         });
         drains.push({ topology: topology.name, record, ...(memory ? { marker: memory } : {}) });
         const perMessage = (value: number | null, scale = 1) => (value === null ? 'n/a' : ((value * scale) / record.messages).toFixed(1));
@@ -68,7 +101,7 @@ export async function runRedisFigures(
           ? `, replicas ${(record.cluster.replicaMemoryBytes / record.messages).toFixed(0)} B + ${((record.cluster.replicaCpuSeconds * 1e6) / record.messages).toFixed(1)} µs`
           : '';
         log(
-          `  round ${round + 1} ${topology.name.padEnd(10)} ${contender.padEnd(14)} ${Number.isFinite(record.msgPerSec) ? `${Math.round(record.msgPerSec)} msg/s` : 'no rate'}  ` +
+          `  round ${round + 1} ${topology.name.padEnd(10)} ${(atSteadyState ? `${contender} steady` : contender).padEnd(21)} ${Number.isFinite(record.msgPerSec) ? `${Math.round(record.msgPerSec)} msg/s` : 'no rate'}  ` +
             `daemon ${perMessage(record.cpuSeconds, 1e6)} µs, Redis ${perMessage(record.redisCpuSeconds, 1e6)} µs + ${perMessage(record.redisMemoryBytes)} B${masters} per msg${replicas}  ` +
             `${record.correct ? 'correct' : `PROBLEM: ${record.problem}`}`,
         );

@@ -182,3 +182,25 @@ export function renderIdleLine(idle: readonly IdleCpu[]): string {
   });
   return `Idle server CPU, no client connected but the bench's: ${parts.join('; ')}.`;
 }
+
+/**
+ * What the issue's cluster goal reads: per Tally row (fresh and steady),
+ * Redis CPU per message on each topology and cluster ÷ standalone. The
+ * medians of each topology's rounds: the pairs ran in one run, but not
+ * side by side, so a loaded round moves one side only.
+ */
+export function renderClusterRatioTable(rows: readonly FiguresRow[]): string {
+  const header = ['contender', 'standalone µs / msg', 'cluster µs / msg', 'cluster ÷ standalone'];
+  const body: string[][] = [];
+  for (const standalone of rows.filter((r) => r.topology === 'standalone' && r.contender !== 'ceiling' && r.contender !== 'ceiling-stream')) {
+    const cluster = rows.find((r) => r.topology === 'cluster' && r.label === standalone.label);
+    if (cluster === undefined) continue;
+    body.push([
+      standalone.label,
+      cell(standalone.redisCpuUsPerMessage, 1),
+      cell(cluster.redisCpuUsPerMessage, 1),
+      cell(cluster.redisCpuUsPerMessage / standalone.redisCpuUsPerMessage, 2),
+    ]);
+  }
+  return markdownTable(header, body);
+}

@@ -14,7 +14,7 @@ import { runDrain } from './drain.js';
 import { runLatency } from './latency-run.js';
 import { runMarkerTtlSweep } from './marker-ttl-sweep.js';
 import { workloadShape, type BenchOptions } from './options.js';
-import { messageMarkerShards, parseInfo } from '@tally/shared';
+import { parseInfo } from '@tally/shared';
 import { startPrivateRedis, type PrivateRedis } from '@tally/testkit';
 import {
   readsStream,
@@ -27,9 +27,8 @@ import {
   type SweepRecord,
 } from './results.js';
 import { median } from './stats.js';
-import { batchedSteadyPrepare, benchMarkerScope, steadyPrepare } from './steady-state.js';
-import { partsPerMessageByShard } from './steady-population.js';
-import type { Change, TallyMode } from '@tally/shared';
+import { batchedSteadyPrepare, steadyPrepare, steadyShares } from './steady-state.js';
+import type { TallyMode } from '@tally/shared';
 import { generateWorkload, type Workload, type WorkloadOptions } from '@tally/workload';
 
 /** Rotates the contender order by the round, so no contender always runs first (or right after the broker's preload). */
@@ -84,19 +83,7 @@ export async function runBench(options: BenchOptions, log: (line: string) => voi
         ? generateWorkload({ ...workloadOptions, messages: options.warmupMessages, seed: options.seed + 7_919, idPrefix: 'warm' })
         : undefined;
     if (warmup) log(`warm-up: ${warmup.publishes.length} deliveries drained by every contender before its measured window`);
-    // The workload's parts per message on each virtual shard: the steady-state population has the same spread.
-    // Message-scoped markers: one per message, spread evenly by digest over the marker shards.
-    const sharesOf = (mode: TallyMode): number[] =>
-      !options.steadyState
-        ? []
-        : benchMarkerScope(options.tallyEnv, ctx.nodes.topology, mode) === 'message'
-          ? Array.from({ length: ctx.virtualShards }, (_, vshard) =>
-              vshard < messageMarkerShards(ctx.virtualShards) ? 1 / messageMarkerShards(ctx.virtualShards) : 0,
-            )
-          : partsPerMessageByShard(
-              workload.publishes.filter((p) => p.kind === 'good').map((p) => (JSON.parse(p.body.toString('utf8')) as { changes: Change[] }).changes),
-              ctx.virtualShards,
-            );
+    const sharesOf = (mode: TallyMode): number[] => (options.steadyState ? steadyShares(ctx, mode, workload) : []);
     const shares = sharesOf('two-step');
     if (options.steadyState)
       log(

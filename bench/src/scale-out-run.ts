@@ -34,6 +34,7 @@ import { keyGroups } from './key-groups.js';
 import { workloadShape, type BenchOptions } from './options.js';
 import {
   renderBreakdownTable,
+  renderClusterRatioTable,
   renderFiguresTable,
   renderIdleLine,
   summarizeFigures,
@@ -213,7 +214,10 @@ export async function runScaleOut(options: BenchOptions, outDir: string, log: (l
       }
     }
     if (options.redisFigures) {
-      log(`Redis figures: ceiling, two-step, atomic on each topology; ${options.rounds} round(s); cluster = its 3 masters summed, replicas apart`);
+      log(
+        `Redis figures: ceiling, two-step, atomic on each topology${options.steadyState ? `, the Tally modes again at the steady state of ${options.steadyRate} msg/s` : ''}; ` +
+          `${options.rounds} round(s); cluster = its 3 masters summed, replicas apart`,
+      );
       clusterInfoNodes = clusterNodes(
         (await cluster.masters()).map((n) => n.url),
         (await cluster.replicas()).map((n) => n.url),
@@ -230,6 +234,7 @@ export async function runScaleOut(options: BenchOptions, outDir: string, log: (l
         workload,
         options.rounds,
         log,
+        options.steadyState ? { rate: options.steadyRate, seed: options.seed } : null,
       );
       figures = { ...measured, rows: summarizeFigures(measured.drains, measured.idle, options.rounds) };
     }
@@ -249,6 +254,8 @@ export async function runScaleOut(options: BenchOptions, outDir: string, log: (l
         `## Redis figures (${options.rounds} round(s), medians; cluster: 3 masters summed, ${options.clusterReplicas} replica(s) each reported apart)`,
         renderFiguresTable(figures.rows),
         renderIdleLine(figures.idle),
+        '### Cluster ÷ standalone, Redis CPU per message (masters summed)',
+        renderClusterRatioTable(figures.rows),
         '### Where the bytes go, and redirects to another node',
         renderBreakdownTable(figures.rows),
       ].join('\n\n')

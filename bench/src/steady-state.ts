@@ -3,27 +3,31 @@
  * Tally mode: fill the prefix with the marker population the marker TTL
  * holds at the given rate (steady-population.ts, marker-fill.ts) on the
  * server's clock, and record the layout a daemon of that mode would find on
- * such a prefix. Standalone Redis (the bench's private server).
+ * such a prefix, on the bench's private standalone server or its private
+ * cluster (--scale-out --redis-figures: every master).
  */
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Redis } from 'ioredis';
 import {
   DEFAULTS,
+  messageMarkerShards,
   defaultBucketWidthS,
   parseInfo,
   defaultMarkerScope,
   filterBitsOfFormat,
   markerFormatOf,
   markersPerSubBucket,
+  type Change,
   type MarkerScope,
   type TallyMode,
 } from '@tally/shared';
-import type { BenchContext } from './context.js';
+import type { Workload } from '@tally/workload';
+import type { AnyBenchContext, BenchContext } from './context.js';
 import { fillBatchedMarkers } from './batched-fill.js';
 import { fillMarkers, serverNowS, writeLayout } from './marker-fill.js';
 import { sampleMemory } from './redis-nodes.js';
 import type { SteadyFillRecord } from './results.js';
-import { steadyPopulation } from './steady-population.js';
+import { partsPerMessageByShard, steadyPopulation } from './steady-population.js';
 
 export interface SteadyPlan {
   readonly mode: TallyMode;
@@ -61,13 +65,15 @@ export function markerSettings(tallyEnv: Readonly<Record<string, string>>): { ma
   };
 }
 
-/** Waits (up to a minute) until the server has freed what UNLINK handed to its background thread (INFO memory lazyfree_pending_objects). */
-async function waitForLazyFree(redis: Redis): Promise<void> {
+/** Waits (up to a minute) until every master has freed what UNLINK handed to its background thread (INFO memory lazyfree_pending_objects). */
+async function waitForLazyFree(masters: readonly Redis[]): Promise<void> {
   const deadline = Date.now() + 60_000;
-  while (Date.now() < deadline) {
-    const pending = Number(parseInfo(await redis.info('memory')).get('lazyfree_pending_objects') ?? 0);
-    if (!(pending > 0)) return;
-    await sleep(100);
+  for (const redis of masters) {
+    while (Date.now() < deadline) {
+      const pending = Number(parseInfo(await redis.info('memory')).get('lazyfree_pending_objects') ?? 0);
+      if (!(pending > 0)) break;
+      await sleep(100);
+    }
   }
 }
 
@@ -78,7 +84,24 @@ export function benchMarkerScope(tallyEnv: Readonly<Record<string, string>>, top
   return defaultMarkerScope(topology, mode);
 }
 
-export function steadyPrepare(ctx: BenchContext<Redis>, plan: SteadyPlan): (prefix: string) => Promise<Omit<SteadyFillRecord, 'layoutFound'>> {
+/**
+ * Per virtual shard, the markers one message leaves: the workload's parts
+ * per message on each shard for part-scoped markers (the population has the
+ * workload's spread), one per message spread evenly by digest over the
+ * marker shards for message-scoped ones.
+ */
+export function steadyShares(ctx: AnyBenchContext, mode: TallyMode, workload: Workload): number[] {
+  if (benchMarkerScope(ctx.tallyEnv, ctx.nodes.topology, mode) === 'message') {
+    const shards = messageMarkerShards(ctx.virtualShards);
+    return Array.from({ length: ctx.virtualShards }, (_, vshard) => (vshard < shards ? 1 / shards : 0));
+  }
+  return partsPerMessageByShard(
+    workload.publishes.filter((p) => p.kind === 'good').map((p) => (JSON.parse(p.body.toString('utf8')) as { changes: Change[] }).changes),
+    ctx.virtualShards,
+  );
+}
+
+export function steadyPrepare(ctx: AnyBenchContext, plan: SteadyPlan): (prefix: string) => Promise<Omit<SteadyFillRecord, 'layoutFound'>> {
   return async (prefix) => {
     const settings = markerSettings(ctx.tallyEnv);
     const scope = benchMarkerScope(ctx.tallyEnv, ctx.nodes.topology, plan.mode);
@@ -111,7 +134,7 @@ export function steadyPrepare(ctx: BenchContext<Redis>, plan: SteadyPlan): (pref
     // The prefix of the drain before was deleted with UNLINK: its memory is
     // freed by a background thread, which would shrink this fill's figure
     // (one fill measured 149 MB for 15 M markers) and the drain's after it.
-    await waitForLazyFree(ctx.redis);
+    await waitForLazyFree(ctx.nodes.masters);
     const before = (await sampleMemory(ctx.nodes)).masters;
     const filled = await fillMarkers(ctx.redis, {
       prefix,

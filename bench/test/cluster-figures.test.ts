@@ -6,6 +6,7 @@ import { commandCalls, errorCounts, keyspaceStats, perNodeDelta, sumCpuSeconds, 
 import {
   idleCpuPerSecond,
   renderBreakdownTable,
+  renderClusterRatioTable,
   renderFiguresTable,
   renderIdleLine,
   summarizeFigures,
@@ -104,6 +105,9 @@ describe('--redis-figures', () => {
     expect(parseBenchArgs(['--scale-out', '--cluster-replicas', '0']).clusterReplicas).to.equal(0);
     expect(() => parseBenchArgs(['--scale-out', '--cluster-replicas', '3'])).to.throw(BenchUsageError, '--cluster-replicas');
     expect(() => parseBenchArgs(['--cluster-replicas', '0'])).to.throw(BenchUsageError, '--scale-out');
+    const steady = parseBenchArgs(['--scale-out', '--quick', '--steady-state', '--steady-rate', '3000']);
+    expect(steady, '--steady-state brings the figures it adds drains to').to.include({ redisFigures: true, steadyState: true, steadyRate: 3_000 });
+    expect(() => parseBenchArgs(['--partitions', '--steady-state'])).to.throw(BenchUsageError, '--steady-state');
   });
 });
 
@@ -184,5 +188,22 @@ describe('Redis figures per topology', () => {
     expect(table).to.include('| cluster | Tally two-step | 400 | 0.50 | 50.0 | 60.0 | 20.0 | 120 | 50 / 40 / 30 | 0 | 118 | 10.0 |');
     expect(renderIdleLine(idle)).to.equal("Idle server CPU, no client connected but the bench's: standalone 2.0 ms/s; cluster 10.0 ms/s (replicas 8.0 ms/s).");
     expect(idleCpuPerSecond(idle, 'cluster')).to.be.closeTo(0.01, 1e-12);
+  });
+
+  it('keeps steady-state drains in rows of their own and gives cluster ÷ standalone per Tally row', () => {
+    const steady: TopologyDrain[] = [
+      ...drains,
+      { topology: 'standalone', record: drain({ variant: 'steady', redisCpuSeconds: 0.02 }) },
+      { topology: 'cluster', record: drain({ variant: 'steady', redisCpuSeconds: 0.03 }) },
+    ];
+    const rows = summarizeFigures(steady, idle, 1);
+    const row = (topology: string, label: string) => rows.find((r) => r.topology === topology && r.label === label)!;
+    expect(row('standalone', 'Tally two-step').redisCpuUsPerMessage, 'the fresh row keeps its own drain').to.be.closeTo(40, 1e-9);
+    expect(row('standalone', 'Tally two-step, steady state').redisCpuUsPerMessage).to.be.closeTo(20, 1e-9);
+    expect(row('cluster', 'Tally two-step, steady state').redisCpuUsPerMessage).to.be.closeTo(30, 1e-9);
+    const table = renderClusterRatioTable(rows);
+    expect(table).to.include('| Tally two-step | 40.0 | 60.0 | 1.50 |');
+    expect(table).to.include('| Tally two-step, steady state | 20.0 | 30.0 | 1.50 |');
+    expect(table, 'no ceiling row').not.to.include('ceiling');
   });
 });
