@@ -4,19 +4,24 @@
 # tests, the fault-injection suite, and the benchmark's quick mode (which
 # checks that every contender counts correctly, never a speed).
 source "$(dirname "$0")/lib.sh"
+STARTED=$SECONDS
 ensure_services
 ensure_apt_packages
 install_and_build
+echo "== installing and building took $((SECONDS - STARTED)) s"
 LOG="$(mktemp)"
 LINT_LOG="$(mktemp)"
 trap 'rm -f "$LOG" "$LINT_LOG"' EXIT
 status=0
 run_step() {
   echo "== $*"
+  local started=$SECONDS
   set +e
   "$@" 2>&1 | tee -a "$LOG"
   local step_status=${PIPESTATUS[0]}
   set -e
+  # CI has a 30-minute budget: each step says what it spent of it.
+  echo "== $* took $((SECONDS - started)) s"
   if [ "$step_status" -ne 0 ]; then
     echo "== FAILED ($step_status): $*"
     status=$step_status
@@ -53,5 +58,5 @@ if [ "$failed" -gt 0 ]; then
   echo "== failures (repeated from above)"
   awk '/[0-9]+ failing/ {n = 60} n > 0 {print; n--}' "$LOG"
 fi
-echo "tests: ${passed} passed, ${failed} failed"
+echo "tests: ${passed} passed, ${failed} failed ($((SECONDS - STARTED)) s in all)"
 exit "$status"
