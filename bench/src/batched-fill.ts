@@ -8,21 +8,28 @@
  * main dictionary to rehash and look up).
  *
  * Written server-side, in chunks of one script call each (a pipeline of
- * millions of SETs would cost the bench more than the fill).
+ * millions of SETs would cost the bench more than the fill). On a cluster
+ * the keys carry the consumer's hash tags (`<prefix>m:{m<tag>}:fill-<i>`,
+ * consumers/batched.ts), each tag's share by a call routed by one key in
+ * its slot.
  */
-import type { Redis } from 'ioredis';
+import { Cluster, type Redis } from 'ioredis';
 
 /** Keys written per script call: about 50 ms of Redis each. */
 const CHUNK = 50_000;
 
+/** KEYS[1]: a key of the slot written (on a cluster; routes the call). ARGV: the keys' stem, the first index, how many, the TTL. */
 const FILL_LUA = `
-local prefix, from, count, ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local stem, from, count, ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 for i = from, from + count - 1 do
   -- TTLs from 1 s to the TTL, spread evenly: the population a steady rate leaves behind.
-  redis.call('SET', prefix .. 'm:fill-' .. i, '1', 'EX', 1 + (i * 7919) % ttl)
+  redis.call('SET', stem .. i, '1', 'EX', 1 + (i * 7919) % ttl)
 end
 return count
 `;
+
+/** The consumer's hash tags on a cluster (consumers/batched.ts, MARKER_TAGS). */
+const CLUSTER_MARKER_TAGS = 16;
 
 export interface BatchedFill {
   readonly markers: number;
@@ -30,9 +37,16 @@ export interface BatchedFill {
 }
 
 /** rate × TTL marker keys under `prefix`, TTLs spread over (0, TTL]. */
-export async function fillBatchedMarkers(redis: Redis, prefix: string, rate: number, markerTtlS: number): Promise<BatchedFill> {
+export async function fillBatchedMarkers(redis: Redis | Cluster, prefix: string, rate: number, markerTtlS: number): Promise<BatchedFill> {
   const markers = Math.round(rate * markerTtlS);
   const started = performance.now();
-  for (let from = 0; from < markers; from += CHUNK) await redis.eval(FILL_LUA, 0, prefix, from, Math.min(CHUNK, markers - from), markerTtlS);
-  return { markers, fillSeconds: (performance.now() - started) / 1000 };
+  const stems = redis instanceof Cluster ? Array.from({ length: CLUSTER_MARKER_TAGS }, (_, tag) => `${prefix}m:{m${tag}}:fill-`) : [`${prefix}m:fill-`];
+  // Each stem's share: the markers split evenly (the consumer's tags are a hash of the id).
+  let written = 0;
+  for (const [s, stem] of stems.entries()) {
+    const share = Math.round((markers * (s + 1)) / stems.length) - Math.round((markers * s) / stems.length);
+    for (let from = 0; from < share; from += CHUNK) await redis.eval(FILL_LUA, 1, `${stem}0`, stem, from, Math.min(CHUNK, share - from), markerTtlS);
+    written += share;
+  }
+  return { markers: written, fillSeconds: (performance.now() - started) / 1000 };
 }

@@ -8,8 +8,8 @@
  *
  *   per topology: the servers' CPU over IDLE_SECONDS with no drain (their fixed cost)
  *   for each round, for each topology (order rotated by round):
- *     ceiling, two-step, atomic (order rotated by round), each a runDrain with marker memory measured
- *     with --steady-state: each Tally mode again on a prefix filled with the marker
+ *     ceiling, batched, two-step, atomic (order rotated by round), each a runDrain with marker memory measured
+ *     with --steady-state: batched and each Tally mode again on a prefix filled with the marker
  *       population of the steady rate (steady-state.ts), on that topology's servers
  */
 import { setTimeout as sleep } from 'node:timers/promises';
@@ -18,7 +18,7 @@ import type { AnyBenchContext } from './context.js';
 import { runDrain } from './drain.js';
 import { isTally } from './contenders.js';
 import { readsStream } from './results.js';
-import { steadyPrepare, steadyShares } from './steady-state.js';
+import { batchedSteadyPrepare, steadyPrepare, steadyShares } from './steady-state.js';
 import { FIGURE_CONTENDERS, type IdleCpu, type TopologyDrain, type TopologyName } from './redis-figures.js';
 import { sampleCpu } from './redis-nodes.js';
 import { roundOrder } from './run-bench.js';
@@ -49,8 +49,8 @@ export interface FigureSteadyState {
   readonly seed: number;
 }
 
-/** The figures' contenders that drain again at steady state: the Tally modes with markers (a stream has none). */
-const STEADY_FIGURE_CONTENDERS = FIGURE_CONTENDERS.filter((c) => isTally(c) && !readsStream(c));
+/** The figures' contenders that drain again at steady state: those with markers (a stream has none), the hand-written reference included. */
+const STEADY_FIGURE_CONTENDERS = FIGURE_CONTENDERS.filter((c) => (isTally(c) && !readsStream(c)) || c === 'batched');
 
 export async function runRedisFigures(
   topologies: readonly FigureTopology[],
@@ -83,14 +83,17 @@ export async function runRedisFigures(
           ...(atSteadyState && steady !== null
             ? {
                 variant: 'steady' as const,
-                prepare: steadyPrepare(topology.ctx, {
-                  mode,
-                  rate: steady.rate,
-                  shares: steadyShares(topology.ctx, mode, workload),
-                  seed: steady.seed + round,
-                  // At 3,000 msg/s, plus the preload and the stop (as run-bench.ts plans it).
-                  drainBudgetS: workload.publishes.length / 3_000 + 15,
-                }),
+                prepare:
+                  contender === 'batched'
+                    ? batchedSteadyPrepare(topology.ctx, steady.rate)
+                    : steadyPrepare(topology.ctx, {
+                        mode,
+                        rate: steady.rate,
+                        shares: steadyShares(topology.ctx, mode, workload),
+                        seed: steady.seed + round,
+                        // At 3,000 msg/s, plus the preload and the stop (as run-bench.ts plans it).
+                        drainBudgetS: workload.publishes.length / 3_000 + 15,
+                      }),
               }
             : {}),
         });

@@ -11,10 +11,18 @@ export type TopologyName = 'standalone' | 'cluster';
 
 /**
  * The ceilings give the × ceiling ratio of the same round and topology (a
- * stream's own for the stream); the two Tally modes and Tally on a stream
- * are what is measured.
+ * stream's own for the stream); the hand-written batched consumer the ×
+ * batched ratios (on a cluster, its cluster-aware form: consumers/batched.ts);
+ * the two Tally modes and Tally on a stream are what is measured.
  */
-export const FIGURE_CONTENDERS: readonly ContenderName[] = Object.freeze(['ceiling', 'tally-two-step', 'tally-atomic', 'ceiling-stream', 'tally-stream']);
+export const FIGURE_CONTENDERS: readonly ContenderName[] = Object.freeze([
+  'ceiling',
+  'batched',
+  'tally-two-step',
+  'tally-atomic',
+  'ceiling-stream',
+  'tally-stream',
+]);
 
 export interface TopologyDrain {
   readonly topology: TopologyName;
@@ -37,6 +45,8 @@ export interface FiguresRow extends Pick<
   | 'rounds'
   | 'msgPerSec'
   | 'ratioToCeiling'
+  | 'ratioToBatched'
+  | 'redisCpuToBatched'
   | 'redisCpuUsPerMessage'
   | 'redisBytesPerMessage'
   | 'redisCommandsPerMessage'
@@ -82,8 +92,8 @@ export function summarizeFigures(drains: readonly TopologyDrain[], idle: readonl
     const records = mine.map((d) => d.record);
     const markers = mine.flatMap((d) => (d.marker ? [d.marker] : []));
     const idleRate = idleCpuPerSecond(idle, topology);
-    // The stream's contenders only when they drained here (a run may leave them out).
-    const ran = FIGURE_CONTENDERS.filter((c) => !readsStream(c) || records.some((r) => r.contender === c));
+    // The stream's contenders and the hand-written reference only when they drained here (a run may leave them out).
+    const ran = FIGURE_CONTENDERS.filter((c) => !(readsStream(c) || c === 'batched') || records.some((r) => r.contender === c));
     for (const s of summarize(ran, records, [], markers, rounds)) {
       const own = records.filter((r) => r.contender === s.contender);
       const masters = Math.max(0, ...own.map((r) => r.cluster?.perMasterMemoryBytes.length ?? 0));
@@ -94,6 +104,8 @@ export function summarizeFigures(drains: readonly TopologyDrain[], idle: readonl
         rounds: s.rounds,
         msgPerSec: s.msgPerSec,
         ratioToCeiling: s.ratioToCeiling,
+        ratioToBatched: s.ratioToBatched,
+        redisCpuToBatched: s.redisCpuToBatched,
         cpuUsPerMessage: s.cpuSecondsPerMillion,
         redisCpuUsPerMessage: s.redisCpuUsPerMessage,
         idleCpuUsPerMessage: medianOf(own, (d) => (Number.isFinite(idleRate) ? (idleRate * d.seconds * 1e6) / d.messages : null)),
@@ -184,13 +196,15 @@ export function renderIdleLine(idle: readonly IdleCpu[]): string {
 }
 
 /**
- * What the issue's cluster goal reads: per Tally row (fresh and steady),
- * Redis CPU per message on each topology and cluster ÷ standalone. The
- * medians of each topology's rounds: the pairs ran in one run, but not
- * side by side, so a loaded round moves one side only.
+ * What the issue's goals read: per row but the ceilings (fresh and steady),
+ * Redis CPU per message on each topology and cluster ÷ standalone (the
+ * medians of each topology's rounds: the pairs ran in one run, but not side
+ * by side, so a loaded round moves one side only), and on each topology ×
+ * the hand-written batched consumer's (pair by pair within a round, against
+ * its steady-state drain when it ran one: summarize's redisCpuToBatched).
  */
 export function renderClusterRatioTable(rows: readonly FiguresRow[]): string {
-  const header = ['contender', 'standalone µs / msg', 'cluster µs / msg', 'cluster ÷ standalone'];
+  const header = ['contender', 'standalone µs / msg', 'cluster µs / msg', 'cluster ÷ standalone', 'standalone × batched', 'cluster × batched'];
   const body: string[][] = [];
   for (const standalone of rows.filter((r) => r.topology === 'standalone' && r.contender !== 'ceiling' && r.contender !== 'ceiling-stream')) {
     const cluster = rows.find((r) => r.topology === 'cluster' && r.label === standalone.label);
@@ -200,6 +214,8 @@ export function renderClusterRatioTable(rows: readonly FiguresRow[]): string {
       cell(standalone.redisCpuUsPerMessage, 1),
       cell(cluster.redisCpuUsPerMessage, 1),
       cell(cluster.redisCpuUsPerMessage / standalone.redisCpuUsPerMessage, 2),
+      cell(standalone.redisCpuToBatched, 2),
+      cell(cluster.redisCpuToBatched, 2),
     ]);
   }
   return markdownTable(header, body);

@@ -22,7 +22,7 @@ import {
   type TallyMode,
 } from '@tally/shared';
 import type { Workload } from '@tally/workload';
-import type { AnyBenchContext, BenchContext } from './context.js';
+import type { AnyBenchContext } from './context.js';
 import { fillBatchedMarkers } from './batched-fill.js';
 import { fillMarkers, serverNowS, writeLayout } from './marker-fill.js';
 import { sampleMemory } from './redis-nodes.js';
@@ -170,7 +170,7 @@ export function steadyPrepare(ctx: AnyBenchContext, plan: SteadyPlan): (prefix: 
  * rate × TTL marker keys its Redis holds in production, expiring during the
  * drain, so the reference runs at steady state like Tally.
  */
-export function batchedSteadyPrepare(ctx: BenchContext<Redis>, rate: number): (prefix: string) => Promise<Omit<SteadyFillRecord, 'layoutFound'>> {
+export function batchedSteadyPrepare(ctx: AnyBenchContext, rate: number): (prefix: string) => Promise<Omit<SteadyFillRecord, 'layoutFound'>> {
   return async (prefix) => {
     const markerTtlS = markerSettings(ctx.tallyEnv).markerTtlS;
     const before = (await sampleMemory(ctx.nodes)).masters;

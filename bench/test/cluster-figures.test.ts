@@ -206,4 +206,26 @@ describe('Redis figures per topology', () => {
     expect(table).to.include('| Tally two-step, steady state | 20.0 | 30.0 | 1.50 |');
     expect(table, 'no ceiling row').not.to.include('ceiling');
   });
+
+  it('holds every row against the hand-written batched consumer of its own topology, steady against steady', () => {
+    const withBatched: TopologyDrain[] = [
+      ...drains,
+      { topology: 'standalone', record: drain({ contender: 'batched', msgPerSec: 250, redisCpuSeconds: 0.08 }) },
+      { topology: 'cluster', record: drain({ contender: 'batched', msgPerSec: 200, redisCpuSeconds: 0.12 }) },
+      { topology: 'standalone', record: drain({ variant: 'steady', redisCpuSeconds: 0.02 }) },
+      { topology: 'standalone', record: drain({ contender: 'batched', variant: 'steady', redisCpuSeconds: 0.05 }) },
+      { topology: 'cluster', record: drain({ variant: 'steady', redisCpuSeconds: 0.03 }) },
+      { topology: 'cluster', record: drain({ contender: 'batched', variant: 'steady', redisCpuSeconds: 0.1 }) },
+    ];
+    const rows = summarizeFigures(withBatched, idle, 1);
+    const row = (topology: string, label: string) => rows.find((r) => r.topology === topology && r.label === label)!;
+    expect(row('standalone', 'Tally two-step').ratioToBatched, 'throughput: 500 ÷ 250').to.be.closeTo(2, 1e-9);
+    expect(row('cluster', 'Tally two-step').ratioToBatched, 'throughput: 400 ÷ 200').to.be.closeTo(2, 1e-9);
+    expect(row('standalone', 'Tally two-step, steady state').redisCpuToBatched, '20 µs ÷ the steady reference 50').to.be.closeTo(0.4, 1e-9);
+    expect(row('cluster', 'Tally two-step, steady state').redisCpuToBatched, '30 µs ÷ the steady reference 100').to.be.closeTo(0.3, 1e-9);
+    const table = renderClusterRatioTable(rows);
+    expect(table).to.include('| standalone × batched | cluster × batched |');
+    expect(table).to.include('| Tally two-step, steady state | 20.0 | 30.0 | 1.50 | 0.40 | 0.30 |');
+    expect(table, "the reference's own cluster ÷ standalone").to.include('| 50.0 | 100.0 | 2.00 | 1.00 | 1.00 |');
+  });
 });

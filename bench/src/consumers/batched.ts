@@ -15,10 +15,17 @@
  * MGET for copies of one id. Count keys use Tally's layout so the bench
  * verifies every contender the same way; markers are per message
  * (`<prefix>m:<id>`), as such a consumer has no shards.
+ *
+ * On a Redis Cluster (redisUrl: seed URLs separated by commas) it does what a
+ * careful user would: a multi-key MGET must stay in one slot, so markers
+ * carry one of MARKER_TAGS hash tags (`<prefix>m:{m<tag>}:<id>`, the tag a
+ * hash of the id) and the MGET goes per tag; every command is sent through
+ * ioredis's auto-pipelining, which batches per node. Round trips per batch
+ * stay three, one pipeline per master each.
  */
 import amqp, { type ConsumeMessage } from 'amqplib';
-import { Redis } from 'ioredis';
-import { countKey, shardOf } from '@tally/shared';
+import { Cluster, Redis } from 'ioredis';
+import { countKey, shardOf, splitRedisUrls } from '@tally/shared';
 import { onTerminate, readSettings, report, warmupReporter } from './protocol.js';
 
 const BATCH = 500;
@@ -28,7 +35,16 @@ const prefix = settings.prefix ?? 'bench:batched:';
 const markerTtlS = settings.markerTtlS ?? 600;
 const countTtlS = settings.countTtlS ?? 2_592_000;
 const virtualShards = settings.virtualShards ?? 16;
-const redis = new Redis(settings.redisUrl ?? 'redis://127.0.0.1:6379', { connectionName: 'tally-bench-batched' });
+const seeds = splitRedisUrls(settings.redisUrl ?? 'redis://127.0.0.1:6379');
+const onCluster = seeds.length > 1;
+const redis = onCluster
+  ? new Cluster(
+      seeds.map((url) => ({ host: new URL(url).hostname, port: Number(new URL(url).port) })),
+      { enableAutoPipelining: true, redisOptions: { connectionName: 'tally-bench-batched' } },
+    )
+  : new Redis(seeds[0]!, { connectionName: 'tally-bench-batched' });
+/** Hash tags the markers spread over on a cluster: per-tag MGETs of about BATCH / MARKER_TAGS keys, spread over the masters. */
+const MARKER_TAGS = 16;
 const connection = await amqp.connect(settings.amqpUrl, { clientProperties: { connection_name: 'tally-bench-batched' } });
 const channel = await connection.createChannel();
 await channel.prefetch(settings.prefetch);
@@ -45,6 +61,62 @@ let waiting: ConsumeMessage[] = [];
 let running = false;
 let timer: NodeJS.Timeout | null = null;
 
+/** FNV-1a of the id, modulo MARKER_TAGS. */
+function tagOf(id: string): number {
+  let hash = 0x811c9dc5;
+  for (let i = 0; i < id.length; i++) hash = Math.imul(hash ^ id.charCodeAt(i), 0x01000193);
+  return (hash >>> 0) % MARKER_TAGS;
+}
+
+function markerKey(id: string): string {
+  return onCluster ? `${prefix}m:{m${tagOf(id)}}:${id}` : `${prefix}m:${id}`;
+}
+
+/** Whether each id's marker is set: one MGET on a standalone Redis, one per hash tag on a cluster (a multi-key command stays in one slot). */
+async function findMarkers(ids: readonly string[]): Promise<Array<string | null>> {
+  if (ids.length === 0) return [];
+  if (!onCluster) return redis.mget(...ids.map(markerKey));
+  const byTag = new Map<number, number[]>();
+  ids.forEach((id, i) => {
+    const tag = tagOf(id);
+    const positions = byTag.get(tag) ?? [];
+    positions.push(i);
+    byTag.set(tag, positions);
+  });
+  const found: Array<string | null> = new Array<string | null>(ids.length).fill(null);
+  await Promise.all(
+    [...byTag.values()].map(async (positions) => {
+      const values = await redis.mget(...positions.map((i) => markerKey(ids[i]!)));
+      positions.forEach((at, j) => (found[at] = values[j] ?? null));
+    }),
+  );
+  return found;
+}
+
+/** Counts summed per SKU: INCRBY + EXPIRE per key, one pipeline (on a cluster, auto-pipelining's one per master). */
+async function writeCounts(sums: ReadonlyMap<string, number>): Promise<void> {
+  if (sums.size === 0) return;
+  if (redis instanceof Cluster) {
+    await Promise.all([...sums].flatMap(([key, sum]) => [redis.incrby(key, sum), redis.expire(key, countTtlS)]));
+    return;
+  }
+  const counts = redis.pipeline();
+  for (const [key, sum] of sums) counts.incrby(key, sum).expire(key, countTtlS);
+  for (const [error] of (await counts.exec()) ?? []) if (error) throw error;
+}
+
+/** The batch's new markers, SET … EX each, pipelined as the counts are. */
+async function writeMarkers(fresh: readonly string[]): Promise<void> {
+  if (fresh.length === 0) return;
+  if (redis instanceof Cluster) {
+    await Promise.all(fresh.map((marker) => redis.set(marker, '1', 'EX', markerTtlS)));
+    return;
+  }
+  const marks = redis.pipeline();
+  for (const marker of fresh) marks.set(marker, '1', 'EX', markerTtlS);
+  for (const [error] of (await marks.exec()) ?? []) if (error) throw error;
+}
+
 async function runBatch(batch: readonly ConsumeMessage[]): Promise<void> {
   const ids: Array<string | null> = [];
   const bodies: Body[] = [];
@@ -54,8 +126,7 @@ async function runBatch(batch: readonly ConsumeMessage[]): Promise<void> {
     const id = typeof body.id === 'string' ? body.id : message.properties.messageId;
     ids.push(typeof id === 'string' ? id : null);
   }
-  const markers = ids.filter((id): id is string => id !== null).map((id) => `${prefix}m:${id}`);
-  const found = markers.length > 0 ? await redis.mget(markers) : [];
+  const found = await findMarkers(ids.filter((id): id is string => id !== null));
   const sums = new Map<string, number>();
   const fresh: string[] = [];
   const seen = new Set<string>();
@@ -69,23 +140,15 @@ async function runBatch(batch: readonly ConsumeMessage[]): Promise<void> {
       duplicates++;
       continue;
     }
-    fresh.push(`${prefix}m:${id}`);
+    fresh.push(markerKey(id));
     for (const { sku, delta } of bodies[i]!.changes ?? []) {
       if (delta === 0) continue;
       const key = countKey(prefix, shardOf(sku, virtualShards), sku);
       sums.set(key, (sums.get(key) ?? 0) + delta);
     }
   }
-  if (sums.size > 0) {
-    const counts = redis.pipeline();
-    for (const [key, sum] of sums) counts.incrby(key, sum).expire(key, countTtlS);
-    for (const [error] of (await counts.exec()) ?? []) if (error) throw error;
-  }
-  if (fresh.length > 0) {
-    const marks = redis.pipeline();
-    for (const marker of fresh) marks.set(marker, '1', 'EX', markerTtlS);
-    for (const [error] of (await marks.exec()) ?? []) if (error) throw error;
-  }
+  await writeCounts(sums);
+  await writeMarkers(fresh);
   channel.ack(batch[batch.length - 1]!, true);
   acked += batch.length;
   warmed(acked);
