@@ -13,9 +13,10 @@ import { CLAIM_MARKERS, runTwoStepBatch } from '../src/two-step-batch.js';
 const quiet: BatchLog = { warn() {}, error() {} };
 const SHARDS = 16;
 const SHARD = 3;
-// 8 s buckets of a 16 s TTL: a bucket settles 8 s after its end (the grace is a bucket's width when that is under
-// 60 s) and is live until 16 s after it: the tests have 8 s in which a settled bucket is still read.
-const TTL_S = 16;
+// 8 s buckets of a 40 s TTL: a bucket settles 8 s after its end (the grace is a bucket's width when that is under
+// 60 s) and is live until 40 s after it. Every test's batch is written in one bucket before the tests, which then
+// have 32 s in which that settled bucket is still read: one wait for a bucket to settle (about 20 s), not one per test.
+const TTL_S = 40;
 const WIDTH_S = 8;
 
 function messages(label: string, count: number): BatchTask & { ids: string[] } {
@@ -39,41 +40,54 @@ describe('settled marker filters: a thread probes its copies, the script the buc
   let server: PrivateRedis;
   let admin: Redis;
   let client: Redis;
-  let settings: WorkerSettings;
   const nowS = async () => Number((await admin.time())[0]);
-  /** Writes `batch` at the start of a bucket, then waits until that bucket has settled; returns the bucket. */
-  async function writeThenSettle(batch: BatchTask, run = (task: BatchTask) => runTwoStepBatch(client, settings, task, quiet)): Promise<number> {
-    while ((await nowS()) % WIDTH_S !== 0) await sleep(50);
-    const bucket = Math.floor((await nowS()) / WIDTH_S);
-    expect([...(await run(batch)).marked].every((flag) => flag === 0)).to.equal(true);
-    while ((await nowS()) < (bucket + 1) * WIDTH_S + WIDTH_S) await sleep(100);
-    return bucket;
+  /** Settings of one test: its own prefix, so that the tests' writes in one bucket stay apart. */
+  function settingsFor(mode: 'two-step' | 'atomic' = 'two-step'): WorkerSettings {
+    return testWorkerSettings({
+      redisUrl: server.url,
+      prefix: `t.settled.${randomUUID().slice(0, 8)}:`,
+      mode,
+      markerScope: 'message',
+      virtualShards: SHARDS,
+      markerTtlS: TTL_S,
+      markerBucketS: WIDTH_S,
+    });
   }
+  const runner = (mode: 'two-step' | 'atomic', settings: WorkerSettings) => (task: BatchTask) =>
+    (mode === 'atomic' ? runAtomicBatch : runTwoStepBatch)(client, settings, task, quiet);
+  /** What each test wrote before the tests, all in one bucket, and that bucket (settled by the time a test starts). */
+  const written = new Map<string, { settings: WorkerSettings; batch: BatchTask & { ids: string[] } }>();
+  let bucket: number;
 
   before(async () => {
     server = await startPrivateRedis();
     admin = server.admin();
     client = createRedisClient(server.url, 'test-settled-filters');
+    const plans = [
+      { name: 'copy', mode: 'two-step' as const, count: 3_000 },
+      { name: 'two-step', mode: 'two-step' as const, count: 500 },
+      { name: 'atomic', mode: 'atomic' as const, count: 500 },
+      { name: 'size', mode: 'two-step' as const, count: 200 },
+    ];
+    while ((await nowS()) % WIDTH_S !== 0) await sleep(50);
+    bucket = Math.floor((await nowS()) / WIDTH_S);
+    for (const { name, mode, count } of plans) {
+      const settings = settingsFor(mode);
+      const batch = messages(name, count);
+      expect([...(await runner(mode, settings)(batch)).marked].every((flag) => flag === 0)).to.equal(true);
+      written.set(name, { settings, batch });
+    }
+    expect(Math.floor((await nowS()) / WIDTH_S), 'every batch written in one bucket').to.equal(bucket);
+    while ((await nowS()) < (bucket + 2) * WIDTH_S) await sleep(100);
   });
   after(async () => {
     admin.disconnect();
     client.disconnect();
     await server.stop();
   });
-  beforeEach(() => {
-    settings = testWorkerSettings({
-      redisUrl: server.url,
-      prefix: `t.settled.${randomUUID().slice(0, 8)}:`,
-      markerScope: 'message',
-      virtualShards: SHARDS,
-      markerTtlS: TTL_S,
-      markerBucketS: WIDTH_S,
-    });
-  });
 
   it("answers for every digest exactly as the server's filter does, bit for bit (byte order included)", async () => {
-    const written = messages('copy', 3_000);
-    const bucket = await writeThenSettle(written);
+    const { settings, batch: copied } = written.get('copy')!;
     const shardKey = markerBaseKey(settings.prefix, SHARD);
     const copies = new SettledFilters(WIDTH_S, TTL_S);
     copies.observe(shardKey, await nowS(), admin, (error) => {
@@ -82,10 +96,10 @@ describe('settled marker filters: a thread probes its copies, the script the buc
     while (copies.heldBytes === 0) await sleep(20);
     const blocks = Number(await admin.hget(`${shardKey}:${bucket}:m`, 'f'));
     const others = Array.from({ length: 3_000 }, () => randomBytes(16));
-    const digests = [...written.ids.map(markerDigest), ...others];
+    const digests = [...copied.ids.map(markerDigest), ...others];
     const vouched = copies.vouch(shardKey, digests);
     const flags = Buffer.from(vouched.flags);
-    expect(vouched.buckets).to.equal(`${bucket}:${blocks}:${written.ids.length}`);
+    expect(vouched.buckets).to.equal(`${bucket}:${blocks}:${copied.ids.length}`);
     // The server's answer per digest: its block read with BITFIELD, as the script reads it.
     const serverSays: number[] = [];
     for (let from = 0; from < digests.length; from += 500) {
@@ -95,19 +109,17 @@ describe('settled marker filters: a thread probes its copies, the script the buc
     }
     expect([...flags]).to.deep.equal(serverSays);
     expect(
-      flags.subarray(0, written.ids.length).every((flag) => flag === 0x31),
+      flags.subarray(0, copied.ids.length).every((flag) => flag === 0x31),
       'every written digest may be held',
     ).to.equal(true);
-    const falsePositives = flags.subarray(written.ids.length).filter((flag) => flag === 0x31).length;
+    const falsePositives = flags.subarray(copied.ids.length).filter((flag) => flag === 0x31).length;
     expect(falsePositives, 'random digests the copy may hold').to.be.below(150);
   });
 
   for (const mode of ['two-step', 'atomic'] as const)
     it(`${mode}: catches a redelivery whose marker is in a settled bucket from the thread's copy; the script probes only the bucket of now`, async () => {
-      settings = { ...settings, mode };
-      const run = (task: BatchTask) => (mode === 'atomic' ? runAtomicBatch : runTwoStepBatch)(client, settings, task, quiet);
-      const first = messages('settled', 500);
-      const bucket = await writeThenSettle(first, run);
+      const { settings, batch: first } = written.get(mode)!;
+      const run = runner(mode, settings);
       // A batch after the bucket settled reports the time: the thread copies the settled filter in the background.
       await run(messages('later', 50));
       const copies = settledFiltersOf(WIDTH_S, TTL_S);
@@ -123,8 +135,7 @@ describe('settled marker filters: a thread probes its copies, the script the buc
     });
 
   it("trusts a copy only while the bucket has the copy's block count and marker count (a late write since: probed by the script)", async () => {
-    const first = messages('size', 200);
-    const bucket = await writeThenSettle(first);
+    const { settings, batch: first } = written.get('size')!;
     const shardKey = markerBaseKey(settings.prefix, SHARD);
     const blocks = Number(await admin.hget(`${shardKey}:${bucket}:m`, 'f'));
     const markers = Number(await admin.hget(`${shardKey}:${bucket}:m`, 'n'));
