@@ -27,7 +27,7 @@ import { contextRunFields, prefixName, queueName } from './context.js';
 import { isTally, startContender, type RunningContender } from './contenders.js';
 import { cpuSeconds, peakRssBytes, threadCpuSeconds } from './proc.js';
 import { callsDelta, perNodeDelta, sumValues } from './redis-info.js';
-import { flushMasters, sampleCommands, sampleCpu, sampleErrors, sampleMemory, settleReplicas, type RedisNodes } from './redis-nodes.js';
+import { flushMasters, sampleCommands, sampleCpu, sampleErrors, sampleMemory, settleReplicas, waitForLazyFree, type RedisNodes } from './redis-nodes.js';
 import {
   readsStream,
   type ContenderName,
@@ -82,10 +82,15 @@ export interface DrainOutcome {
   readonly memory?: MarkerMemoryRecord;
 }
 
-/** Clean slate for a run: the bench's own queue, and its prefix (or the whole private Redis: every master of a private cluster). */
+/**
+ * Clean slate for a run: the bench's own queue, and its prefix (or the whole
+ * private Redis: every master of a private cluster), freed before the next
+ * run measures anything (waitForLazyFree).
+ */
 export async function resetSpace(ctx: AnyBenchContext, queue: string, prefix: string): Promise<void> {
   await resetNamespace({ amqpUrl: ctx.amqpUrl, redisUrl: ctx.redisUrl, queue, prefix });
   if (ctx.redisPrivate) await flushMasters(ctx.nodes);
+  await waitForLazyFree(ctx.nodes);
 }
 
 /** Keys matching a pattern on one server (SCAN, never KEYS). */

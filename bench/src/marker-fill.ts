@@ -156,6 +156,10 @@ export async function writeLayout(
   });
 }
 
+function isNoScript(error: unknown): boolean {
+  return error instanceof Error && error.message.startsWith('NOSCRIPT');
+}
+
 /** Loads a script where EVALSHA will find it: the server, or every master of a cluster (a shard's keys may be on any). */
 async function loadEverywhere(redis: Redis | Cluster, script: string): Promise<string> {
   const servers = redis instanceof Cluster ? redis.nodes('master') : [redis];
@@ -204,20 +208,19 @@ export async function fillMarkers(redis: Redis | Cluster, plan: FillPlan): Promi
         if (c > 0) hashes++;
       }
       if (inSlice === 0) continue;
-      await send(
-        redis.evalsha(
-          sha,
-          1,
-          base,
-          String(b.bucket),
-          String(b.expiresAt),
-          String(b.subBuckets),
-          tail,
-          String(from),
-          String(blocks),
-          ...Array.from(slice, String),
-        ),
-      );
+      const args = [
+        1,
+        base,
+        String(b.bucket),
+        String(b.expiresAt),
+        String(b.subBuckets),
+        tail,
+        String(from),
+        String(blocks),
+        ...Array.from(slice, String),
+      ] as const;
+      // NOSCRIPT: a master the client did not list when the script was loaded (one round of a scale-out run met one); EVAL loads it there.
+      await send(redis.evalsha(sha, ...args).catch((error: unknown) => (isNoScript(error) ? redis.eval(FILL_MARKERS_LUA, ...args) : Promise.reject(error))));
     }
     // The meta hash as openBucket and writeMarkers leave it: opened (s) with the bucket's expiry, n markers, x the hashes made.
     const meta = markerMetaKey(plan.prefix, b.vshard, b.bucket);

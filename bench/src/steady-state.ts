@@ -7,12 +7,10 @@
  * cluster (--scale-out --redis-figures: every master).
  */
 import { setTimeout as sleep } from 'node:timers/promises';
-import type { Redis } from 'ioredis';
 import {
   DEFAULTS,
   messageMarkerShards,
   defaultBucketWidthS,
-  parseInfo,
   defaultMarkerScope,
   filterBitsOfFormat,
   markerFormatOf,
@@ -63,18 +61,6 @@ export function markerSettings(tallyEnv: Readonly<Record<string, string>>): { ma
     bucketWidthS: defaultBucketWidthS(markerTtlS),
     initialSubBuckets: Number(tallyEnv.TALLY_MARKER_SUB_BUCKETS ?? DEFAULTS.markerSubBuckets),
   };
-}
-
-/** Waits (up to a minute) until every master has freed what UNLINK handed to its background thread (INFO memory lazyfree_pending_objects). */
-async function waitForLazyFree(masters: readonly Redis[]): Promise<void> {
-  const deadline = Date.now() + 60_000;
-  for (const redis of masters) {
-    while (Date.now() < deadline) {
-      const pending = Number(parseInfo(await redis.info('memory')).get('lazyfree_pending_objects') ?? 0);
-      if (!(pending > 0)) break;
-      await sleep(100);
-    }
-  }
 }
 
 /** The marker scope the bench's daemons lay a new prefix out with: --tally-env TALLY_MARKER_SCOPE, else the daemon's default for the topology. */
@@ -131,10 +117,6 @@ export function steadyPrepare(ctx: AnyBenchContext, plan: SteadyPlan): (prefix: 
       subBuckets: settings.initialSubBuckets,
       format: markerFormatOf(scope),
     });
-    // The prefix of the drain before was deleted with UNLINK: its memory is
-    // freed by a background thread, which would shrink this fill's figure
-    // (one fill measured 149 MB for 15 M markers) and the drain's after it.
-    await waitForLazyFree(ctx.nodes.masters);
     const before = (await sampleMemory(ctx.nodes)).masters;
     const filled = await fillMarkers(ctx.redis, {
       prefix,
@@ -176,6 +158,12 @@ export function batchedSteadyPrepare(ctx: AnyBenchContext, rate: number): (prefi
     const before = (await sampleMemory(ctx.nodes)).masters;
     const fill = await fillBatchedMarkers(ctx.redis, prefix, rate, markerTtlS);
     const after = (await sampleMemory(ctx.nodes)).masters;
+    ctx.log(
+      `  steady-state fill of ${prefix}: ${fill.markers.toLocaleString('en')} SET … EX keys in ${fill.fillSeconds.toFixed(1)} s, ${((after - before) / 1e6).toFixed(0)} MB; ` +
+        (fill.overrunSeconds > 0
+          ? `${fill.overrunSeconds.toFixed(1)} s past its planned end: about ${((fill.overrunSeconds / markerTtlS) * 100).toFixed(1)} % of the keys expired during it`
+          : `waited ${fill.waitSeconds.toFixed(1)} s for its planned end, so that none expired during it`),
+    );
     return {
       rate,
       markerTtlS,
