@@ -150,7 +150,9 @@ export async function runDrain(ctx: AnyBenchContext, plan: DrainPlan): Promise<D
   await resetSpace(ctx, queue, prefix);
   const fill = plan.prepare ? await plan.prepare(prefix) : null;
   // After the flush (and the replicas applying it) and the fill, before anything of this run is in Redis (the preload goes to RabbitMQ only).
-  if (ctx.redisPrivate) await settleReplicas(ctx.nodes);
+  // A fill is hundreds of MB of replication stream: the replicas may take longer than 5 s to apply it, and until they
+  // have, the masters' output buffers shrink and their CPU sends it during the drain.
+  if (ctx.redisPrivate) await settleReplicas(ctx.nodes, fill === null ? 5_000 : 120_000);
   const memoryBefore = ctx.redisPrivate ? await sampleMemory(ctx.nodes) : null;
   const errorsBefore = ctx.redisPrivate ? await sampleErrors(ctx.nodes) : null;
   // A stream contender's queue is a stream, declared as one by the publisher (the daemon finds it).
