@@ -95,7 +95,8 @@ export function summarizeFigures(drains: readonly TopologyDrain[], idle: readonl
     // The stream's contenders and the hand-written reference only when they drained here (a run may leave them out).
     const ran = FIGURE_CONTENDERS.filter((c) => !(readsStream(c) || c === 'batched') || records.some((r) => r.contender === c));
     for (const s of summarize(ran, records, [], markers, rounds)) {
-      const own = records.filter((r) => r.contender === s.contender);
+      // The row's own drains: a contender's fresh and steady rows each from their own variant.
+      const own = records.filter((r) => r.contender === s.contender && (r.variant ?? 'fresh') === s.variant);
       const masters = Math.max(0, ...own.map((r) => r.cluster?.perMasterMemoryBytes.length ?? 0));
       rows.push({
         topology,

@@ -93,6 +93,40 @@ export async function flushMasters(nodes: RedisNodes): Promise<void> {
 }
 
 /**
+ * redis-server arguments of the bench's own servers: DEBUG from loopback
+ * only, for waitForRehash.
+ */
+export const BENCH_SERVER_ARGS: readonly string[] = Object.freeze(['--enable-debug-command', 'local']);
+
+/**
+ * Waits (up to two minutes) until no master is rehashing its keyspace
+ * (DEBUG HTSTATS 0 names no "rehashing target"). A fill that ends just past a
+ * power of two of keys leaves the main and expires dictionaries growing, and
+ * the server moves them over 1 ms per cron tick: on a cluster master holding
+ * 562,500 of a reference fill's 1.8M keys that took tens of seconds, and each
+ * old table freed (4.2 MB) and the CPU moving it landed in the drain (one
+ * reference drain read -246 B and twice its fresh Redis CPU per message).
+ * A production keyspace of that size is past its growth. Resolves false on a
+ * server that refuses DEBUG (not the bench's own): then nothing is waited for.
+ */
+export async function waitForRehash(nodes: RedisNodes, timeoutMs = 120_000): Promise<boolean> {
+  const deadline = Date.now() + timeoutMs;
+  for (const redis of nodes.masters) {
+    for (;;) {
+      let stats: string;
+      try {
+        stats = String(await redis.call('DEBUG', 'HTSTATS', '0'));
+      } catch {
+        return false;
+      }
+      if (!stats.includes('rehashing target') || Date.now() > deadline) break;
+      await new Promise((resolve) => setTimeout(resolve, 200));
+    }
+  }
+  return true;
+}
+
+/**
  * Waits (up to a minute) until every master has freed what UNLINK handed to
  * its background thread (INFO memory lazyfree_pending_objects). A reset
  * deletes the prefix of the drain before with UNLINK; after a steady-state

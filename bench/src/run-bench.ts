@@ -30,6 +30,7 @@ import { median } from './stats.js';
 import { batchedSteadyPrepare, steadyPrepare, steadyShares } from './steady-state.js';
 import type { TallyMode } from '@tally/shared';
 import { generateWorkload, type Workload, type WorkloadOptions } from '@tally/workload';
+import { BENCH_SERVER_ARGS } from './redis-nodes.js';
 
 /** Rotates the contender order by the round, so no contender always runs first (or right after the broker's preload). */
 export function roundOrder<T>(items: readonly T[], round: number): T[] {
@@ -49,7 +50,7 @@ export async function runBench(options: BenchOptions, log: (line: string) => voi
   let server: PrivateRedis | null = null;
   let redisUrl = options.redisUrl;
   if (redisUrl === null) {
-    server = await startPrivateRedis();
+    server = await startPrivateRedis({ args: BENCH_SERVER_ARGS });
     redisUrl = server.url;
     log(`private redis-server ${server.version} on ${server.url} (pid ${server.pid})`);
   }

@@ -43,7 +43,7 @@ import {
   type TopologyDrain,
 } from './redis-figures.js';
 import { runRedisFigures } from './redis-figures-run.js';
-import { clusterNodes, disconnectNodes, type RedisNodes } from './redis-nodes.js';
+import { BENCH_SERVER_ARGS, clusterNodes, disconnectNodes, type RedisNodes } from './redis-nodes.js';
 import { roundOrder } from './run-bench.js';
 import { median } from './stats.js';
 
@@ -186,11 +186,11 @@ export async function runScaleOut(options: BenchOptions, outDir: string, log: (l
   const loads: number[] = [loadavg()[0]!];
   const loadTimer = setInterval(() => loads.push(loadavg()[0]!), 10_000).unref();
   try {
-    standalone = await startPrivateRedis();
+    standalone = await startPrivateRedis({ args: BENCH_SERVER_ARGS });
     // Redis's default node timeout, not the tests' 1 s: a steady-state fill's scripts and a large flush keep a
     // master busy for over a second on two shared cores, and a failover mid-run (a replica promoted without the
     // fill's script, a client left on the demoted node) is not what the figures measure.
-    cluster = await startRedisCluster({ replicasPerMaster: options.clusterReplicas, nodeTimeoutMs: 15_000 });
+    cluster = await startRedisCluster({ replicasPerMaster: options.clusterReplicas, nodeTimeoutMs: 15_000, args: BENCH_SERVER_ARGS });
     log(
       `private redis-server on ${standalone.url}; cluster of 3 masters + ${3 * options.clusterReplicas} replicas on ${cluster.seedUrls.slice(0, 3).join(', ')} ...`,
     );

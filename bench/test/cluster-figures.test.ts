@@ -194,13 +194,26 @@ describe('Redis figures per topology', () => {
     const steady: TopologyDrain[] = [
       ...drains,
       { topology: 'standalone', record: drain({ variant: 'steady', redisCpuSeconds: 0.02 }) },
-      { topology: 'cluster', record: drain({ variant: 'steady', redisCpuSeconds: 0.03 }) },
+      {
+        topology: 'cluster',
+        record: drain({
+          variant: 'steady',
+          redisCpuSeconds: 0.03,
+          cluster: { ...cluster, perMasterMemoryBytes: [10_000, 20_000, 30_000], replicaCpuSeconds: 0.02 },
+          redisDetail: { keys: 900, hashtableBytes: 1_000, slotToKeysBytes: 100, commandCalls: {}, errors: {} },
+        }),
+      },
     ];
     const rows = summarizeFigures(steady, idle, 1);
     const row = (topology: string, label: string) => rows.find((r) => r.topology === topology && r.label === label)!;
     expect(row('standalone', 'Tally two-step').redisCpuUsPerMessage, 'the fresh row keeps its own drain').to.be.closeTo(40, 1e-9);
     expect(row('standalone', 'Tally two-step, steady state').redisCpuUsPerMessage).to.be.closeTo(20, 1e-9);
     expect(row('cluster', 'Tally two-step, steady state').redisCpuUsPerMessage).to.be.closeTo(30, 1e-9);
+    const steadyCluster = row('cluster', 'Tally two-step, steady state');
+    expect(steadyCluster.perMasterBytesPerMessage, 'per master: the steady drain alone').to.deep.equal([10, 20, 30]);
+    expect(steadyCluster.keysPerMessage).to.be.closeTo(0.9, 1e-9);
+    expect(steadyCluster.replicaCpuUsPerMessage).to.be.closeTo(20, 1e-9);
+    expect(row('cluster', 'Tally two-step').perMasterBytesPerMessage, 'and the fresh row its fresh drain').to.deep.equal([50, 40, 30]);
     const table = renderClusterRatioTable(rows);
     expect(table).to.include('| Tally two-step | 40.0 | 60.0 | 1.50 |');
     expect(table).to.include('| Tally two-step, steady state | 20.0 | 30.0 | 1.50 |');
