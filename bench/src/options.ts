@@ -46,10 +46,11 @@ export interface BenchOptions {
   /** Extra TALLY_* variables for every daemon run (--tally-env K=V, repeatable), e.g. to try a setting. */
   readonly tallyEnv: Readonly<Record<string, string>>;
   /**
-   * --scale-out only: also drain the workload with the ceiling, Tally two-step
-   * and Tally atomic on both topologies, measuring Redis memory and CPU per
-   * message (a cluster's masters summed, its replicas apart). On in the full
-   * run; in a quick run only with --redis-figures (it adds six drains per round).
+   * --scale-out only: also drain the workload with the ceiling, the batched
+   * reference, Tally two-step and atomic and the stream contenders on both
+   * topologies, measuring Redis memory and CPU per message (a cluster's masters
+   * summed, its replicas apart). On in the full run; in a quick run only with
+   * --redis-figures (it adds twelve drains per round).
    */
   readonly redisFigures: boolean;
   /** --scale-out only: replicas per master of the bench's cluster (--cluster-replicas, 1 by default; 0 shows what replication costs the masters). */
@@ -134,10 +135,10 @@ export const USAGE = `usage: pnpm bench [--quick] [flags]
                                                     Tally atomic, preloaded drain, per-run msg/s and daemon CPU per message
        pnpm bench --scale-out [--quick]             Tally atomic on a standalone Redis vs a 3-master cluster,
                                                     1, 2, 3 daemons (quick: 1, 2) on one queue, pair by pair
-                  [--redis-figures]                 then ceiling, two-step, atomic drains on both: Redis B and CPU µs
+                  [--redis-figures]                 then ceiling, batched, Tally drains on both: Redis B and CPU µs
                                                     per message, masters summed, replicas apart (full run: always)
                   [--cluster-replicas N]            replicas per master (1; 0 to see what replication costs)
-                  [--steady-state [--steady-rate N]] the figures' Tally modes drain again on filled prefixes,
+                  [--steady-state [--steady-rate N]] batched and the Tally modes drain again on filled prefixes,
                                                     both topologies (implies --redis-figures)
 
 workload:  --warmup N (5000; quick 1000): drained first by every contender, outside the measured window; 0: none

@@ -218,7 +218,7 @@ export async function runScaleOut(options: BenchOptions, outDir: string, log: (l
     }
     if (options.redisFigures) {
       log(
-        `Redis figures: ceiling, two-step, atomic on each topology${options.steadyState ? `, the Tally modes again at the steady state of ${options.steadyRate} msg/s` : ''}; ` +
+        `Redis figures: ceiling, batched, two-step, atomic, stream on each topology${options.steadyState ? `, batched and the Tally modes again at the steady state of ${options.steadyRate} msg/s` : ''}; ` +
           `${options.rounds} round(s); cluster = its 3 masters summed, replicas apart`,
       );
       clusterInfoNodes = clusterNodes(
