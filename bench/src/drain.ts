@@ -159,7 +159,7 @@ export async function runDrain(ctx: AnyBenchContext, plan: DrainPlan): Promise<D
   const tally = isTally(contender);
   await resetSpace(ctx, queue, prefix);
   const fill = plan.prepare ? await plan.prepare(prefix) : null;
-  if (fill !== null) await waitForRehash(ctx.nodes);
+  if (fill !== null) await waitForRehash(ctx.nodes, ctx.redisPrivate);
   // After the flush (and the replicas applying it) and the fill, before anything of this run is in Redis (the preload goes to RabbitMQ only).
   // A fill is hundreds of MB of replication stream: the replicas may take longer than 5 s to apply it, and until they
   // have, the masters' output buffers shrink and their CPU sends it during the drain.

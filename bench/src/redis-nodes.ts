@@ -98,29 +98,38 @@ export async function flushMasters(nodes: RedisNodes): Promise<void> {
  */
 export const BENCH_SERVER_ARGS: readonly string[] = Object.freeze(['--enable-debug-command', 'local']);
 
+/** cron ticks per second while waitForRehash waits on the bench's own servers: the server rehashes 1 ms per tick. */
+const REHASH_HZ = 500;
+
 /**
  * Waits (up to two minutes) until no master is rehashing its keyspace
- * (DEBUG HTSTATS 0 names no "rehashing target"). A fill that ends just past a
- * power of two of keys leaves the main and expires dictionaries growing, and
- * the server moves them over 1 ms per cron tick: on a cluster master holding
- * 562,500 of a reference fill's 1.8M keys that took tens of seconds, and each
- * old table freed (4.2 MB) and the CPU moving it landed in the drain (one
- * reference drain read -246 B and twice its fresh Redis CPU per message).
- * A production keyspace of that size is past its growth. Resolves false on a
- * server that refuses DEBUG (not the bench's own): then nothing is waited for.
+ * (DEBUG HTSTATS 0 names no "rehashing target"). A fill ends with its
+ * keyspace's main and expires dictionaries growing (the last doubling
+ * started at a power of two of keys, and only as many buckets moved as keys
+ * were added since), and the server moves the rest 1 ms per cron tick: on a
+ * cluster master holding 562,500 of a reference fill's 1.8M keys that took
+ * tens of seconds at the default 10 ticks a second, and each old table freed
+ * (4.2 MB) and the CPU moving it landed in the drain (one reference drain
+ * read -246 B and twice its fresh Redis CPU per message). A production
+ * keyspace of that size is past its growth. On the bench's own servers
+ * (`ownServers`) the wait raises `hz` to REHASH_HZ and puts it back after.
+ * Resolves false on a server that refuses DEBUG: then nothing is waited for.
  */
-export async function waitForRehash(nodes: RedisNodes, timeoutMs = 120_000): Promise<boolean> {
+export async function waitForRehash(nodes: RedisNodes, ownServers: boolean, timeoutMs = 120_000): Promise<boolean> {
   const deadline = Date.now() + timeoutMs;
+  const rehashing = async (redis: Redis) => String(await redis.call('DEBUG', 'HTSTATS', '0')).includes('rehashing target');
   for (const redis of nodes.masters) {
-    for (;;) {
-      let stats: string;
-      try {
-        stats = String(await redis.call('DEBUG', 'HTSTATS', '0'));
-      } catch {
-        return false;
-      }
-      if (!stats.includes('rehashing target') || Date.now() > deadline) break;
-      await new Promise((resolve) => setTimeout(resolve, 200));
+    try {
+      if (!(await rehashing(redis))) continue;
+    } catch {
+      return false;
+    }
+    const hz = ownServers ? ((await redis.config('GET', 'hz')) as string[])[1] : undefined;
+    if (hz !== undefined) await redis.config('SET', 'hz', String(REHASH_HZ));
+    try {
+      while ((await rehashing(redis)) && Date.now() < deadline) await new Promise((resolve) => setTimeout(resolve, 50));
+    } finally {
+      if (hz !== undefined) await redis.config('SET', 'hz', hz);
     }
   }
   return true;
