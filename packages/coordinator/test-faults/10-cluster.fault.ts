@@ -178,8 +178,9 @@ describe('faults: Redis Cluster', function () {
         const parts = partsById(workload.publishes, VSHARDS);
         await publishAll(workload.publishes, { url: AMQP_URL, queue: space.queue });
         const daemon = await fleet.start(space.env);
-        // Mid-stream, on progress: a third of the backlog acked.
-        await waitForReadyBelow(space.queue, Math.floor((workload.publishes.length * 2) / 3), 120_000);
+        // Mid-stream, on progress: a tenth of the backlog acked. (At a third, one CI run's daemon drained the
+        // rest before the replica was stopped, and no batch was left to wait for it.)
+        await waitForReadyBelow(space.queue, Math.floor(workload.publishes.length * 0.9), 120_000);
         // Replication lag made real: the replica of the master about to die is stopped (SIGSTOP), so
         // what that master acknowledges from now on exists on the master alone. Redis replicates
         // asynchronously; on loopback a replica is otherwise never more than a few ms behind.
