@@ -22,6 +22,7 @@
  */
 import { setTimeout as sleep } from 'node:timers/promises';
 import { Cluster, type Redis } from 'ioredis';
+import { MARKER_TAGS, markerStem } from './consumers/batched-markers.js';
 import { serverNowS } from './marker-fill.js';
 
 /** Keys written per script call: about 50 ms of Redis each. */
@@ -43,9 +44,6 @@ end
 return count
 `;
 
-/** The consumer's hash tags on a cluster (consumers/batched.ts, MARKER_TAGS). */
-const CLUSTER_MARKER_TAGS = 16;
-
 export interface BatchedFill {
   readonly markers: number;
   readonly fillSeconds: number;
@@ -60,7 +58,8 @@ export async function fillBatchedMarkers(redis: Redis | Cluster, prefix: string,
   const markers = Math.round(rate * markerTtlS);
   const started = performance.now();
   const readyAt = Math.ceil((await serverNowS(redis)) + markers * PLANNED_S_PER_KEY);
-  const stems = redis instanceof Cluster ? Array.from({ length: CLUSTER_MARKER_TAGS }, (_, tag) => `${prefix}m:{m${tag}}:fill-`) : [`${prefix}m:fill-`];
+  const tags = redis instanceof Cluster ? Array.from({ length: MARKER_TAGS }, (_, tag) => tag) : [null];
+  const stems = tags.map((tag) => `${markerStem(prefix, tag)}fill-`);
   // Each stem's share: the markers split evenly (the consumer's tags are a hash of the id).
   let written = 0;
   for (const [s, stem] of stems.entries()) {

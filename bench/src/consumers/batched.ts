@@ -26,6 +26,7 @@
 import amqp, { type ConsumeMessage } from 'amqplib';
 import { Cluster, Redis } from 'ioredis';
 import { countKey, shardOf, splitRedisUrls } from '@tally/shared';
+import { markerStem, markerTagOf } from './batched-markers.js';
 import { onTerminate, readSettings, report, warmupReporter } from './protocol.js';
 
 const BATCH = 500;
@@ -43,8 +44,6 @@ const redis = onCluster
       { enableAutoPipelining: true, redisOptions: { connectionName: 'tally-bench-batched' } },
     )
   : new Redis(seeds[0]!, { connectionName: 'tally-bench-batched' });
-/** Hash tags the markers spread over on a cluster: per-tag MGETs of about BATCH / MARKER_TAGS keys, spread over the masters. */
-const MARKER_TAGS = 16;
 const connection = await amqp.connect(settings.amqpUrl, { clientProperties: { connection_name: 'tally-bench-batched' } });
 const channel = await connection.createChannel();
 await channel.prefetch(settings.prefetch);
@@ -61,15 +60,8 @@ let waiting: ConsumeMessage[] = [];
 let running = false;
 let timer: NodeJS.Timeout | null = null;
 
-/** FNV-1a of the id, modulo MARKER_TAGS. */
-function tagOf(id: string): number {
-  let hash = 0x811c9dc5;
-  for (let i = 0; i < id.length; i++) hash = Math.imul(hash ^ id.charCodeAt(i), 0x01000193);
-  return (hash >>> 0) % MARKER_TAGS;
-}
-
 function markerKey(id: string): string {
-  return onCluster ? `${prefix}m:{m${tagOf(id)}}:${id}` : `${prefix}m:${id}`;
+  return markerStem(prefix, onCluster ? markerTagOf(id) : null) + id;
 }
 
 /** Whether each id's marker is set: one MGET on a standalone Redis, one per hash tag on a cluster (a multi-key command stays in one slot). */
@@ -78,7 +70,7 @@ async function findMarkers(ids: readonly string[]): Promise<Array<string | null>
   if (!onCluster) return redis.mget(...ids.map(markerKey));
   const byTag = new Map<number, number[]>();
   ids.forEach((id, i) => {
-    const tag = tagOf(id);
+    const tag = markerTagOf(id);
     const positions = byTag.get(tag) ?? [];
     positions.push(i);
     byTag.set(tag, positions);
@@ -96,7 +88,7 @@ async function findMarkers(ids: readonly string[]): Promise<Array<string | null>
 /** Counts summed per SKU: INCRBY + EXPIRE per key, one pipeline (on a cluster, auto-pipelining's one per master). */
 async function writeCounts(sums: ReadonlyMap<string, number>): Promise<void> {
   if (sums.size === 0) return;
-  if (redis instanceof Cluster) {
+  if (onCluster) {
     await Promise.all([...sums].flatMap(([key, sum]) => [redis.incrby(key, sum), redis.expire(key, countTtlS)]));
     return;
   }
@@ -108,7 +100,7 @@ async function writeCounts(sums: ReadonlyMap<string, number>): Promise<void> {
 /** The batch's new markers, SET … EX each, pipelined as the counts are. */
 async function writeMarkers(fresh: readonly string[]): Promise<void> {
   if (fresh.length === 0) return;
-  if (redis instanceof Cluster) {
+  if (onCluster) {
     await Promise.all(fresh.map((marker) => redis.set(marker, '1', 'EX', markerTtlS)));
     return;
   }
