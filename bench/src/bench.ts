@@ -13,6 +13,7 @@ import { runBench } from './run-bench.js';
 import { runScaleOut } from './scale-out-run.js';
 import { runPartitions } from './partitions-run.js';
 import { runShapeCost } from './shape-cost-run.js';
+import { runNaturalCheck } from './natural-check-run.js';
 import { writeResults } from './write-results.js';
 
 const RESULTS = fileURLToPath(new URL('../../results', import.meta.url));
@@ -58,6 +59,9 @@ try {
       break;
     case 'shape-cost':
       process.exitCode = await runShapeCost(options, options.outDir ?? (options.quick ? `${RESULTS}/quick` : RESULTS), log);
+      break;
+    case 'natural-check':
+      process.exitCode = await runNaturalCheck(options, options.outDir ?? `${RESULTS}/natural-check`, log);
       break;
     case 'run': {
       const { results, exitCode } = await runBench(options, log);

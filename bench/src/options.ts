@@ -7,7 +7,7 @@ import { parseArgs } from 'node:util';
 import { unknownSettingError } from '@tally/shared';
 import { CONTENDERS, type ContenderName, type SweepName } from './results.js';
 
-export type BenchCommand = 'run' | 'profile' | 'summarize-profiles' | 'scale-out' | 'shape-cost' | 'partitions' | 'help';
+export type BenchCommand = 'run' | 'profile' | 'summarize-profiles' | 'scale-out' | 'shape-cost' | 'partitions' | 'natural-check' | 'help';
 
 export interface BenchOptions {
   readonly command: BenchCommand;
@@ -65,6 +65,10 @@ export interface BenchOptions {
    */
   readonly steadyState: boolean;
   readonly steadyRate: number;
+  /** --natural-check: the sustained rate, the marker TTL and the measured window of both runs (natural-check-run.ts). */
+  readonly naturalRate: number;
+  readonly naturalTtlS: number;
+  readonly naturalWindowS: number;
 }
 
 /** The workload flags of the command line, as the workload generator takes them. */
@@ -129,6 +133,9 @@ export const USAGE = `usage: pnpm bench [--quick] [flags]
                                                     steady-state.md/.json (no latency runs or sweeps unless asked for)
        pnpm bench --profile [--profile-dir DIR]      drain once with Tally under --cpu-prof and summarize
        pnpm bench --summarize-profiles DIR          summarize existing .cpuprofile files
+       pnpm bench --natural-check                   the steady-state fill against a natural steady state: two-step at
+                  [--natural-rate N] [--natural-ttl S] N msg/s (3000) from an empty prefix for two marker TTLs of S s (600),
+                  [--natural-window S]              then on a filled one; a window of S s (100) each, side by side
        pnpm bench --shape-cost [--quick]            a mapped message shape (TALLY_MESSAGE_MAPPING) against the contract's:
                                                     parse + split in process, then daemon CPU per message, drain pairs
        pnpm bench --partitions [--quick]            TALLY_PARTITIONS = 1, 2, 4 with 1 to 3 daemons (quick: 1, 4 and 1, 2),
@@ -201,6 +208,10 @@ export function parseBenchArgs(argv: readonly string[], env: Readonly<Record<str
         'shape-cost': { type: 'boolean' },
         'steady-state': { type: 'boolean' },
         'steady-rate': { type: 'string' },
+        'natural-check': { type: 'boolean' },
+        'natural-rate': { type: 'string' },
+        'natural-ttl': { type: 'string' },
+        'natural-window': { type: 'string' },
         warmup: { type: 'string' },
         'redis-figures': { type: 'boolean' },
         'cluster-replicas': { type: 'string' },
@@ -253,12 +264,16 @@ export function parseBenchArgs(argv: readonly string[], env: Readonly<Record<str
             ? 'shape-cost'
             : v.partitions
               ? 'partitions'
-              : 'run';
+              : v['natural-check']
+                ? 'natural-check'
+                : 'run';
   for (const flag of ['redis-figures', 'cluster-replicas'] as const)
     if (v[flag] !== undefined && command !== 'scale-out') throw new BenchUsageError(`--${flag} goes with --scale-out`);
   if (steadyState && command !== 'run' && command !== 'scale-out')
     throw new BenchUsageError('--steady-state goes with a plain run or --scale-out (not --profile, --shape-cost, --partitions or --summarize-profiles)');
   if (v['steady-rate'] !== undefined && !steadyState) throw new BenchUsageError('--steady-rate goes with --steady-state');
+  for (const flag of ['natural-rate', 'natural-ttl', 'natural-window'] as const)
+    if (v[flag] !== undefined && command !== 'natural-check') throw new BenchUsageError(`--${flag} goes with --natural-check`);
   const contenders = list('contenders', v.contenders, steadyState ? STEADY_CONTENDERS : CONTENDERS, (c) => {
     if (!(CONTENDERS as readonly string[]).includes(c)) throw new BenchUsageError(`--contenders accepts ${CONTENDERS.join(', ')}; got ${JSON.stringify(c)}`);
     return c as ContenderName;
@@ -307,6 +322,9 @@ export function parseBenchArgs(argv: readonly string[], env: Readonly<Record<str
     warmupMessages: int('warmup', v.warmup, base.warmupMessages, 0, 1_000_000),
     steadyState,
     steadyRate: int('steady-rate', v['steady-rate'], 20_000, 1, 1_000_000),
+    naturalRate: int('natural-rate', v['natural-rate'], 3_000, 10, 100_000),
+    naturalTtlS: int('natural-ttl', v['natural-ttl'], 600, 4, 3_600),
+    naturalWindowS: int('natural-window', v['natural-window'], 100, 2, 3_600),
     outDir: v.out ?? null,
     amqpUrl: v['amqp-url'] ?? env.TALLY_AMQP_URL ?? 'amqp://guest:guest@127.0.0.1:5672',
     redisUrl: v['redis-url'] ?? null,
