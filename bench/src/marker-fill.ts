@@ -8,9 +8,13 @@
  * recorded it when it created the prefix.
  *
  * Digests: the first two bytes pick the hash (their value modulo the
- * sub-bucket count is the hash's number, as for a real digest), then the
- * field's 4-byte number within its hash, then 10 random bytes per shard and
- * bucket: distinct within a hash, and across hashes by their first bytes. A workload's
+ * sub-bucket count is the hash's number, as for a real digest), then two
+ * random bytes per shard and bucket; bytes 5..12, which place a digest in
+ * its bucket's filter, are drawn at random by the script (seeded per call),
+ * so the filter is as full as a workload's digests make it and the daemon's
+ * pre-check meets as many false "may hold" as in a natural steady state;
+ * the last four are the field's number in its hash: distinct within a hash,
+ * and across hashes by their first bytes. A workload's
  * digests are SHA-256 of its ids: one of them equals a filled one with
  * probability about (filled × messages) / 2^128, below 10^-24 here, so a
  * filled marker never makes a message of the workload a duplicate.
@@ -28,7 +32,7 @@ import { expiryBitmap, subBucketCounts, type Population } from './steady-populat
 /**
  * KEYS[1]  the shard's marker base, <prefix>mk:{<vshard>}
  * ARGV[1]  bucket   ARGV[2] EXPIREAT of its hashes   ARGV[3] its sub-bucket count (a power of two ≤ 65536)
- * ARGV[4]  10 bytes, the tail of every digest of this shard's bucket
+ * ARGV[4]  10 random bytes of this shard's bucket: 2 in every digest, the last 4 seed bytes 5..12
  * ARGV[5]  the first sub-bucket of this call
  * ARGV[6]  the bucket's filter blocks (0: no filter; message-scoped markers have one, marker_buckets.lua)
  * ARGV[7 ..] markers per sub-bucket, from the first on
@@ -42,9 +46,12 @@ local tail = ARGV[4]
 local first = tonumber(ARGV[5])
 local blocks = tonumber(ARGV[6])
 local spread = 65536 / subs
+local tailA = string.sub(tail, 1, 2)
+-- Seeded per call: a rerun of the fill lays out the same digests.
+math.randomseed(struct.unpack('>I4', string.sub(tail, 7, 10)) + first)
+local BIT = {}
+for i = 0, 31 do BIT[i] = bit.lshift(1, i) end
 local filter, order = {}, {}
--- A field is <2 bytes: the hash's><4 bytes: its number in the hash><the 10 bytes of the shard's bucket>.
-local tails = {}
 local written = 0
 for i = 7, #ARGV do
   local c = tonumber(ARGV[i])
@@ -54,13 +61,23 @@ for i = 7, #ARGV do
     local head = struct.pack('>H', sub + subs * ((sub * 40503) % spread))
     local args = {}
     for j = 1, c do
-      local t = tails[j]
-      if t == nil then
-        t = struct.pack('>I4', j) .. tail
-        tails[j] = t
-      end
-      args[#args + 1] = head .. t
+      -- Bytes 5..8 and 9..12 place the digest in its bucket's filter (marker_buckets.lua coordinatesOf): drawn at
+      -- random, as a workload's are, so that the filter is as full as a natural run makes it; bytes 13..16, its number
+      -- in the hash, keep the fields of a hash distinct.
+      local word = math.random(0, 65535) * 65536 + math.random(0, 65535)
+      local word2 = math.random(0, 65535) * 65536 + math.random(0, 65535)
+      args[#args + 1] = head .. tailA .. struct.pack('>I4I4I4', word, word2, j)
       args[#args + 1] = '1'
+      if blocks > 0 then
+        local block = word % blocks
+        local bits = bit.bor(
+          BIT[math.floor(word2 / 16777216) % 32],
+          BIT[math.floor(word2 / 65536) % 32],
+          BIT[math.floor(word2 / 256) % 32],
+          BIT[word2 % 32])
+        if filter[block] == nil then order[#order + 1] = block end
+        filter[block] = bit.bor(filter[block] or 0, bits)
+      end
       if #args >= 2000 then
         redis.call('HSET', key, unpack(args))
         args = {}
@@ -68,17 +85,6 @@ for i = 7, #ARGV do
     end
     if #args > 0 then redis.call('HSET', key, unpack(args)) end
     redis.call('EXPIREAT', key, expiresAt)
-    if blocks > 0 then
-      for j = 1, c do
-        local digest = head .. tails[j]
-        local b5, b6, b7, b8 = string.byte(digest, 5, 8)
-        local block = (((b5 * 256 + b6) * 256 + b7) * 256 + b8) % blocks
-        local b9, b10, b11, b12 = string.byte(digest, 9, 12)
-        local bits = bit.bor(bit.lshift(1, b9 % 32), bit.lshift(1, b10 % 32), bit.lshift(1, b11 % 32), bit.lshift(1, b12 % 32))
-        if filter[block] == nil then order[#order + 1] = block end
-        filter[block] = bit.bor(filter[block] or 0, bits)
-      end
-    end
     written = written + c
   end
 end

@@ -3,7 +3,9 @@
  * bucket gets its filter as the daemon's scripts make it (meta `f`, the
  * `:f` key with the bucket's expiry), and every filled digest's bits are set
  * in it, so the daemon's pre-check meets the filled population as it would
- * meet its own (a digest missing from the filter would read as new).
+ * meet its own (a digest missing from the filter would read as new), and
+ * the filter is as full as a workload's digests would make it (a sparser
+ * one would spare the pre-check the false "may hold" of a natural run).
  */
 import { expect } from 'chai';
 import { Redis } from 'ioredis';
@@ -59,5 +61,42 @@ describe('steady-state marker fill with filters (message-scoped markers, private
     }
     expect(checked).to.equal(population.totalMarkers);
     expect(checked, 'a population to check').to.be.greaterThan(1_000);
+  });
+
+  it('fills each filter as densely as random digests would', async () => {
+    // One shard, 90,000 markers in a full bucket: 8 hashes of the 16,384 a filtered bucket is sized for.
+    const population = steadyPopulation({
+      rate: 300,
+      markerTtlS: 600,
+      bucketWidthS: 300,
+      partsPerMessageByShard: [1],
+      nowS: await serverNowS(redis),
+      markersPerHash: markersPerSubBucket(12),
+    });
+    const dense = 'filld:';
+    await writeLayout(redis, { prefix: dense, virtualShards: 16, mode: 'two-step', bucketS: 300, subBuckets: 256, format: MESSAGE_MARKER_FORMAT });
+    const bits = markerFilterBits('message');
+    await fillMarkers(redis, { prefix: dense, population, seed: 5, filterBits: bits });
+    const full = population.buckets.filter((b) => b.markers === population.buckets[0]!.markers);
+    expect(full.length, 'full buckets to measure').to.be.greaterThan(0);
+    for (const b of full) {
+      expect(b.subBuckets, 'several hashes per bucket').to.be.greaterThanOrEqual(4);
+      const blocks = filterBlocksFor(b.sizedFor, bits);
+      const filter = (await redis.getBuffer(`${dense}mk:{${b.vshard}}:${b.bucket}:f`))!;
+      let set = 0;
+      for (let i = 0; i < blocks; i++) {
+        let word = filter.readUInt32BE(i * 4);
+        while (word !== 0) {
+          word &= word - 1;
+          set++;
+        }
+      }
+      // Each digest sets 4 bits drawn uniformly in a block drawn uniformly: a block holding k digests has a given bit clear
+      // with probability (31/32)^(4k), and k is Poisson(markers / blocks).
+      const perBlock = b.markers / blocks;
+      const expected = 1 - Math.exp(perBlock * ((31 / 32) ** 4 - 1));
+      const measured = set / (blocks * 32);
+      expect(measured, `set bits of the filter of a bucket of ${b.markers} markers in ${blocks} blocks`).to.be.closeTo(expected, expected * 0.05);
+    }
   });
 });
