@@ -10,16 +10,17 @@
  * Digests: the first two bytes pick the hash (their value modulo the
  * sub-bucket count is the hash's number, as for a real digest), then two
  * random bytes per shard and bucket; bytes 5..12, which place a digest in
- * its bucket's filter, are drawn at random by the script (seeded per call),
- * so the filter is as full as a workload's digests make it and the daemon's
- * pre-check meets as many false "may hold" as in a natural steady state;
+ * its bucket's filter, are random bytes the client sends (8 per marker), so
+ * the client builds each bucket's filter and writes it whole, and the
+ * filter is as full as a workload's digests make it (the daemon's
+ * pre-check meets as many false "may hold" as in a natural steady state);
  * the last four are the field's number in its hash: distinct within a hash,
  * and across hashes by their first bytes. A workload's
  * digests are SHA-256 of its ids: one of them equals a filled one with
  * probability about (filled × messages) / 2^128, below 10^-24 here, so a
  * filled marker never makes a message of the workload a duplicate.
  *
- * The hashes are written by a script, a few thousand hashes per call (one
+ * The hashes are written by a script, up to 200,000 markers per call (one
  * HSET and one EXPIREAT per hash, the counts of markers per hash drawn
  * here): tens of millions of fields take seconds, not minutes.
  */
@@ -32,9 +33,9 @@ import { expiryBitmap, subBucketCounts, type Population } from './steady-populat
 /**
  * KEYS[1]  the shard's marker base, <prefix>mk:{<vshard>}
  * ARGV[1]  bucket   ARGV[2] EXPIREAT of its hashes   ARGV[3] its sub-bucket count (a power of two ≤ 65536)
- * ARGV[4]  10 random bytes of this shard's bucket: 2 in every digest, the last 4 seed bytes 5..12
+ * ARGV[4]  2 random bytes of this shard's bucket, bytes 3..4 of its digests
  * ARGV[5]  the first sub-bucket of this call
- * ARGV[6]  the bucket's filter blocks (0: no filter; message-scoped markers have one, marker_buckets.lua)
+ * ARGV[6]  8 bytes per marker of this call, in order: bytes 5..12 of its digest (the client sets their filter bits)
  * ARGV[7 ..] markers per sub-bucket, from the first on
  * Returns the markers written. Fields per HSET in chunks of 1,000 (unpack's limit is the Lua C stack).
  */
@@ -44,40 +45,28 @@ local expiresAt = ARGV[2]
 local subs = tonumber(ARGV[3])
 local tail = ARGV[4]
 local first = tonumber(ARGV[5])
-local blocks = tonumber(ARGV[6])
+local placed = ARGV[6]
 local spread = 65536 / subs
-local tailA = string.sub(tail, 1, 2)
--- Seeded per call: a rerun of the fill lays out the same digests.
-math.randomseed(struct.unpack('>I4', string.sub(tail, 7, 10)) + first)
-local BIT = {}
-for i = 0, 31 do BIT[i] = bit.lshift(1, i) end
-local filter, order = {}, {}
+local numbers = {}
+local at = 1
 local written = 0
 for i = 7, #ARGV do
   local c = tonumber(ARGV[i])
   if c > 0 then
     local sub = first + i - 7
     local key = prefix .. string.format('%d', sub)
-    local head = struct.pack('>H', sub + subs * ((sub * 40503) % spread))
+    local head = struct.pack('>H', sub + subs * ((sub * 40503) % spread)) .. tail
     local args = {}
     for j = 1, c do
-      -- Bytes 5..8 and 9..12 place the digest in its bucket's filter (marker_buckets.lua coordinatesOf): drawn at
-      -- random, as a workload's are, so that the filter is as full as a natural run makes it; bytes 13..16, its number
-      -- in the hash, keep the fields of a hash distinct.
-      local word = math.random(0, 65535) * 65536 + math.random(0, 65535)
-      local word2 = math.random(0, 65535) * 65536 + math.random(0, 65535)
-      args[#args + 1] = head .. tailA .. struct.pack('>I4I4I4', word, word2, j)
-      args[#args + 1] = '1'
-      if blocks > 0 then
-        local block = word % blocks
-        local bits = bit.bor(
-          BIT[math.floor(word2 / 16777216) % 32],
-          BIT[math.floor(word2 / 65536) % 32],
-          BIT[math.floor(word2 / 256) % 32],
-          BIT[word2 % 32])
-        if filter[block] == nil then order[#order + 1] = block end
-        filter[block] = bit.bor(filter[block] or 0, bits)
+      -- <2 bytes: the hash's><2 bytes: the bucket's><8 bytes: the client's, its filter place><4 bytes: its number in the hash>
+      local number = numbers[j]
+      if number == nil then
+        number = struct.pack('>I4', j)
+        numbers[j] = number
       end
+      args[#args + 1] = head .. string.sub(placed, at, at + 7) .. number
+      args[#args + 1] = '1'
+      at = at + 8
       if #args >= 2000 then
         redis.call('HSET', key, unpack(args))
         args = {}
@@ -88,33 +77,13 @@ for i = 7, #ARGV do
     written = written + c
   end
 end
--- The filter bits of this call's digests, as marker_buckets.lua addToFilter sets them.
-if blocks > 0 then
-  local filterKey = KEYS[1] .. ':' .. ARGV[1] .. ':f'
-  for from = 1, #order, 1000 do
-    local to = math.min(from + 999, #order)
-    local args = {}
-    for i = from, to do
-      args[#args + 1] = 'GET'
-      args[#args + 1] = 'u32'
-      args[#args + 1] = '#' .. order[i]
-    end
-    local words = redis.call('BITFIELD', filterKey, unpack(args))
-    args = {}
-    for i = from, to do
-      args[#args + 1] = 'SET'
-      args[#args + 1] = 'u32'
-      args[#args + 1] = '#' .. order[i]
-      args[#args + 1] = string.format('%d', bit.bor(words[i - from + 1], filter[order[i]]) % 4294967296)
-    end
-    redis.call('BITFIELD', filterKey, unpack(args))
-  end
-end
 return written
 `;
 
 /** Sub-buckets per script call: about 90,000 fields at 45 per hash, a few tens of ms of the server's time each. */
 const SUBS_PER_CALL = 2_048;
+/** Markers per script call at most (16,384-marker hashes fill a call with far fewer sub-buckets): 1.6 MB of filter places. */
+const MARKERS_PER_CALL = 200_000;
 /** Calls in flight at once: enough to keep the server busy, few enough to keep the client's memory small. */
 const CALLS_IN_FLIGHT = 4;
 
@@ -173,6 +142,18 @@ async function loadEverywhere(redis: Redis | Cluster, script: string): Promise<s
   return shas[0]!;
 }
 
+/**
+ * Sets the bits of the digest whose bytes 5..12 are placed[at .. at+7] in a
+ * filter of 32-bit blocks, as marker_buckets.lua coordinatesOf places them:
+ * the block is bytes 5..8 (big-endian) modulo the block count, the bits are
+ * bytes 9..12 each modulo 32.
+ */
+function addToFilter(filter: Uint32Array, placed: Buffer, at: number): void {
+  const block = placed.readUInt32BE(at) % filter.length;
+  filter[block] =
+    (filter[block]! | (1 << (placed[at + 4]! % 32)) | (1 << (placed[at + 5]! % 32)) | (1 << (placed[at + 6]! % 32)) | (1 << (placed[at + 7]! % 32))) >>> 0;
+}
+
 export async function fillMarkers(redis: Redis | Cluster, plan: FillPlan): Promise<FillReport> {
   const started = performance.now();
   const sha = await loadEverywhere(redis, FILL_MARKERS_LUA);
@@ -194,39 +175,33 @@ export async function fillMarkers(redis: Redis | Cluster, plan: FillPlan): Promi
   };
   for (const b of plan.population.buckets) {
     const counts = subBucketCounts(b.markers, b.subBuckets, random);
-    const tail = randomBytes(10);
+    const tail = randomBytes(2);
     const blocks = (plan.filterBits ?? 0) > 0 ? filterBlocksFor(b.sizedFor, plan.filterBits!) : 0;
+    const filter = blocks > 0 ? new Uint32Array(blocks) : null;
     const base = markerBaseKey(plan.prefix, b.vshard);
-    // Its filter first, sized and expiring as openBucket makes it: the calls below set its bits (one connection: in order).
-    if (blocks > 0)
-      await send(
-        redis
-          .multi()
-          .call('BITFIELD', `${base}:${b.bucket}:f`, 'SET', 'u32', `#${blocks - 1}`, '0')
-          .expireat(`${base}:${b.bucket}:f`, b.expiresAt)
-          .exec(),
-      );
-    for (let from = 0; from < b.subBuckets; from += SUBS_PER_CALL) {
-      const slice = counts.subarray(from, Math.min(from + SUBS_PER_CALL, b.subBuckets));
-      let inSlice = 0;
-      for (const c of slice) {
-        inSlice += c;
-        if (c > 0) hashes++;
+    for (let from = 0; from < b.subBuckets;) {
+      let to = from;
+      let inCall = 0;
+      while (to < b.subBuckets && to - from < SUBS_PER_CALL && (inCall === 0 || inCall + counts[to]! <= MARKERS_PER_CALL)) {
+        inCall += counts[to]!;
+        if (counts[to]! > 0) hashes++;
+        to++;
       }
-      if (inSlice === 0) continue;
-      const args = [
-        1,
-        base,
-        String(b.bucket),
-        String(b.expiresAt),
-        String(b.subBuckets),
-        tail,
-        String(from),
-        String(blocks),
-        ...Array.from(slice, String),
-      ] as const;
+      const slice = counts.subarray(from, to);
+      const first = from;
+      from = to;
+      if (inCall === 0) continue;
+      const placed = randomBytes(8 * inCall);
+      if (filter !== null) for (let at = 0; at < placed.length; at += 8) addToFilter(filter, placed, at);
+      const args = [1, base, String(b.bucket), String(b.expiresAt), String(b.subBuckets), tail, String(first), placed, ...Array.from(slice, String)] as const;
       // NOSCRIPT: a master the client did not list when the script was loaded (one round of a scale-out run met one); EVAL loads it there.
       await send(redis.evalsha(sha, ...args).catch((error: unknown) => (isNoScript(error) ? redis.eval(FILL_MARKERS_LUA, ...args) : Promise.reject(error))));
+    }
+    // Its filter, sized and expiring as openBucket makes it, every filled digest's bits set: one SET of blocks × 4 bytes.
+    if (filter !== null) {
+      const bytes = Buffer.from(filter.buffer, filter.byteOffset, filter.byteLength);
+      bytes.swap32(); // BITFIELD u32 words are big-endian
+      await send(redis.set(`${base}:${b.bucket}:f`, bytes, 'EXAT', b.expiresAt));
     }
     // The meta hash as openBucket and writeMarkers leave it: opened (s) with the bucket's expiry, n markers, x the hashes made.
     const meta = markerMetaKey(plan.prefix, b.vshard, b.bucket);
