@@ -29,7 +29,7 @@ import { renderNaturalCheck, commandTimes, windowFigures, type NaturalCheckRecor
 import { workloadShape, type BenchOptions } from './options.js';
 import { cpuSeconds } from './proc.js';
 import { BENCH_SERVER_ARGS, sampleCpu, waitForLazyFree, waitForRehash } from './redis-nodes.js';
-import { steadyPrepare, steadyShares } from './steady-state.js';
+import { steadyCountShares, steadyPrepare, steadyShares } from './steady-state.js';
 
 /** Seconds of load generated (and published) per chunk. */
 const CHUNK_S = 60;
@@ -58,16 +58,20 @@ async function readCounters(ctx: BenchContext, daemon: RunningContender, metrics
   };
 }
 
-/** Markers the prefix holds: the meta hashes' `n`, summed (SCAN, a few dozen keys). */
-async function markersHeld(redis: Redis, prefix: string): Promise<number> {
-  let total = 0;
+/** Markers the prefix holds (the meta hashes' `n`, summed) and its write receipts: one SCAN, outside the window. */
+async function held(redis: Redis, prefix: string): Promise<{ markers: number; receipts: number }> {
+  let markers = 0;
+  let receipts = 0;
   let cursor = '0';
   do {
-    const [next, keys] = await redis.scan(cursor, 'MATCH', `${prefix}mk:*:m`, 'COUNT', 5000);
+    const [next, keys] = await redis.scan(cursor, 'MATCH', `${prefix}*`, 'COUNT', 5000);
     cursor = next;
-    for (const key of keys) total += Number((await redis.hget(key, 'n')) ?? 0);
+    for (const key of keys) {
+      if (key.startsWith(`${prefix}w:`)) receipts++;
+      else if (key.startsWith(`${prefix}mk:`) && key.endsWith(':m')) markers += Number((await redis.hget(key, 'n')) ?? 0);
+    }
   } while (cursor !== '0');
-  return total;
+  return { markers, receipts };
 }
 
 interface LoadPlan {
@@ -178,14 +182,14 @@ export async function runNaturalCheck(options: BenchOptions, outDir: string, log
     const naturalPrefix = prefixName(ctx, 'tally-two-step', 'natural');
     await resetSpace(ctx, naturalQueue, naturalPrefix);
     log(`natural run: ${rate} msg/s for ${2 * ttl} s (two marker TTLs of ${ttl} s), then a ${windowS} s window`);
-    let naturalMarkers = 0;
+    let naturalHeld = { markers: 0, receipts: 0 };
     const natural = await runLoad(
       ctx,
       options,
       { queue: naturalQueue, prefix: naturalPrefix, label: 'natural', seed: options.seed },
       { rate, beforeS: 2 * ttl, windowS },
       async () => {
-        naturalMarkers = await markersHeld(redis, naturalPrefix);
+        naturalHeld = await held(redis, naturalPrefix);
       },
     );
     problems.push(...natural.problems);
@@ -199,6 +203,7 @@ export async function runNaturalCheck(options: BenchOptions, outDir: string, log
       mode: 'two-step',
       rate,
       shares: steadyShares(ctx, 'two-step', sample),
+      countShares: steadyCountShares(ctx, sample),
       seed: options.seed,
       drainBudgetS: FILLED_WARMUP_S + windowS,
     })(filledPrefix);
@@ -208,11 +213,15 @@ export async function runNaturalCheck(options: BenchOptions, outDir: string, log
     log(
       `filled run: ${fill.markers.toLocaleString('en')} markers filled in ${fill.fillSeconds.toFixed(1)} s; ${rate} msg/s for ${FILLED_WARMUP_S} s, then a ${windowS} s window`,
     );
+    let filledHeld = { markers: 0, receipts: 0 };
     const filled = await runLoad(
       ctx,
       options,
       { queue: filledQueue, prefix: filledPrefix, label: 'filled', seed: options.seed + 1000 },
       { rate, beforeS: FILLED_WARMUP_S, windowS },
+      async () => {
+        filledHeld = await held(redis, filledPrefix);
+      },
     );
     problems.push(...filled.problems);
     await resetSpace(ctx, filledQueue, filledPrefix);
@@ -226,10 +235,10 @@ export async function runNaturalCheck(options: BenchOptions, outDir: string, log
       rate,
       markerTtlS: ttl,
       windowS,
-      naturalMarkers,
-      filledMarkers: fill.markers,
-      natural: natural.figures,
-      filled: filled.figures,
+      natural: naturalHeld,
+      filled: filledHeld,
+      naturalWindow: natural.figures,
+      filledWindow: filled.figures,
       problems,
     };
     const table = renderNaturalCheck(record);

@@ -105,15 +105,20 @@ export function windowFigures(start: RunCounters, end: RunCounters): WindowFigur
   };
 }
 
+export interface Held {
+  readonly markers: number;
+  readonly receipts: number;
+}
+
 export interface NaturalCheckRecord {
   readonly rate: number;
   readonly markerTtlS: number;
   readonly windowS: number;
-  /** Markers the natural run's prefix held when its window began, and those the fill wrote. */
-  readonly naturalMarkers: number;
-  readonly filledMarkers: number;
-  readonly natural: WindowFigures;
-  readonly filled: WindowFigures;
+  /** Markers and write receipts each run's prefix held when its window opened. */
+  readonly natural: Held;
+  readonly filled: Held;
+  readonly naturalWindow: WindowFigures;
+  readonly filledWindow: WindowFigures;
   readonly problems: readonly string[];
 }
 
@@ -123,7 +128,8 @@ const ratio = (a: number, b: number) => (b > 0 && Number.isFinite(a) ? (a / b).t
 
 /** The two windows side by side, with the commands that took the most of either. */
 export function renderNaturalCheck(record: NaturalCheckRecord, topCommands = 6): string {
-  const { natural: n, filled: f } = record;
+  const { naturalWindow: n, filledWindow: f } = record;
+  const held = (h: Held) => `${h.markers.toLocaleString('en')} markers and ${h.receipts.toLocaleString('en')} write receipts`;
   const rows: Array<[string, number, number, (x: number) => string]> = [
     ['msg/s in the window', n.msgPerSec, f.msgPerSec, (x) => Math.round(x).toLocaleString('en')],
     ['parts per shard batch', n.partsPerBatch, f.partsPerBatch, f1],
@@ -141,8 +147,8 @@ export function renderNaturalCheck(record: NaturalCheckRecord, topCommands = 6):
   rows.push(['keys expired / msg', n.expiredKeysPerMsg, f.expiredKeysPerMsg, (x) => x.toFixed(4)]);
   const lines = [
     `Natural steady state against the fill: ${record.rate.toLocaleString('en')} msg/s, marker TTL ${record.markerTtlS} s, ` +
-      `windows of ${record.windowS} s; markers at the window's start: ${record.naturalMarkers.toLocaleString('en')} natural, ` +
-      `${record.filledMarkers.toLocaleString('en')} filled.`,
+      `windows of ${record.windowS} s. When its window opened, the natural run's prefix held ${held(record.natural)}; ` +
+      `the filled one's, ${held(record.filled)}.`,
     '',
     '| per message | natural | after the fill | fill ÷ natural |',
     '|---|---:|---:|---:|',

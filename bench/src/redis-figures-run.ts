@@ -18,7 +18,7 @@ import type { AnyBenchContext } from './context.js';
 import { runDrain } from './drain.js';
 import { isTally } from './contenders.js';
 import { readsStream } from './results.js';
-import { batchedSteadyPrepare, steadyPrepare, steadyShares } from './steady-state.js';
+import { batchedSteadyPrepare, steadyCountShares, steadyPrepare, steadyShares } from './steady-state.js';
 import { FIGURE_CONTENDERS, type IdleCpu, type TopologyDrain, type TopologyName } from './redis-figures.js';
 import { sampleCpu } from './redis-nodes.js';
 import { roundOrder } from './run-bench.js';
@@ -90,6 +90,7 @@ export async function runRedisFigures(
                         mode,
                         rate: steady.rate,
                         shares: steadyShares(topology.ctx, mode, workload),
+                        countShares: steadyCountShares(topology.ctx, workload),
                         seed: steady.seed + round,
                         // At 3,000 msg/s, plus the preload and the stop (as run-bench.ts plans it).
                         drainBudgetS: workload.publishes.length / 3_000 + 15,

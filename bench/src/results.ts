@@ -91,6 +91,8 @@ export interface SteadyFillRecord {
   /** Elapsed fraction of the bucket of now when it was filled. */
   readonly currentFraction: number;
   readonly markers: number;
+  /** Write receipts filled beside the markers (receipt-fill.ts); absent in runs from before they were, 0 for the batched reference. */
+  readonly receipts?: number;
   readonly hashes: number;
   /** Sub-buckets of each shard's buckets (openBucket's rule), lowest and highest over the shards. */
   readonly subBuckets: readonly [number, number];

@@ -27,7 +27,7 @@ import {
   type SweepRecord,
 } from './results.js';
 import { median } from './stats.js';
-import { batchedSteadyPrepare, steadyPrepare, steadyShares } from './steady-state.js';
+import { batchedSteadyPrepare, steadyCountShares, steadyPrepare, steadyShares } from './steady-state.js';
 import type { TallyMode } from '@tally/shared';
 import { generateWorkload, type Workload, type WorkloadOptions } from '@tally/workload';
 import { BENCH_SERVER_ARGS } from './redis-nodes.js';
@@ -148,6 +148,7 @@ export async function runBench(options: BenchOptions, log: (line: string) => voi
                     mode,
                     rate: options.steadyRate,
                     shares: sharesOf(mode),
+                    countShares: options.steadyState ? steadyCountShares(ctx, workload) : [],
                     seed: options.seed + round,
                     // At 3,000 msg/s (below what a steady-state drain here has done), plus the preload and the stop.
                     drainBudgetS: (workload.publishes.length + (warmup?.publishes.length ?? 0)) / 3_000 + 15,

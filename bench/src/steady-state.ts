@@ -23,6 +23,7 @@ import type { Workload } from '@tally/workload';
 import type { AnyBenchContext } from './context.js';
 import { fillBatchedMarkers } from './batched-fill.js';
 import { fillMarkers, serverNowS, writeLayout } from './marker-fill.js';
+import { fillReceipts } from './receipt-fill.js';
 import { sampleMemory } from './redis-nodes.js';
 import type { SteadyFillRecord } from './results.js';
 import { partsPerMessageByShard, steadyPopulation } from './steady-population.js';
@@ -31,8 +32,10 @@ export interface SteadyPlan {
   readonly mode: TallyMode;
   /** Messages per second the population is that of. */
   readonly rate: number;
-  /** Per virtual shard, the workload's parts per message (partsPerMessageByShard). */
+  /** Per virtual shard, the markers one message leaves (steadyShares). */
   readonly shares: readonly number[];
+  /** Per virtual shard, the parts per message its counts get (steadyCountShares): how many write receipts a steady rate leaves. */
+  readonly countShares: readonly number[];
   readonly seed: number;
   /** Seconds the drain after the fill may take: the fill waits for the next bucket if the current one ends sooner. */
   readonly drainBudgetS: number;
@@ -63,6 +66,14 @@ export function markerSettings(tallyEnv: Readonly<Record<string, string>>): { ma
   };
 }
 
+/** The batching the bench's daemons run with: the defaults, or what --tally-env sets. */
+export function batchSettings(tallyEnv: Readonly<Record<string, string>>): { batchSize: number; batchWaitMs: number } {
+  return {
+    batchSize: Number(tallyEnv.TALLY_BATCH_SIZE ?? DEFAULTS.batchSize),
+    batchWaitMs: Number(tallyEnv.TALLY_BATCH_WAIT_MS ?? DEFAULTS.batchWaitMs),
+  };
+}
+
 /** The marker scope the bench's daemons lay a new prefix out with: --tally-env TALLY_MARKER_SCOPE, else the daemon's default for the topology. */
 export function benchMarkerScope(tallyEnv: Readonly<Record<string, string>>, topology: 'standalone' | 'cluster', mode: TallyMode): MarkerScope {
   const set = tallyEnv.TALLY_MARKER_SCOPE?.trim();
@@ -81,6 +92,11 @@ export function steadyShares(ctx: AnyBenchContext, mode: TallyMode, workload: Wo
     const shards = messageMarkerShards(ctx.virtualShards);
     return Array.from({ length: ctx.virtualShards }, (_, vshard) => (vshard < shards ? 1 / shards : 0));
   }
+  return steadyCountShares(ctx, workload);
+}
+
+/** Per virtual shard, the workload's parts per message: each shard's count batches, whatever the marker scope. */
+export function steadyCountShares(ctx: AnyBenchContext, workload: Workload): number[] {
   return partsPerMessageByShard(
     workload.publishes.filter((p) => p.kind === 'good').map((p) => (JSON.parse(p.body.toString('utf8')) as { changes: Change[] }).changes),
     ctx.virtualShards,
@@ -124,11 +140,14 @@ export function steadyPrepare(ctx: AnyBenchContext, plan: SteadyPlan): (prefix: 
       seed: plan.seed,
       filterBits,
     });
+    const batching = batchSettings(ctx.tallyEnv);
+    const receipts = await fillReceipts(ctx.redis, { prefix, rate: plan.rate, countShares: plan.countShares, ...batching, markerTtlS: settings.markerTtlS });
     const after = (await sampleMemory(ctx.nodes)).masters;
     const subs = population.buckets.map((b) => b.subBuckets);
     ctx.log(
       `  steady-state fill of ${prefix}: ${filled.markers.toLocaleString('en')} markers in ${filled.hashes.toLocaleString('en')} hashes, ` +
         `${population.currentBucket - population.oldestBucket + 1} live buckets (the current one ${(population.currentFraction * 100).toFixed(0)}% full), ` +
+        `${receipts.toLocaleString('en')} write receipts, ` +
         `${filled.seconds.toFixed(1)} s, ${((after - before) / 1e6).toFixed(0)} MB`,
     );
     return {
@@ -139,6 +158,7 @@ export function steadyPrepare(ctx: AnyBenchContext, plan: SteadyPlan): (prefix: 
       liveBuckets: population.currentBucket - population.oldestBucket + 1,
       currentFraction: population.currentFraction,
       markers: filled.markers,
+      receipts,
       hashes: filled.hashes,
       subBuckets: [Math.min(...subs), Math.max(...subs)],
       fillSeconds: filled.seconds,

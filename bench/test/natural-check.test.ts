@@ -70,9 +70,19 @@ describe('natural check', () => {
     expect(w.commandsPerMsg).to.equal(0.05);
     expect(w.expiredKeysPerMsg).to.equal(0.1);
     expect(w.expireCycleUsPerMsg).to.equal(1);
-    const table = renderNaturalCheck({ rate: 200, markerTtlS: 600, windowS: 10, naturalMarkers: 5, filledMarkers: 6, natural: w, filled: w, problems: [] });
+    const table = renderNaturalCheck({
+      rate: 200,
+      markerTtlS: 600,
+      windowS: 10,
+      natural: { markers: 5, receipts: 7 },
+      filled: { markers: 6, receipts: 8 },
+      naturalWindow: w,
+      filledWindow: w,
+      problems: [],
+    });
     expect(table).to.include('| Redis CPU µs / msg | 25.0 | 25.0 | 1.00 |');
     expect(table).to.include('in HSET (from scripts too)');
+    expect(table).to.include("the natural run's prefix held 5 markers and 7 write receipts; the filled one's, 6 markers and 8 write receipts");
   });
 
   it('refuses a window that saw no message rather than dividing by zero', () => {
