@@ -34,7 +34,7 @@ export interface SteadyPlan {
   readonly rate: number;
   /** Per virtual shard, the markers one message leaves (steadyShares). */
   readonly shares: readonly number[];
-  /** Per virtual shard, the parts per message its counts get (steadyCountShares): how many write receipts a steady rate leaves. */
+  /** Per virtual shard, the parts per message its counts get (steadyCountShares): the write receipts of counts written per slot. */
   readonly countShares: readonly number[];
   readonly seed: number;
   /** Seconds the drain after the fill may take: the fill waits for the next bucket if the current one ends sooner. */
@@ -141,7 +141,16 @@ export function steadyPrepare(ctx: AnyBenchContext, plan: SteadyPlan): (prefix: 
       filterBits,
     });
     const batching = batchSettings(ctx.tallyEnv);
-    const receipts = await fillReceipts(ctx.redis, { prefix, rate: plan.rate, countShares: plan.countShares, ...batching, markerTtlS: settings.markerTtlS });
+    // Message-scoped markers on a cluster write counts per slot, a receipt in each count shard a batch touches.
+    const perSlotCounts = scope === 'message' && ctx.nodes.topology === 'cluster';
+    const receipts = await fillReceipts(ctx.redis, {
+      prefix,
+      rate: plan.rate,
+      laneShares: plan.shares,
+      ...(perSlotCounts ? { countShares: plan.countShares } : {}),
+      ...batching,
+      markerTtlS: settings.markerTtlS,
+    });
     const after = (await sampleMemory(ctx.nodes)).masters;
     const subs = population.buckets.map((b) => b.subBuckets);
     ctx.log(

@@ -13,14 +13,19 @@ import { fillReceipts, receiptsPerSecond } from '../src/receipt-fill.js';
 describe('steady-state write receipts', function () {
   this.timeout(60_000);
 
-  it('counts one receipt per count batch: a lane closes at the batch size or the batch wait, and never holds less than a part', () => {
-    // 700 parts/s on each of 16 lanes: a batch every 50 ms (35 parts), 20 a second each.
-    expect(receiptsPerSecond(3_000, new Array(16).fill(700 / 3_000), 500, 50)).to.equal(320);
+  it('counts one receipt per batch: a lane closes at the batch size or the batch wait, and never holds less than a part', () => {
+    const at = (rate: number, laneShares: number[], countShares?: number[]) =>
+      receiptsPerSecond({ rate, laneShares, batchSize: 500, batchWaitMs: 50, ...(countShares ? { countShares } : {}) });
+    // Message-scoped markers on one Redis at 3,000 msg/s: four lanes of 750 messages/s, a batch every 50 ms each.
+    expect(at(3_000, [0.25, 0.25, 0.25, 0.25])).to.equal(80);
     // 10 parts/s: each part its own batch.
-    expect(receiptsPerSecond(10, [1], 500, 50)).to.equal(10);
+    expect(at(10, [1])).to.equal(10);
     // 40,000 parts/s: full batches of 500 close before the wait.
-    expect(receiptsPerSecond(40_000, [1], 500, 50)).to.equal(80);
-    expect(receiptsPerSecond(3_000, [0, 0], 500, 50)).to.equal(0);
+    expect(at(40_000, [1])).to.equal(80);
+    expect(at(3_000, [0, 0])).to.equal(0);
+    // Counts per slot: a batch of 37.5 messages touches a count shard each holds with probability 1 surely, one with 0 never,
+    // and one each message touches with probability 0.1 with probability 1 - 0.9^37.5.
+    expect(at(3_000, [0.25, 0.25, 0.25, 0.25], [1, 0, 0.1])).to.be.closeTo(80 * (1 + 1 - 0.9 ** 37.5), 1e-9);
   });
 
   describe('on a private redis-server', () => {
@@ -35,10 +40,10 @@ describe('steady-state write receipts', function () {
       await server?.stop();
     });
 
-    it("writes each shard's share as receipts of the marker TTL, spread over it", async () => {
+    it("writes each lane's receipts of one marker TTL under its shard, spread over the TTL", async () => {
       const prefix = 'rf:';
-      const written = await fillReceipts(redis, { prefix, rate: 100, countShares: [2, 0, 0.5], batchSize: 500, batchWaitMs: 50, markerTtlS: 600 });
-      // Shard 0: 200 parts/s, 20 batches/s; shard 2: 50 parts/s, 20 batches/s; shard 1: none.
+      const written = await fillReceipts(redis, { prefix, rate: 100, laneShares: [2, 0, 0.5], batchSize: 500, batchWaitMs: 50, markerTtlS: 600 });
+      // Lane 0: 200 parts/s, 20 batches/s; lane 2: 50 parts/s, 20 batches/s; lane 1: none.
       expect(written).to.equal(2 * 20 * 600);
       for (const [vshard, expected] of [
         [0, 12_000],
@@ -60,6 +65,29 @@ describe('steady-state write receipts', function () {
         expect(Math.max(...ttls), 'some live a whole TTL').to.be.at.least(570);
         expect(ttls.every((t) => t >= 1 && t <= 600)).to.equal(true);
         expect(await redis.get(keys[0]!)).to.equal('1');
+      }
+    });
+
+    it('puts the receipts of counts written per slot under the count shards, by their shares', async () => {
+      const prefix = 'rfc:';
+      // One lane of 100 messages/s (20 batches of 5 a second); count shards 0 and 1 in every message: 2 receipts a batch.
+      const written = await fillReceipts(redis, {
+        prefix,
+        rate: 100,
+        laneShares: [1],
+        countShares: [1, 1, 0],
+        batchSize: 500,
+        batchWaitMs: 50,
+        markerTtlS: 60,
+      });
+      expect(written).to.equal(2 * 20 * 60);
+      for (const [vshard, expected] of [
+        [0, 1_200],
+        [1, 1_200],
+        [2, 0],
+      ] as const) {
+        const [, found] = await redis.scan('0', 'MATCH', `${prefix}w:{${vshard}}:*`, 'COUNT', 100_000);
+        expect(found.length, `receipts of count shard ${vshard}`).to.equal(expected);
       }
     });
   });
