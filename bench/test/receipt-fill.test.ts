@@ -40,6 +40,18 @@ describe('steady-state write receipts', function () {
       await server?.stop();
     });
 
+    /** The receipts under one shard's hash tag (SCAN to the end). */
+    async function receiptsOf(prefix: string, vshard: number): Promise<string[]> {
+      const keys: string[] = [];
+      let cursor = '0';
+      do {
+        const [next, found] = await redis.scan(cursor, 'MATCH', `${prefix}w:{${vshard}}:*`, 'COUNT', 5000);
+        cursor = next;
+        keys.push(...found);
+      } while (cursor !== '0');
+      return keys;
+    }
+
     it("writes each lane's receipts of one marker TTL under its shard, spread over the TTL", async () => {
       const prefix = 'rf:';
       const written = await fillReceipts(redis, { prefix, rate: 100, laneShares: [2, 0, 0.5], batchSize: 500, batchWaitMs: 50, markerTtlS: 600 });
@@ -50,13 +62,7 @@ describe('steady-state write receipts', function () {
         [1, 0],
         [2, 12_000],
       ] as const) {
-        const keys: string[] = [];
-        let cursor = '0';
-        do {
-          const [next, found] = await redis.scan(cursor, 'MATCH', `${prefix}w:{${vshard}}:*`, 'COUNT', 5000);
-          cursor = next;
-          keys.push(...found);
-        } while (cursor !== '0');
+        const keys = await receiptsOf(prefix, vshard);
         expect(keys.length, `receipts of shard ${vshard}`).to.equal(expected);
         if (expected === 0) continue;
         expect(keys).to.include(receiptKey(prefix, vshard, 'fill-0'));
@@ -86,8 +92,7 @@ describe('steady-state write receipts', function () {
         [1, 1_200],
         [2, 0],
       ] as const) {
-        const [, found] = await redis.scan('0', 'MATCH', `${prefix}w:{${vshard}}:*`, 'COUNT', 100_000);
-        expect(found.length, `receipts of count shard ${vshard}`).to.equal(expected);
+        expect((await receiptsOf(prefix, vshard)).length, `receipts of count shard ${vshard}`).to.equal(expected);
       }
     });
   });
