@@ -26,7 +26,7 @@
  */
 import { randomBytes } from 'node:crypto';
 import { Cluster, type Redis } from 'ioredis';
-import { filterBlocksFor, layoutKey, markerBaseKey, markerMetaKey, MARKER_FORMAT, SHARD_HASH, type TallyMode } from '@tally/shared';
+import { filterBlocksFor, filterSlotOf, layoutKey, markerBaseKey, markerMetaKey, MARKER_FORMAT, SHARD_HASH, type TallyMode } from '@tally/shared';
 import { seededRandom } from '@tally/workload';
 import { expiryBitmap, subBucketCounts, type Population } from './steady-population.js';
 
@@ -143,15 +143,16 @@ async function loadEverywhere(redis: Redis | Cluster, script: string): Promise<s
 }
 
 /**
- * Sets the bits of the digest whose bytes 5..12 are placed[at .. at+7] in a
- * filter of 32-bit blocks, as marker_buckets.lua coordinatesOf places them:
- * the block is bytes 5..8 (big-endian) modulo the block count, the bits are
- * bytes 9..12 each modulo 32.
+ * Sets, in a filter of 32-bit blocks, the bits of the digest whose bytes
+ * 5..12 are placed[at .. at+7]: filterSlotOf's arithmetic (the one the
+ * worker's tests check against the scripts), read from `scratch`, a 12-byte
+ * buffer whose bytes 5..12 are copied from `placed` (filterSlotOf reads no
+ * other byte).
  */
-function addToFilter(filter: Uint32Array, placed: Buffer, at: number): void {
-  const block = placed.readUInt32BE(at) % filter.length;
-  filter[block] =
-    (filter[block]! | (1 << (placed[at + 4]! % 32)) | (1 << (placed[at + 5]! % 32)) | (1 << (placed[at + 6]! % 32)) | (1 << (placed[at + 7]! % 32))) >>> 0;
+function addToFilter(filter: Uint32Array, placed: Buffer, at: number, scratch: Buffer): void {
+  placed.copy(scratch, 4, at, at + 8);
+  const { block, bits } = filterSlotOf(scratch, filter.length);
+  filter[block] = (filter[block]! | bits) >>> 0;
 }
 
 export async function fillMarkers(redis: Redis | Cluster, plan: FillPlan): Promise<FillReport> {
@@ -173,6 +174,7 @@ export async function fillMarkers(redis: Redis | Cluster, plan: FillPlan): Promi
     if (inFlight.size >= CALLS_IN_FLIGHT) await Promise.race(inFlight);
     if (failure !== null) throw failure;
   };
+  const scratch = Buffer.alloc(12);
   for (const b of plan.population.buckets) {
     const counts = subBucketCounts(b.markers, b.subBuckets, random);
     const tail = randomBytes(2);
@@ -192,7 +194,7 @@ export async function fillMarkers(redis: Redis | Cluster, plan: FillPlan): Promi
       from = to;
       if (inCall === 0) continue;
       const placed = randomBytes(8 * inCall);
-      if (filter !== null) for (let at = 0; at < placed.length; at += 8) addToFilter(filter, placed, at);
+      if (filter !== null) for (let at = 0; at < placed.length; at += 8) addToFilter(filter, placed, at, scratch);
       const args = [1, base, String(b.bucket), String(b.expiresAt), String(b.subBuckets), tail, String(first), placed, ...Array.from(slice, String)] as const;
       // NOSCRIPT: a master the client did not list when the script was loaded (one round of a scale-out run met one); EVAL loads it there.
       await send(redis.evalsha(sha, ...args).catch((error: unknown) => (isNoScript(error) ? redis.eval(FILL_MARKERS_LUA, ...args) : Promise.reject(error))));

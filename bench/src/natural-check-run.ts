@@ -25,9 +25,10 @@ import { benchContext, contextRunFields, prefixName, queueName, type BenchContex
 import { startContender, type RunningContender } from './contenders.js';
 import { metricValue } from './daemon-metrics.js';
 import { resetSpace } from './drain.js';
-import { renderNaturalCheck, commandTimes, windowFigures, type NaturalCheckRecord, type RunCounters, type WindowFigures } from './natural-check.js';
+import { renderNaturalCheck, windowFigures, type NaturalCheckRecord, type RunCounters, type WindowFigures } from './natural-check.js';
 import { workloadShape, type BenchOptions } from './options.js';
 import { cpuSeconds } from './proc.js';
+import { commandTimes } from './redis-info.js';
 import { BENCH_SERVER_ARGS, sampleCpu, waitForLazyFree, waitForRehash } from './redis-nodes.js';
 import { steadyCountShares, steadyPrepare, steadyShares } from './steady-state.js';
 

@@ -9,12 +9,7 @@
  * its expiry work (INFO stats). Per message, side by side, they say where a
  * difference between the two goes.
  */
-
-/** INFO commandstats of one command: calls and microseconds spent in it. */
-export interface CommandTime {
-  readonly calls: number;
-  readonly usec: number;
-}
+import type { CommandTime } from './redis-info.js';
 
 /** Counters read at one instant of a run. */
 export interface RunCounters {
@@ -54,18 +49,6 @@ export interface WindowFigures {
   readonly outsideScriptsUsPerMsg: number;
   readonly expiredKeysPerMsg: number;
   readonly expireCycleUsPerMsg: number;
-}
-
-/** `cmdstat_evalsha:calls=3,usec=120,…` lines of INFO commandstats as calls and usec per command. */
-export function commandTimes(info: ReadonlyMap<string, string>): Map<string, CommandTime> {
-  const times = new Map<string, CommandTime>();
-  for (const [key, value] of info) {
-    if (!key.startsWith('cmdstat_')) continue;
-    const calls = value.match(/(?:^|,)calls=(\d+)/);
-    const usec = value.match(/(?:^|,)usec=(\d+)/);
-    if (calls && usec) times.set(key.slice('cmdstat_'.length), { calls: Number(calls[1]), usec: Number(usec[1]) });
-  }
-  return times;
 }
 
 /** The commands that run a script: the commands it calls are counted inside their time. */

@@ -65,6 +65,8 @@ export async function runRedisFigures(
     idle.push(sample);
     log(`  idle ${topology.name}: servers' CPU ${((sample.mastersCpuSeconds * 1e3) / sample.seconds).toFixed(1)} ms/s over ${sample.seconds.toFixed(1)} s`);
   }
+  // The workload's count parts per shard, parsed once per topology rather than once per steady drain.
+  const countSharesOf = new Map(topologies.map((topology) => [topology, steady === null ? [] : steadyCountShares(topology.ctx, workload)]));
   const drains: TopologyDrain[] = [];
   for (let round = 0; round < rounds; round++) {
     for (const topology of roundOrder(topologies, round)) {
@@ -90,7 +92,7 @@ export async function runRedisFigures(
                         mode,
                         rate: steady.rate,
                         shares: steadyShares(topology.ctx, mode, workload),
-                        countShares: steadyCountShares(topology.ctx, workload),
+                        countShares: countSharesOf.get(topology)!,
                         seed: steady.seed + round,
                         // At 3,000 msg/s, plus the preload and the stop (as run-bench.ts plans it).
                         drainBudgetS: workload.publishes.length / 3_000 + 15,

@@ -1,14 +1,26 @@
 /** Pure readers of Redis INFO fields the bench measures (the INFO text itself is parsed by @tally/shared's parseInfo). */
 
-/** Calls per command from INFO commandstats (`cmdstat_get:calls=3,usec=…`). */
-export function commandCalls(info: Map<string, string>): Map<string, number> {
-  const calls = new Map<string, number>();
+/** INFO commandstats of one command: calls and microseconds spent in it (wall time inside each call). */
+export interface CommandTime {
+  readonly calls: number;
+  readonly usec: number;
+}
+
+/** Calls and usec per command from INFO commandstats (`cmdstat_get:calls=3,usec=…`); a line without usec counts 0 µs. */
+export function commandTimes(info: ReadonlyMap<string, string>): Map<string, CommandTime> {
+  const times = new Map<string, CommandTime>();
   for (const [key, value] of info) {
     if (!key.startsWith('cmdstat_')) continue;
-    const match = value.match(/(?:^|,)calls=(\d+)/);
-    if (match) calls.set(key.slice('cmdstat_'.length), Number(match[1]));
+    const calls = value.match(/(?:^|,)calls=(\d+)/);
+    const usec = value.match(/(?:^|,)usec=(\d+)/);
+    if (calls) times.set(key.slice('cmdstat_'.length), { calls: Number(calls[1]), usec: usec ? Number(usec[1]) : 0 });
   }
-  return calls;
+  return times;
+}
+
+/** Calls per command from INFO commandstats. */
+export function commandCalls(info: Map<string, string>): Map<string, number> {
+  return new Map([...commandTimes(info)].map(([command, time]) => [command, time.calls]));
 }
 
 /** Error replies per error prefix from INFO errorstats (`errorstat_MOVED:count=3`): on a cluster, MOVED and ASK are redirects to another node. */

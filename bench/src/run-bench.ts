@@ -85,6 +85,7 @@ export async function runBench(options: BenchOptions, log: (line: string) => voi
         : undefined;
     if (warmup) log(`warm-up: ${warmup.publishes.length} deliveries drained by every contender before its measured window`);
     const sharesOf = (mode: TallyMode): number[] => (options.steadyState ? steadyShares(ctx, mode, workload) : []);
+    const countShares = options.steadyState ? steadyCountShares(ctx, workload) : [];
     const shares = sharesOf('two-step');
     if (options.steadyState)
       log(
@@ -148,7 +149,7 @@ export async function runBench(options: BenchOptions, log: (line: string) => voi
                     mode,
                     rate: options.steadyRate,
                     shares: sharesOf(mode),
-                    countShares: options.steadyState ? steadyCountShares(ctx, workload) : [],
+                    countShares,
                     seed: options.seed + round,
                     // At 3,000 msg/s (below what a steady-state drain here has done), plus the preload and the stop.
                     drainBudgetS: (workload.publishes.length + (warmup?.publishes.length ?? 0)) / 3_000 + 15,

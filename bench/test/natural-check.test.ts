@@ -1,7 +1,8 @@
 /** The natural check's figures (natural-check.ts) and flags: pure, no server. */
 import { expect } from 'chai';
 import { parseInfo } from '@tally/shared';
-import { commandTimes, renderNaturalCheck, windowFigures, type RunCounters } from '../src/natural-check.js';
+import { renderNaturalCheck, windowFigures, type RunCounters } from '../src/natural-check.js';
+import { commandTimes } from '../src/redis-info.js';
 import { BenchUsageError, parseBenchArgs } from '../src/options.js';
 
 function counters(over: Partial<RunCounters>): RunCounters {
