@@ -45,6 +45,10 @@ export interface WorkerSettings {
   readonly claimToken: string;
   /** Two-step: a claim older than this is taken over (its daemon died or stalled). */
   readonly claimTtlMs: number;
+  /** Two-step: false makes every claim go through the claim script (worker/src/native-claims.ts); the bench compares both. */
+  readonly nativeClaims?: boolean;
+  /** Tests: shifts the threads' estimate of the server's clock, ms (native-claims.ts), to drive claims across a bucket boundary. */
+  readonly nativeClaimSkewMs?: number;
   /**
    * TALLY_SOURCE: `stream` writes every batch with watermarks instead of
    * markers (stream-positions.ts, worker/src/stream-batch.ts), whatever
@@ -342,6 +346,8 @@ export interface BatchResult {
   readonly refusals: readonly CountRefusal[];
   /** Two-step: parts claimed over another daemon's expired claim (it died or stalled). */
   readonly claimTakeovers: number;
+  /** Two-step: new parts claimed by native commands rather than the claim script (worker/src/native-claims.ts). */
+  readonly nativeClaims?: number;
   readonly timings: { readonly precheckMs: number; readonly writeMs: number; readonly occupyMs: number };
   /** Stream mode: per partition of the batch, its watermark on the batch's shard after it (stream-positions.ts). */
   readonly watermarks?: readonly WatermarkReport[];

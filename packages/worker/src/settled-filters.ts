@@ -34,6 +34,7 @@ export const SETTLE_GRACE_S = 5;
 export const MAX_COPY_BYTES = 256 * 1024 * 1024;
 
 interface FilterCopy {
+  /** 0: the bucket was empty (no meta hash) when copied; it may hold nothing while its marker count stays absent. */
   readonly blocks: number;
   /** The bucket's marker count (meta `n`) when copied; -1 when it had none. */
   readonly markers: number;
@@ -60,6 +61,7 @@ export const NO_VOUCHED_BUCKETS: VouchedBuckets = Object.freeze({ buckets: '', f
 
 /** Whether a copied filter may hold the digest: all four of its bits set in its block (marker_buckets.lua mayHold). */
 export function copyMayHold(copy: FilterCopy, digest: Uint8Array): boolean {
+  if (copy.blocks === 0) return false;
   const { block, bits } = filterSlotOf(digest, copy.blocks);
   const at = block * 4;
   // BITFIELD u32 is big-endian; bytes past the string's end read as zeros.
@@ -94,7 +96,8 @@ export class SettledFilters {
     const used: Array<[number, FilterCopy]> = [];
     for (let bucket = to; bucket >= from; bucket--) {
       const copy = shard.copies.get(bucket);
-      if (copy) used.push([bucket, copy]);
+      // An empty bucket costs the script one HGET: not worth a vouch.
+      if (copy && copy.blocks > 0) used.push([bucket, copy]);
     }
     if (used.length === 0) return NO_VOUCHED_BUCKETS;
     const n = digests.length;
@@ -104,6 +107,28 @@ export class SettledFilters {
       for (let i = 0; i < n; i++) if (copyMayHold(copy, digests[i]!)) flags[v * n + i] = 0x31;
     }
     return { buckets: used.map(([bucket, copy]) => `${bucket}:${copy.blocks}:${copy.markers}`).join(','), flags };
+  }
+
+  /**
+   * The copies of every bucket from `from` to `to` (native-claims.ts), or
+   * null when one of them is not copied (not settled yet, still loading,
+   * unfiltered, or past the memory bound).
+   */
+  coverage(shardKey: string, from: number, to: number): Array<{ bucket: number; markers: number; mayHold: (digest: Uint8Array) => boolean }> | null {
+    const shard = this.shards.get(shardKey);
+    if (shard === undefined) return null;
+    const covered = [];
+    for (let bucket = to; bucket >= from; bucket--) {
+      const copy = shard.copies.get(bucket);
+      if (!copy) return null;
+      covered.push({ bucket, markers: copy.markers, mayHold: (digest: Uint8Array) => copyMayHold(copy, digest) });
+    }
+    return covered;
+  }
+
+  /** The grace after a bucket's end before its filter is copied. */
+  get settleGraceS(): number {
+    return this.graceS;
   }
 
   /**
@@ -158,16 +183,20 @@ export class SettledFilters {
  * then refuses to trust.
  */
 async function readFilter(connection: Redis, shardKey: string, bucket: number): Promise<FilterCopy | null> {
-  const replies = await connection.pipeline().hmget(`${shardKey}:${bucket}:m`, 'f', 'n').getBuffer(`${shardKey}:${bucket}:f`).exec();
+  const replies = await connection.pipeline().hmget(`${shardKey}:${bucket}:m`, 'f', 'n', 's').getBuffer(`${shardKey}:${bucket}:f`).exec();
   if (replies === null) return null;
   for (const [error] of replies) if (error) throw error;
-  const [f, n] = replies[0]![1] as [string | null, string | null];
+  const [f, n, s] = replies[0]![1] as [string | null, string | null, string | null];
   const words = replies[1]![1] as Buffer | null;
+  // Never opened: it holds nothing, as long as its marker count stays absent (checked where the copy is used).
+  if (f === null && n === null && s === null && words === null) return EMPTY_COPY;
   const blocks = Number(f);
   // A filter key gone while its bucket lives (deleted by hand) answers "not held" for everything: not copied.
   if (!Number.isInteger(blocks) || blocks <= 0 || words === null) return null;
   return { blocks, markers: n === null ? -1 : Number(n), words };
 }
+
+const EMPTY_COPY: FilterCopy = Object.freeze({ blocks: 0, markers: -1, words: Buffer.alloc(0) });
 
 /** One per thread and marker timing: a thread's settings never change, so in practice one. */
 const perTiming = new Map<string, SettledFilters>();

@@ -33,7 +33,6 @@ import {
   markerBaseKey,
   markerFilterBits,
   PART_HELD,
-  parsePartFlags,
   PART_NEW,
   receiptKey,
   ScriptReply,
@@ -49,7 +48,9 @@ import { aggregateNewParts } from './aggregate.js';
 import { shardWritesOf, writeCountsAcrossSlots } from './cross-slot-counts.js';
 import { countKeysOf } from './count-keys.js';
 import { countTtlOf } from './count-ttl.js';
-import { settledFiltersOf } from './settled-filters.js';
+import { claimParts } from './claim-parts.js';
+
+export { CLAIM_MARKERS } from './claim-parts.js';
 import type { BatchHooks, BatchLog } from './batch-log.js';
 import { batchTracer, inSpan } from './batch-tracing.js';
 import { decodeRefusals, logRefusals } from './count-refusals.js';
@@ -57,8 +58,7 @@ import { evalshaArgs, loadScript, runScript, type ScriptArg } from './lua-script
 import { reportingHealth } from './health-report.js';
 import { BatchWritesLostError, waitForReplicas } from './replica-wait.js';
 
-/** The claim, the count write and the marker occupation, their KEYS and ARGV documented in lua/*.lua. */
-export const CLAIM_MARKERS = loadScript('claim_markers');
+/** The count write and the marker occupation, their KEYS and ARGV documented in lua/*.lua (the claim: claim-parts.ts). */
 export const WRITE_COUNTS = loadScript('write_counts');
 export const OCCUPY_MARKERS = loadScript('occupy_markers');
 
@@ -121,28 +121,16 @@ export async function runTwoStepBatch(
 
   const tracer = batchTracer();
   const t0 = performance.now();
-  // Claims are retried with the same token: a claim this daemon made on an
-  // attempt whose reply was lost is its own, and is taken again.
-  // Settled buckets' filters are probed here, from this thread's copies (settled-filters.ts).
-  const settled = bucketArgs[3]! > 0 ? settledFiltersOf(markerBucketS, markerTtlS) : null;
-  const vouched = settled?.vouch(shardKey, digests);
-  const claimArgs = evalshaArgs(
-    CLAIM_MARKERS,
-    [shardKey],
-    [...bucketArgs, settings.claimToken, settings.claimTtlMs, vouched?.buckets ?? '', vouched?.flags ?? '', ...digests],
-  );
-  const [flags, claimBucket, claimTakeovers, claimBatch] = await inSpan(tracer, 'tally.precheck', { 'tally.shard': vshard, 'tally.markers': parts }, () =>
+  // Claims are retried with the same token (and the same pipeline claim id):
+  // a claim this daemon made on an attempt whose reply was lost is its own,
+  // and is taken again.
+  const claimed = await inSpan(tracer, 'tally.precheck', { 'tally.shard': vshard, 'tally.markers': parts }, () =>
     untilDone('precheck', task, log, () =>
-      onSlotConnection(redis, shardKey, async (connection) => {
-        const reply = (await runScript(connection, CLAIM_MARKERS, claimArgs, log)) as [string, number, number, number, number];
-        settled?.observe(shardKey, reply[4], connection, (error) =>
-          log.warn({ vshard, err: describeError(error) }, 'could not copy a settled marker filter; the claim script probes that bucket itself'),
-        );
-        return reply;
-      }),
+      onSlotConnection(redis, shardKey, (connection) => claimParts({ connection, settings, shardKey, digests, bucketArgs, log })),
     ),
   );
-  const marked = parsePartFlags(flags, parts);
+  const { marked, claims } = claimed;
+  const claimTakeovers = claimed.takeovers;
   if (claimTakeovers > 0) log.warn({ vshard, claimTakeovers }, 'took over parts whose claim by another daemon had run out (it died or stalled); counted here');
   const t1 = performance.now();
 
@@ -241,19 +229,21 @@ export async function runTwoStepBatch(
   // A refused part counted nothing: its claim is deleted, so it gets no
   // marker and its replay counts it.
   const refused = new Set(refusals.map((refusal) => refusal.part));
-  if (claimBatch > 0) {
-    const refusedDigests = [...refused].map((i) => digests[i]!);
-    // The batch's record turns done in one write; the new parts' digests travel
-    // only when time has moved to a later bucket and the markers must follow (OCCUPY_NEEDS_DIGESTS).
+  if (claims.length > 0) {
+    // Per claim (a batch has one, or two when the pipeline claimed some parts
+    // and the script others: claim-parts.ts), the batch's record turns done
+    // in one write; the new parts' digests travel only when time has moved
+    // to a later bucket and the markers must follow (OCCUPY_NEEDS_DIGESTS).
     // With counts written, the receipt must still be there (OCCUPY_RECEIPT_GONE otherwise): see occupy_markers.lua.
     // Across slots the receipts are in the count shards' slots, out of the script's reach: they were checked (and WAITed for) before.
     const occupyKeys = distinctSkus > 0 && !crossSlot ? [shardKey, receipt] : [shardKey];
-    const args = evalshaArgs(OCCUPY_MARKERS, occupyKeys, [...bucketArgs, claimBucket, claimBatch, refusedDigests.length, ...refusedDigests]);
-    const moving = (): Buffer[] => {
-      const moved: Buffer[] = [];
-      for (let i = 0; i < parts; i++) if (marked[i] === PART_NEW && !refused.has(i)) moved.push(digests[i]!);
-      return moved;
-    };
+    const occupations = claims.map((claim) => {
+      const refusedDigests = claim.parts.filter((i) => refused.has(i)).map((i) => digests[i]!);
+      return {
+        args: evalshaArgs(OCCUPY_MARKERS, occupyKeys, [...bucketArgs, claim.bucket, claim.batch, refusedDigests.length, ...refusedDigests]),
+        moving: (): Buffer[] => claim.parts.filter((i) => !refused.has(i)).map((i) => digests[i]!),
+      };
+    });
     // Once the write leaves, a SIGKILL no longer re-counts these parts (Redis runs what it was sent).
     gauge?.close(vshard);
     const occupied = await inSpan(tracer, 'tally.occupy_markers', { 'tally.shard': vshard }, () =>
@@ -263,8 +253,14 @@ export async function runTwoStepBatch(
         log,
         () =>
           onSlotConnection(redis, shardKey, async (connection) => {
-            const first = await runScript(connection, OCCUPY_MARKERS, args, log);
-            return first === ScriptReply.OCCUPY_NEEDS_DIGESTS ? runScript(connection, OCCUPY_MARKERS, [...args, ...moving()], log) : first;
+            // Sent together (one connection pipelines them): all of the batch's occupations leave at once.
+            const replies = await Promise.all(
+              occupations.map(async ({ args, moving }) => {
+                const first = await runScript(connection, OCCUPY_MARKERS, args, log);
+                return first === ScriptReply.OCCUPY_NEEDS_DIGESTS ? runScript(connection, OCCUPY_MARKERS, [...args, ...moving()], log) : first;
+              }),
+            );
+            return replies.includes(ScriptReply.OCCUPY_RECEIPT_GONE) ? ScriptReply.OCCUPY_RECEIPT_GONE : replies[0];
           }),
         () => {
           // The counts are written and the markers are not: the crash window
@@ -312,6 +308,7 @@ export async function runTwoStepBatch(
     waitTimeouts,
     refusals,
     claimTakeovers,
+    nativeClaims: claimed.nativeParts,
     timings: { precheckMs: t1 - t0, writeMs: t2 - t1, occupyMs: t3 - t2 },
   };
 }

@@ -1,0 +1,66 @@
+// What a claim costs Redis per digest: the claim script against the same claims made by native commands
+// (`node bench/results/notes/native-claim-cost.mjs` after `pnpm build`). One private redis-server, CPU from INFO cpu.
+import { randomBytes } from 'node:crypto';
+import { Redis } from 'ioredis';
+import { startPrivateRedis } from '@tally/testkit';
+import { loadScript, evalshaArgs, runScript } from '../../../packages/worker/dist/src/lua-scripts.js';
+const server = await startPrivateRedis();
+const redis = new Redis(server.url);
+const cpu = async () => { const t = await redis.info('cpu'); return Number(t.match(/used_cpu_user:([\d.]+)/)[1]) + Number(t.match(/used_cpu_sys:([\d.]+)/)[1]); };
+const N = Number(process.env.N ?? 300_000), BATCH = 500, SUBS = 64, WIDTH = 3600, TTL = 7200, BITS = 12;
+const CLAIM = loadScript('claim_markers');
+const log = { warn: () => {} };
+async function measure(name, perBatch) {
+  const digests = Array.from({ length: N }, () => randomBytes(16));
+  const before = await cpu();
+  for (let i = 0; i < N; i += BATCH) await perBatch(digests.slice(i, i + BATCH), i / BATCH);
+  const after = await cpu();
+  const us = ((after - before) / N) * 1e6;
+  console.log(`${name}: ${us.toFixed(2)} µs of Redis CPU per digest`);
+  return us;
+}
+// Each contender on its own shard base, in a bucket it opens with the same sizes.
+const script = (base) => async (batch) => {
+  await runScript(redis, CLAIM, evalshaArgs(CLAIM, [base], [WIDTH, TTL, SUBS, BITS, 'ab12', 30000, '', '', ...batch]), log);
+};
+const native = (base, withFilter) => {
+  let bucket, blocks;
+  return async (batch, n) => {
+    if (bucket === undefined) {
+      // The bucket is opened by the script, as a daemon's first claim of a bucket would.
+      await runScript(redis, CLAIM, evalshaArgs(CLAIM, [base], [WIDTH, TTL, SUBS, BITS, 'ab12', 30000, '', '', randomBytes(16)]), log);
+      bucket = Math.floor(Date.now() / 1000 / WIDTH);
+      blocks = Number(await redis.hget(`${base}:${bucket}:m`, 'f'));
+    }
+    const id = `n${n.toString(36)}`;
+    const p = redis.pipeline();
+    p.time();
+    p.hset(`${base}:${bucket}:m`, `b${id}`, `cab12:${Date.now()}`);
+    if (withFilter) {
+      const args = [];
+      for (const d of batch) {
+        const block = d.readUInt32BE(4) % blocks;
+        for (const b of [d[8], d[9], d[10], d[11]]) args.push('SET', 'u1', block * 32 + 31 - (b % 32), 1);
+      }
+      p.call('BITFIELD', `${base}:${bucket}:f`, ...args);
+    }
+    const touched = new Set();
+    for (const d of batch) {
+      const key = `${base}:${bucket}:${((d[0] << 8) | d[1]) % SUBS}`;
+      touched.add(key);
+      p.hsetnx(key, d, id);
+    }
+    for (const key of touched) p.expireat(key, (bucket + 1) * WIDTH + TTL);
+    p.hincrby(`${base}:${bucket}:m`, 'n', batch.length);
+    p.time();
+    await p.exec();
+  };
+};
+const results = {};
+for (let round = 1; round <= 2; round++) {
+  results[`script ${round}`] = await measure('claim script (claim_markers.lua)', script(`s${round}`));
+  results[`native ${round}`] = await measure('native: record, filter bits, HSETNX per digest, EXPIREAT per hash', native(`n${round}`, true));
+  results[`nofilter ${round}`] = await measure('native without the filter bits', native(`x${round}`, false));
+}
+console.log(JSON.stringify(results));
+redis.disconnect(); await server.stop();

@@ -1,0 +1,111 @@
+/**
+ * Two-step mode, step 1: which parts of a batch are new, each claimed for
+ * this daemon. Natively where it can (native-claims.ts: one pipeline of
+ * HSETNX, no Lua), by the claim script (claim_markers.lua) for the parts the
+ * pipeline cannot decide (a digest a settled bucket's filter may hold, a
+ * field already there) and for whole batches when the pipeline cannot be
+ * trusted (near a bucket boundary, a filter not copied yet).
+ *
+ * A batch's new parts may so carry two claims: the pipeline's, in the bucket
+ * of now under a claim id, and the script's, under its batch number. Each is
+ * occupied on its own (occupy_markers.lua), after the counts.
+ */
+import { parsePartFlags, PART_DONE, PART_NEW, type WorkerSettings } from '@tally/shared';
+import type { Redis } from 'ioredis';
+import type { BatchLog } from './batch-log.js';
+import { evalshaArgs, loadScript, runScript } from './lua-scripts.js';
+import { nativeClaimsOf, NativeClaims, PART_PENDING } from './native-claims.js';
+import { settledFiltersOf } from './settled-filters.js';
+
+/** The claim script; its KEYS and ARGV documented in lua/claim_markers.lua. */
+export const CLAIM_MARKERS = loadScript('claim_markers');
+
+/** One claim of a batch: where its markers are, under which batch (a script's number or a pipeline's id), and which parts it holds. */
+export interface BatchClaim {
+  readonly bucket: number;
+  readonly batch: number | string;
+  readonly parts: readonly number[];
+}
+
+export interface ClaimedParts {
+  /** Per part: PART_NEW (claimed now), PART_DONE, PART_HELD. */
+  readonly marked: Uint8Array;
+  /** Parts claimed over another daemon's expired claim. */
+  readonly takeovers: number;
+  readonly claims: readonly BatchClaim[];
+  /** Parts the pipeline claimed without the script. */
+  readonly nativeParts: number;
+}
+
+export interface ClaimStep {
+  readonly connection: Redis;
+  readonly settings: WorkerSettings;
+  readonly shardKey: string;
+  readonly digests: readonly Uint8Array[];
+  /** Bucket width, marker TTL, initial sub-buckets, filter bits: the scripts' ARGV[1..4]. */
+  readonly bucketArgs: readonly number[];
+  readonly log: Pick<BatchLog, 'warn'>;
+}
+
+export async function claimParts(step: ClaimStep): Promise<ClaimedParts> {
+  const { connection, settings, shardKey, digests, bucketArgs, log } = step;
+  const filtered = bucketArgs[3]! > 0;
+  const settled = filtered ? settledFiltersOf(settings.markerBucketS, settings.markerTtlS) : null;
+  const native = settled !== null && settings.nativeClaims !== false ? nativeClaimsOf(settings.markerBucketS, settings.markerTtlS, settled.settleGraceS) : null;
+  const warnCopy = (error: unknown): void =>
+    log.warn({ shard: shardKey, err: String(error) }, 'could not read a marker bucket for native claims; the claim script probes it itself');
+
+  /** The claim script for the parts at `indices`: their states, and its claim. */
+  const script = async (indices: readonly number[]): Promise<{ marked: Uint8Array; takeovers: number; claim: BatchClaim & { batch: number } }> => {
+    const sent = indices.map((i) => digests[i]!);
+    const vouched = settled?.vouch(shardKey, sent);
+    const args = evalshaArgs(
+      CLAIM_MARKERS,
+      [shardKey],
+      [...bucketArgs, settings.claimToken, settings.claimTtlMs, vouched?.buckets ?? '', vouched?.flags ?? '', ...(sent as Buffer[])],
+    );
+    const [flags, bucket, takeovers, batch, nowS] = (await runScript(connection, CLAIM_MARKERS, args, log)) as [string, number, number, number, number];
+    settled?.observe(shardKey, nowS, connection, warnCopy);
+    native?.observeSeconds(nowS);
+    native?.learnShape(shardKey, bucket, connection, warnCopy);
+    const marked = parsePartFlags(flags, sent.length);
+    return { marked, takeovers, claim: { bucket, batch, parts: indices.filter((_, j) => marked[j] === PART_NEW) } };
+  };
+  const everyPart = digests.map((_, i) => i);
+
+  const plan = native?.plan(shardKey, digests, settled!, settings.nativeClaimSkewMs) ?? null;
+  if (plan === null) {
+    const all = await script(everyPart);
+    return { marked: all.marked, takeovers: all.takeovers, claims: all.claim.batch > 0 ? [all.claim] : [], nativeParts: 0 };
+  }
+  const outcome = await native!.run(connection, plan, digests, settings.claimToken);
+  if (outcome.nowS > 0) settled!.observe(shardKey, outcome.nowS, connection, warnCopy);
+  if (!outcome.accepted) {
+    // The script decides every part, taking this daemon's pipeline claims
+    // again where they stand (they read as its own); the record goes after
+    // it, so whatever it did not take again reads as no claim.
+    const all = await script(everyPart);
+    await NativeClaims.forget(connection, plan);
+    return { marked: all.marked, takeovers: all.takeovers, claims: all.claim.batch > 0 ? [all.claim] : [], nativeParts: 0 };
+  }
+  const marked = new Uint8Array(digests.length);
+  const nativeClaimed: number[] = [];
+  const pending: number[] = [];
+  for (let i = 0; i < digests.length; i++) {
+    const part = outcome.parts[i]!;
+    if (part === PART_PENDING) pending.push(i);
+    else if (part === PART_NEW) nativeClaimed.push(i);
+    marked[i] = part === PART_PENDING ? PART_NEW : part === PART_NEW ? PART_NEW : PART_DONE;
+  }
+  const claims: BatchClaim[] = [];
+  if (nativeClaimed.length > 0) claims.push({ bucket: plan.bucket, batch: plan.id, parts: nativeClaimed });
+  let takeovers = 0;
+  if (pending.length > 0) {
+    const rest = await script(pending);
+    pending.forEach((i, j) => (marked[i] = rest.marked[j]!));
+    takeovers = rest.takeovers;
+    if (rest.claim.batch > 0) claims.push(rest.claim);
+  }
+  if (nativeClaimed.length === 0) await NativeClaims.forget(connection, plan);
+  return { marked, takeovers, claims, nativeParts: nativeClaimed.length };
+}

@@ -1,0 +1,255 @@
+/**
+ * Two-step mode's claims by native commands: the claim script's common case
+ * (every digest new) without Lua, one pipeline per batch.
+ *
+ * Why: the claim script spends most of its Redis CPU in the interpreter (its
+ * argument conversions, tables and string work), not in Redis's data
+ * structures: about 4.9 µs per digest where `HSETNX` plus the filter bits
+ * cost about 3.6 natively (bench/results/notes/native-claims.md). Claims are
+ * the largest part of what two-step mode costs Redis per message.
+ *
+ * The pipeline, in this order, on the shard's connection:
+ *   TIME; the batch's claim record (`b<id>` in the bucket's meta hash); the
+ *   digests' filter bits (BITFIELD SET u1); one HSETNX per digest into the
+ *   bucket of now; EXPIREAT of the hashes it touched; the bucket's marker
+ *   count; then the reads that decide whether to trust it: each older live
+ *   bucket's marker count, the bucket's sub-bucket and block counts, TIME.
+ *
+ * Why it is as safe as the script (docs/architecture.md, "Native claims"):
+ * - A digest two claimers race for in one bucket: HSETNX lets one win.
+ * - A script claiming the same digest in the same bucket reads the filter,
+ *   then the hash, atomically; the pipeline sets the bits before its HSETNX,
+ *   so the script either finds the claim or claims first (and HSETNX then
+ *   answers 0). A marker never names a batch without a record: the record
+ *   is written first.
+ * - Another bucket: the claims are trusted only when both TIMEs, read by
+ *   the server around every write, fall in the same bucket, past the grace
+ *   after its start (so every older live bucket has settled and this thread
+ *   holds a copy of its filter, checked against its marker count after the
+ *   writes) and before its end (so a later claimer, script or native, reads
+ *   this bucket as a live one). A digest a copy may hold (a duplicate, or a
+ *   false positive) is not claimed here: it goes to the claim script.
+ * Anything else (a TIME outside the window, a copy whose count moved, a
+ * bucket reshaped, an error) throws the pipeline's claims away: the claim
+ * script runs for the whole batch, as it would have without this path, and
+ * the record is deleted after it, so claims it did not take again read as
+ * no claim at all.
+ *
+ * Only buckets with a filter (message-scoped and filtered formats): an
+ * unfiltered bucket has no copies to settle on.
+ */
+import { randomBytes } from 'node:crypto';
+import { bucketOf, filterSlotOf, oldestLiveBucket, PART_DONE, PART_NEW, subBucketOf } from '@tally/shared';
+import type { Redis } from 'ioredis';
+import type { SettledFilters } from './settled-filters.js';
+
+/** Seconds of slack around the window in which claims are trusted: the server's clock as this thread estimates it may be off by that much. */
+export const CLOCK_SLACK_S = 2;
+
+/** The shape of a shard's bucket of now: its hashes and filter blocks (meta `s`, `f`), fixed once the bucket is opened. */
+interface BucketShape {
+  readonly bucket: number;
+  readonly subs: number;
+  readonly blocks: number;
+}
+
+/** Per part: claimed here, a repeat of an earlier part of the batch, or left to the claim script. */
+export const PART_PENDING = 9;
+
+export interface NativePlan {
+  readonly shardKey: string;
+  readonly bucket: number;
+  readonly subs: number;
+  readonly blocks: number;
+  /** The batch's claim id in the bucket: its markers' value, its record `b<id>`. */
+  readonly id: string;
+  /** Per part: PART_NEW (claimed by the pipeline if HSETNX answers 1), PART_DONE (repeat in the batch), PART_PENDING. */
+  readonly parts: Uint8Array;
+  /** The server's time the plan was made for, ms: the claim record's time. */
+  readonly atMs: number;
+  /** The oldest bucket the plan counted as live: the server's clock must not make an older one live. */
+  readonly oldest: number;
+  /** The older live buckets the pipeline checks, with the marker counts of their copies (-1: empty). */
+  readonly checked: ReadonlyArray<{ readonly bucket: number; readonly markers: number }>;
+}
+
+export interface NativeOutcome {
+  /** Whether the claims can be trusted; if not, the claim script runs for the whole batch (and the record is deleted). */
+  readonly accepted: boolean;
+  /** Per part: PART_NEW claimed here, PART_DONE a repeat in the batch, PART_PENDING for the claim script. */
+  readonly parts: Uint8Array;
+  /** The server's time after the writes, seconds. */
+  readonly nowS: number;
+  /** Why the claims were not trusted (for the log at debug level and the tests), or null. */
+  readonly refusedBecause: string | null;
+}
+
+export class NativeClaims {
+  private readonly shapes = new Map<string, BucketShape>();
+  private readonly learning = new Set<string>();
+  /** The server's clock minus this thread's, ms; null until a TIME has been read. */
+  private offsetMs: number | null = null;
+  private readonly idPrefix = `n${randomBytes(6).toString('base64url')}`;
+  private batches = 0;
+  private readonly graceS: number;
+
+  constructor(
+    private readonly bucketS: number,
+    private readonly markerTtlS: number,
+    graceS: number,
+  ) {
+    this.graceS = graceS;
+  }
+
+  /** The server's time as this thread estimates it, ms; `skewMs` (tests) shifts the estimate. */
+  private estimatedNowMs(skewMs = 0): number | null {
+    return this.offsetMs === null ? null : Date.now() + this.offsetMs + skewMs;
+  }
+
+  /** A coarse clock from a claim script's reply (whole seconds) until a pipeline's TIME gives a finer one. */
+  observeSeconds(serverS: number): void {
+    if (this.offsetMs === null) this.offsetMs = serverS * 1000 + 500 - Date.now();
+  }
+
+  /**
+   * After a claim script named the bucket of now: learn its shape in the
+   * background (one HMGET), so the next batch of the shard can claim natively.
+   */
+  learnShape(shardKey: string, bucket: number, connection: Redis, onError: (error: unknown) => void): void {
+    const known = this.shapes.get(shardKey);
+    if ((known !== undefined && known.bucket >= bucket) || this.learning.has(shardKey)) return;
+    this.learning.add(shardKey);
+    connection
+      .hmget(`${shardKey}:${bucket}:m`, 's', 'f')
+      .then(([s = null, f = null]) => {
+        const shape = markerShape(s, f);
+        if (shape !== null) this.shapes.set(shardKey, { bucket, ...shape });
+      })
+      .catch(onError)
+      .finally(() => this.learning.delete(shardKey));
+  }
+
+  /** The pipeline for a batch, or null when this batch must go to the claim script (no clock yet, near a boundary, a bucket unknown or uncopied). */
+  plan(shardKey: string, digests: readonly Uint8Array[], settled: SettledFilters, skewMs = 0): NativePlan | null {
+    const nowMs = this.estimatedNowMs(skewMs);
+    const shape = this.shapes.get(shardKey);
+    if (nowMs === null || shape === undefined) return null;
+    const nowS = nowMs / 1000;
+    const bucket = bucketOf(Math.floor(nowS), this.bucketS);
+    if (bucket !== shape.bucket || shape.blocks <= 0) return null;
+    const start = bucket * this.bucketS;
+    if (nowS < start + this.graceS + CLOCK_SLACK_S || nowS > start + this.bucketS - CLOCK_SLACK_S) return null;
+    const oldest = oldestLiveBucket(Math.floor(nowS) - CLOCK_SLACK_S, this.bucketS, this.markerTtlS);
+    const copies = settled.coverage(shardKey, oldest, bucket - 1);
+    if (copies === null) return null;
+    const parts = new Uint8Array(digests.length);
+    const seen = new Set<string>();
+    for (let i = 0; i < digests.length; i++) {
+      const digest = digests[i]!;
+      const text = Buffer.from(digest.buffer, digest.byteOffset, digest.byteLength).toString('latin1');
+      if (seen.has(text)) {
+        parts[i] = PART_DONE;
+        continue;
+      }
+      seen.add(text);
+      parts[i] = copies.some(({ mayHold }) => mayHold(digest)) ? PART_PENDING : PART_NEW;
+    }
+    if (!parts.includes(PART_NEW)) return null;
+    this.batches++;
+    return {
+      shardKey,
+      bucket,
+      subs: shape.subs,
+      blocks: shape.blocks,
+      id: `${this.idPrefix}${this.batches.toString(36)}`,
+      parts,
+      oldest,
+      atMs: Math.round(nowMs),
+      checked: copies.map(({ bucket: b, markers }) => ({ bucket: b, markers })),
+    };
+  }
+
+  /** Runs the pipeline (module comment); throws only when the connection fails, so the caller's retry runs it again with the same id. */
+  async run(connection: Redis, plan: NativePlan, digests: readonly Uint8Array[], claimToken: string): Promise<NativeOutcome> {
+    const { shardKey, bucket, subs, blocks, id } = plan;
+    const meta = `${shardKey}:${bucket}:m`;
+    const expiresAt = (bucket + 1) * this.bucketS + this.markerTtlS;
+    const claimed: number[] = [];
+    for (let i = 0; i < plan.parts.length; i++) if (plan.parts[i] === PART_NEW) claimed.push(i);
+    const pipeline = connection.pipeline();
+    pipeline.time();
+    pipeline.hset(meta, `b${id}`, `c${claimToken}:${plan.atMs}`);
+    if (claimed.length > 0) {
+      const bits: Array<string | number> = [];
+      for (const i of claimed) {
+        const { block, bits: mask } = filterSlotOf(digests[i]!, blocks);
+        for (let b = 0; b < 32; b++) if ((mask >>> b) & 1) bits.push('SET', 'u1', block * 32 + 31 - b, 1);
+      }
+      pipeline.call('BITFIELD', `${shardKey}:${bucket}:f`, ...bits);
+    }
+    const touched = new Set<number>();
+    for (const i of claimed) {
+      const digest = digests[i]!;
+      const sub = subBucketOf(digest, subs);
+      touched.add(sub);
+      pipeline.hsetnx(`${shardKey}:${bucket}:${sub}`, Buffer.from(digest.buffer, digest.byteOffset, digest.byteLength), id);
+    }
+    for (const sub of touched) pipeline.expireat(`${shardKey}:${bucket}:${sub}`, expiresAt);
+    pipeline.hincrby(meta, 'n', claimed.length);
+    for (const { bucket: b } of plan.checked) pipeline.hget(`${shardKey}:${b}:m`, 'n');
+    pipeline.hmget(meta, 's', 'f');
+    pipeline.time();
+    const replies = await pipeline.exec();
+    const parts = Uint8Array.from(plan.parts);
+    const refuse = (because: string, nowS: number): NativeOutcome => ({ accepted: false, parts, nowS, refusedBecause: because });
+    if (replies === null) return refuse('the pipeline was discarded', 0);
+    const failed = replies.find(([error]) => error);
+    const last = replies[replies.length - 1]![1] as [string, string] | undefined;
+    const endMs = last === undefined ? 0 : Number(last[0]) * 1000 + Math.floor(Number(last[1]) / 1000);
+    if (endMs > 0) this.offsetMs = endMs - Date.now();
+    const nowS = Math.floor(endMs / 1000);
+    if (failed) return refuse(`a command failed: ${String(failed[0])}`, nowS);
+    const first = replies[0]![1] as [string, string];
+    const startS = Number(first[0]) + Number(first[1]) / 1e6;
+    const endS = endMs / 1000;
+    const start = bucket * this.bucketS;
+    if (startS < start + this.graceS || endS >= start + this.bucketS)
+      return refuse(`the server's clock (${startS}..${endS}) left the window of bucket ${bucket}`, nowS);
+    if (oldestLiveBucket(Math.floor(startS), this.bucketS, this.markerTtlS) < plan.oldest) return refuse('a live bucket was not checked', nowS);
+    let at = 1 + 1 + (claimed.length > 0 ? 1 : 0);
+    for (const i of claimed) {
+      if (replies[at]![1] !== 1) parts[i] = PART_PENDING;
+      at++;
+    }
+    at += touched.size + 1;
+    for (const { bucket: b, markers } of plan.checked) {
+      const n = replies[at++]![1] as string | null;
+      if ((n === null ? -1 : Number(n)) !== markers) return refuse(`bucket ${b} took markers after its filter was copied`, nowS);
+    }
+    const [s, f] = replies[at]![1] as [string | null, string | null];
+    const shape = markerShape(s, f);
+    if (shape === null || shape.subs !== subs || shape.blocks !== blocks) return refuse(`bucket ${bucket} changed shape`, nowS);
+    return { accepted: true, parts, nowS, refusedBecause: null };
+  }
+
+  /** After a refused pipeline and the claim script that replaced it: its claims read as no claim from now on. */
+  static forget(connection: Redis, plan: NativePlan): Promise<number> {
+    return connection.hdel(`${plan.shardKey}:${plan.bucket}:m`, `b${plan.id}`);
+  }
+}
+
+/** One per thread and marker timing (a thread's settings never change, so in practice one). */
+const perTiming = new Map<string, NativeClaims>();
+export function nativeClaimsOf(bucketS: number, markerTtlS: number, graceS: number): NativeClaims {
+  const key = `${bucketS}:${markerTtlS}:${graceS}`;
+  let claims = perTiming.get(key);
+  if (claims === undefined) perTiming.set(key, (claims = new NativeClaims(bucketS, markerTtlS, graceS)));
+  return claims;
+}
+
+/** A bucket's shape from its meta fields `s` and `f`, or null when it has no filter (or is not open). */
+function markerShape(s: string | null, f: string | null): { subs: number; blocks: number } | null {
+  const subs = Number(s);
+  const blocks = Number(f);
+  return s !== null && f !== null && Number.isInteger(subs) && subs > 0 && Number.isInteger(blocks) && blocks > 0 ? { subs, blocks } : null;
+}
