@@ -95,6 +95,13 @@ export interface TallyConfig {
   /** TALLY_MARKER_CLAIM_TTL_S: a two-step claim older than this is taken over (its daemon died or stalled); longer than any batch. */
   readonly markerClaimTtlS: number;
   /**
+   * TALLY_MARKER_NATIVE_CLAIMS: two-step claims of new parts by native
+   * commands where that is safe (worker/src/native-claims.ts); false: every
+   * claim by the claim script, as builds before them did. A switch for
+   * comparing the two and for ruling the pipeline out, not a tuning knob.
+   */
+  readonly markerNativeClaims: boolean;
+  /**
    * TALLY_MARKER_SCOPE: what one marker stands for (markers.ts MarkerScope),
    * for a prefix laid out from now on; a prefix keeps the scope it was laid
    * out with. `message` needs a standalone Redis. null when not set: the
@@ -167,6 +174,7 @@ export const DEFAULTS = Object.freeze({
   markerTtlS: 600,
   markerSubBuckets: 256,
   markerClaimTtlS: 10,
+  markerNativeClaims: true,
   markerScope: null as MarkerScope | null,
   countTtlS: 2_592_000,
   virtualShards: 16,
@@ -239,6 +247,7 @@ export const TALLY_SETTINGS: readonly string[] = Object.freeze([
   'TALLY_MARKER_TTL_S',
   'TALLY_MARKER_SUB_BUCKETS',
   'TALLY_MARKER_CLAIM_TTL_S',
+  'TALLY_MARKER_NATIVE_CLAIMS',
   'TALLY_MARKER_SCOPE',
   'TALLY_COUNT_TTL_S',
   'TALLY_MESSAGE_MAPPING',
@@ -578,6 +587,7 @@ export function loadConfig(env: Env = process.env): TallyConfig {
     markerTtlS: integer(env, 'TALLY_MARKER_TTL_S', DEFAULTS.markerTtlS, LIMITS.markerTtlS),
     markerSubBuckets: powerOfTwo(env, 'TALLY_MARKER_SUB_BUCKETS', DEFAULTS.markerSubBuckets, LIMITS.markerSubBuckets),
     markerClaimTtlS: integer(env, 'TALLY_MARKER_CLAIM_TTL_S', DEFAULTS.markerClaimTtlS, LIMITS.markerClaimTtlS),
+    markerNativeClaims: flag(env, 'TALLY_MARKER_NATIVE_CLAIMS', DEFAULTS.markerNativeClaims),
     markerScope: markerScope(env, 'TALLY_MARKER_SCOPE'),
     countTtlS: integer(env, 'TALLY_COUNT_TTL_S', DEFAULTS.countTtlS, LIMITS.countTtlS),
     messageMapping: messageMapping(env, 'TALLY_MESSAGE_MAPPING'),

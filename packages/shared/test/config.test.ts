@@ -62,6 +62,7 @@ const BAD_VALUES: ReadonlyArray<readonly [variable: string, values: readonly str
   ['TALLY_PARTITIONS', ['0', '1025', 'eight', '1.5']],
   ['TALLY_SOURCE', ['streams', 'Stream', 'queue,stream', 'log']],
   ['TALLY_STREAM_DEDUP', ['maybe', '2']],
+  ['TALLY_MARKER_NATIVE_CLAIMS', ['maybe', 'off']],
   ['TALLY_STREAM_CHECKPOINT_MS', ['9', '600001', '1s']],
   ['TALLY_FAULT_STREAM_OVERLAP', ['both', '2']],
   // The declaration's own refusals are in message-mapping.test.ts.
@@ -95,6 +96,7 @@ describe('loadConfig', () => {
       markerTtlS: 600,
       markerSubBuckets: 256,
       markerClaimTtlS: 10,
+      markerNativeClaims: true,
       markerScope: null,
       countTtlS: 2_592_000,
       messageMapping: null,
@@ -183,7 +185,7 @@ describe('loadConfig', () => {
     it('covers every Tally setting', () => {
       const covered = new Set(BAD_VALUES.map(([name]) => name));
       expect([...covered].sort()).to.deep.equal([...TALLY_SETTINGS].sort());
-      expect(covered.size).to.equal(37);
+      expect(covered.size).to.equal(38);
     });
 
     it('names the accepted range for integers', () => {
@@ -314,6 +316,11 @@ describe('loadConfig', () => {
       const config = loadConfig({ TALLY_REDIS_URL: 'rediss://tally:a,b@cache.example:6380' });
       expect(config.redisSeeds).to.deep.equal(['rediss://tally:a,b@cache.example:6380']);
       expect(splitRedisUrls('redis://u:x,redis@h:1,redis://h:2')).to.deep.equal(['redis://u:x,redis@h:1', 'redis://h:2']);
+    });
+
+    it('TALLY_MARKER_NATIVE_CLAIMS: on unless set to a false word', () => {
+      expect(loadConfig({ TALLY_MARKER_NATIVE_CLAIMS: 'no' }).markerNativeClaims).to.equal(false);
+      expect(loadConfig({ TALLY_MARKER_NATIVE_CLAIMS: '1' }).markerNativeClaims).to.equal(true);
     });
 
     it('TALLY_ALLOW_EVICTION as 1/0, true/false, yes/no in any case', () => {

@@ -31,6 +31,7 @@ export function openThreads(context: StartContext, redis: RedisEdge, layout: Lay
       virtualShards: config.virtualShards,
       claimToken: context.claimToken,
       claimTtlMs: config.markerClaimTtlS * 1000,
+      nativeClaims: config.markerNativeClaims,
       ...(counters.windowGauge === null ? {} : { windowGauge: counters.windowGauge.buffer }),
       waitReplicas: config.redisWaitReplicas,
       waitTimeoutMs: config.redisWaitTimeoutMs,
