@@ -62,7 +62,13 @@ export interface RunningContender {
 export const liveChildren = new Set<ChildProcess>();
 
 export function isTally(contender: ContenderName): boolean {
-  return contender === 'tally-two-step' || contender === 'tally-atomic' || contender === 'tally-traced' || contender === 'tally-stream';
+  return (
+    contender === 'tally-two-step' ||
+    contender === 'tally-script-claims' ||
+    contender === 'tally-atomic' ||
+    contender === 'tally-traced' ||
+    contender === 'tally-stream'
+  );
 }
 
 function childFor(run: ContenderRun): ChildProcess {
@@ -80,6 +86,8 @@ function childFor(run: ContenderRun): ChildProcess {
       TALLY_LOG_LEVEL: 'info',
       ...(run.metricsPort !== undefined ? { TALLY_METRICS_PORT: String(run.metricsPort) } : {}),
       ...run.tallyEnv,
+      // The claim pipeline's worth: the same two-step daemon with every claim by the claim script.
+      ...(run.contender === 'tally-script-claims' ? { TALLY_MARKER_NATIVE_CLAIMS: 'false' } : {}),
       // Tracing's cost: every batch sampled, exported over OTLP/HTTP protobuf as to Jaeger.
       ...(run.contender === 'tally-traced'
         ? {

@@ -4,7 +4,17 @@
  */
 import { median, medianRatio } from './stats.js';
 
-export const CONTENDERS = ['ceiling', 'naive', 'batched', 'tally-two-step', 'tally-atomic', 'tally-traced', 'ceiling-stream', 'tally-stream'] as const;
+export const CONTENDERS = [
+  'ceiling',
+  'naive',
+  'batched',
+  'tally-two-step',
+  'tally-script-claims',
+  'tally-atomic',
+  'tally-traced',
+  'ceiling-stream',
+  'tally-stream',
+] as const;
 export type ContenderName = (typeof CONTENDERS)[number];
 
 export const CONTENDER_LABELS: Readonly<Record<ContenderName, string>> = Object.freeze({
@@ -12,6 +22,7 @@ export const CONTENDER_LABELS: Readonly<Record<ContenderName, string>> = Object.
   naive: 'naive (per message)',
   batched: 'batched (hand-written, 500/batch)',
   'tally-two-step': 'Tally two-step',
+  'tally-script-claims': 'Tally two-step, claims by script only',
   'tally-atomic': 'Tally atomic',
   'tally-traced': 'Tally two-step, traced (100%)',
   'ceiling-stream': 'ceiling, stream (bare amqplib)',
