@@ -64,7 +64,7 @@ export const liveChildren = new Set<ChildProcess>();
 export function isTally(contender: ContenderName): boolean {
   return (
     contender === 'tally-two-step' ||
-    contender === 'tally-script-claims' ||
+    contender === 'tally-native-claims' ||
     contender === 'tally-atomic' ||
     contender === 'tally-traced' ||
     contender === 'tally-stream'
@@ -86,8 +86,8 @@ function childFor(run: ContenderRun): ChildProcess {
       TALLY_LOG_LEVEL: 'info',
       ...(run.metricsPort !== undefined ? { TALLY_METRICS_PORT: String(run.metricsPort) } : {}),
       ...run.tallyEnv,
-      // The claim pipeline's worth: the same two-step daemon with every claim by the claim script.
-      ...(run.contender === 'tally-script-claims' ? { TALLY_MARKER_NATIVE_CLAIMS: 'false' } : {}),
+      // The claim pipeline's worth: the same two-step daemon with new parts claimed by native commands.
+      ...(run.contender === 'tally-native-claims' ? { TALLY_MARKER_NATIVE_CLAIMS: 'true' } : {}),
       // Tracing's cost: every batch sampled, exported over OTLP/HTTP protobuf as to Jaeger.
       ...(run.contender === 'tally-traced'
         ? {

@@ -151,7 +151,7 @@ export const USAGE = `usage: pnpm bench [--quick] [flags]
 workload:  --warmup N (5000; quick 1000): drained first by every contender, outside the measured window; 0: none
            --messages N (50000; quick 4000)  --skus N (10000)  --zipf S (1)  --changes MIN-MAX (1-8)
            --duplicate-rate R (0.02)  --seed N (1)
-rounds:    --rounds N (3; quick 1)  --contenders a,b (ceiling,naive,batched,tally-two-step,tally-script-claims,tally-atomic,tally-traced)
+rounds:    --rounds N (3; quick 1)  --contenders a,b (ceiling,naive,batched,tally-two-step,tally-native-claims,tally-atomic,tally-traced)
 latency:   --latency-seconds S (4; quick 1)  --loads F,F (0.1,0.25,0.5,0.75; quick none)
 sweeps:    --sweeps batch-size,workers,changes|none (all; quick none)  --sweep-messages N (30000)
            --batch-sizes 50,200,500,2000  --workers 1,2,4  --change-ranges 1-2,1-8,8-16

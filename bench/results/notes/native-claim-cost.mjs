@@ -19,11 +19,34 @@ async function measure(name, perBatch) {
   console.log(`${name}: ${us.toFixed(2)} µs of Redis CPU per digest`);
   return us;
 }
+// STEADY=1: each contender's bucket of now already holds FILL markers in SUBS hashes (hashtables), with its filter, as at steady state.
+const STEADY = process.env.STEADY === '1', FILL = 1_000_000;
+async function prefill(base) {
+  if (!STEADY) return;
+  const bucket = Math.floor(Date.now() / 1000 / WIDTH);
+  const blocks = Math.ceil((FILL * 2 * BITS) / 32);
+  const words = new Uint32Array(blocks);
+  for (let h = 0; h < SUBS; h++) {
+    const args = [];
+    for (let i = 0; i < FILL / SUBS; i++) {
+      const d = randomBytes(16);
+      d[0] = h >> 8; d[1] = h & 255;
+      const block = d.readUInt32BE(4) % blocks;
+      words[block] |= (1 << (d[8] % 32)) | (1 << (d[9] % 32)) | (1 << (d[10] % 32)) | (1 << (d[11] % 32));
+      args.push(d, '1');
+    }
+    await redis.hset(`${base}:${bucket}:${h}`, ...args);
+  }
+  const filter = Buffer.alloc(blocks * 4);
+  for (let b = 0; b < blocks; b++) filter.writeUInt32BE(words[b] >>> 0, b * 4);
+  await redis.set(`${base}:${bucket}:f`, filter);
+  await redis.hset(`${base}:${bucket}:m`, 's', SUBS, 'f', blocks, 'n', FILL);
+}
 // Each contender on its own shard base, in a bucket it opens with the same sizes.
 const script = (base) => async (batch) => {
   await runScript(redis, CLAIM, evalshaArgs(CLAIM, [base], [WIDTH, TTL, SUBS, BITS, 'ab12', 30000, '', '', ...batch]), log);
 };
-const native = (base, withFilter) => {
+const native = (base, withFilter, bitsPerDigest = 4) => {
   let bucket, blocks;
   return async (batch, n) => {
     if (bucket === undefined) {
@@ -40,7 +63,7 @@ const native = (base, withFilter) => {
       const args = [];
       for (const d of batch) {
         const block = d.readUInt32BE(4) % blocks;
-        for (const b of [d[8], d[9], d[10], d[11]]) args.push('SET', 'u1', block * 32 + 31 - (b % 32), 1);
+        for (const b of [d[8], d[9], d[10], d[11]].slice(0, bitsPerDigest)) args.push('SET', 'u1', block * 32 + 31 - (b % 32), 1);
       }
       p.call('BITFIELD', `${base}:${bucket}:f`, ...args);
     }
@@ -58,9 +81,11 @@ const native = (base, withFilter) => {
 };
 const results = {};
 for (let round = 1; round <= 2; round++) {
+  for (const base of [`s${round}`, `n${round}`, `x${round}`, `o${round}`]) await prefill(base);
   results[`script ${round}`] = await measure('claim script (claim_markers.lua)', script(`s${round}`));
   results[`native ${round}`] = await measure('native: record, filter bits, HSETNX per digest, EXPIREAT per hash', native(`n${round}`, true));
   results[`nofilter ${round}`] = await measure('native without the filter bits', native(`x${round}`, false));
+  results[`onebit ${round}`] = await measure('native with one filter bit per digest (a filter format with k = 1)', native(`o${round}`, true, 1));
 }
 console.log(JSON.stringify(results));
 redis.disconnect(); await server.stop();

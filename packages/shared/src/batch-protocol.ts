@@ -45,7 +45,7 @@ export interface WorkerSettings {
   readonly claimToken: string;
   /** Two-step: a claim older than this is taken over (its daemon died or stalled). */
   readonly claimTtlMs: number;
-  /** Two-step: false makes every claim go through the claim script (worker/src/native-claims.ts); the bench compares both. */
+  /** Two-step: true claims new parts by native commands where safe (worker/src/native-claims.ts); absent or false, every claim by the claim script. */
   readonly nativeClaims?: boolean;
   /** Tests: shifts the threads' estimate of the server's clock, ms (native-claims.ts), to drive claims across a bucket boundary. */
   readonly nativeClaimSkewMs?: number;

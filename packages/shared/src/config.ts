@@ -96,9 +96,10 @@ export interface TallyConfig {
   readonly markerClaimTtlS: number;
   /**
    * TALLY_MARKER_NATIVE_CLAIMS: two-step claims of new parts by native
-   * commands where that is safe (worker/src/native-claims.ts); false: every
-   * claim by the claim script, as builds before them did. A switch for
-   * comparing the two and for ruling the pipeline out, not a tuning knob.
+   * commands where that is safe (worker/src/native-claims.ts). It trades
+   * daemon CPU for Redis CPU (about 17 µs more of the one for 4 µs less of
+   * the other per message, docs/benchmark.md), so it is off unless one
+   * Redis is what limits the fleet.
    */
   readonly markerNativeClaims: boolean;
   /**
@@ -174,7 +175,7 @@ export const DEFAULTS = Object.freeze({
   markerTtlS: 600,
   markerSubBuckets: 256,
   markerClaimTtlS: 10,
-  markerNativeClaims: true,
+  markerNativeClaims: false,
   markerScope: null as MarkerScope | null,
   countTtlS: 2_592_000,
   virtualShards: 16,

@@ -20,6 +20,8 @@ export const COUNTERS = Object.freeze({
     'message parts held back because another daemon had claimed them (two-step: a copy of the message was being counted elsewhere at that instant); each is retried until that daemon marks it or its claim runs out',
   claim_takeovers:
     "message parts counted over another daemon's expired claim (two-step: that daemon died or stalled past TALLY_MARKER_CLAIM_TTL_S); if it had written their counts, they are counted again, as after a crash in the window",
+  native_claims:
+    'message parts claimed by native commands instead of the claim script (two-step, TALLY_MARKER_NATIVE_CLAIMS): the share of claims that spared Redis the script',
   replayed:
     'stream source: messages read again from the log whose parts were at or below their watermarks (a restart, a handover, a rewind): applied once before, skipped now',
   stream_rollbacks:

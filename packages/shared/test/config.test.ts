@@ -96,7 +96,7 @@ describe('loadConfig', () => {
       markerTtlS: 600,
       markerSubBuckets: 256,
       markerClaimTtlS: 10,
-      markerNativeClaims: true,
+      markerNativeClaims: false,
       markerScope: null,
       countTtlS: 2_592_000,
       messageMapping: null,
@@ -318,7 +318,7 @@ describe('loadConfig', () => {
       expect(splitRedisUrls('redis://u:x,redis@h:1,redis://h:2')).to.deep.equal(['redis://u:x,redis@h:1', 'redis://h:2']);
     });
 
-    it('TALLY_MARKER_NATIVE_CLAIMS: on unless set to a false word', () => {
+    it('TALLY_MARKER_NATIVE_CLAIMS: off unless set to a true word', () => {
       expect(loadConfig({ TALLY_MARKER_NATIVE_CLAIMS: 'no' }).markerNativeClaims).to.equal(false);
       expect(loadConfig({ TALLY_MARKER_NATIVE_CLAIMS: '1' }).markerNativeClaims).to.equal(true);
     });

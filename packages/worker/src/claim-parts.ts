@@ -51,7 +51,7 @@ export async function claimParts(step: ClaimStep): Promise<ClaimedParts> {
   const { connection, settings, shardKey, digests, bucketArgs, log } = step;
   const filtered = bucketArgs[3]! > 0;
   const settled = filtered ? settledFiltersOf(settings.markerBucketS, settings.markerTtlS) : null;
-  const native = settled !== null && settings.nativeClaims !== false ? nativeClaimsOf(settings.markerBucketS, settings.markerTtlS, settled.settleGraceS) : null;
+  const native = settled !== null && settings.nativeClaims === true ? nativeClaimsOf(settings.markerBucketS, settings.markerTtlS, settled.settleGraceS) : null;
   const warnCopy = (error: unknown): void =>
     log.warn({ shard: shardKey, err: String(error) }, 'could not read a marker bucket for native claims; the claim script probes it itself');
 

@@ -101,6 +101,7 @@ describe('native claims (two-step, message-scoped markers, a private Redis)', fu
       virtualShards: SHARDS,
       markerTtlS: TTL_S,
       markerBucketS: WIDTH_S,
+      nativeClaims: true,
     });
     await waitForPhase(admin, 8, 15);
   });
@@ -131,6 +132,13 @@ describe('native claims (two-step, message-scoped markers, a private Redis)', fu
     expect(mixed.marked.slice(50).every((flag) => flag === PART_NEW)).to.equal(true);
     expect(mixed.nativeClaims, 'the new half by the pipeline').to.equal(50);
     expect(await countedTotal(admin, settings.prefix)).to.equal(355);
+  });
+
+  it('is off unless asked for (TALLY_MARKER_NATIVE_CLAIMS): every claim by the script', async () => {
+    await warmUp();
+    const result = await run(messages('default', 0, 100), { nativeClaims: undefined });
+    expect(newParts(result)).to.equal(100);
+    expect(result.nativeClaims).to.equal(0);
   });
 
   it('sets the filter bits of what it claims, so the claim script finds the claims', async () => {

@@ -64,9 +64,16 @@ describe('several daemons on one queue and one Redis (integration)', function ()
   pinMarkerScope('part');
   this.timeout(600_000);
 
-  for (const mode of ['atomic', 'two-step'] as TallyMode[]) {
-    it(`${mode}: three daemons running together add their counters up exactly, and tally status lists them`, async () => {
-      const space = testSpace(`fleet-sum-${mode}`, { TALLY_MODE: mode, TALLY_WORKERS: '1', TALLY_BATCH_SIZE: String(BATCH_SIZE), TALLY_PREFETCH: '300' });
+  for (const mode of ['atomic', 'two-step', 'two-step, native claims'] as Array<TallyMode | 'two-step, native claims'>) {
+    // The claim pipeline (TALLY_MARKER_NATIVE_CLAIMS) is a two-step daemon's: the same tests, the same bounds.
+    const modeEnv: Record<string, string> =
+      mode === 'two-step, native claims' ? { TALLY_MODE: 'two-step', TALLY_MARKER_NATIVE_CLAIMS: 'true' } : { TALLY_MODE: mode };
+    const slug = mode.replace(/[^a-z-]+/g, '-');
+    const twoStep = mode !== 'atomic';
+    // Counters adding up across daemons do not depend on how claims are made: not run again for the pipeline.
+    const itCounters = mode === 'two-step, native claims' ? it.skip : it;
+    itCounters(`${mode}: three daemons running together add their counters up exactly, and tally status lists them`, async () => {
+      const space = testSpace(`fleet-sum-${slug}`, { ...modeEnv, TALLY_WORKERS: '1', TALLY_BATCH_SIZE: String(BATCH_SIZE), TALLY_PREFETCH: '300' });
       const daemons: DaemonProcess[] = [];
       try {
         const workload = generateWorkload({
@@ -134,8 +141,8 @@ describe('several daemons on one queue and one Redis (integration)', function ()
 
     it(`${mode}: duplicates published right after their original reach different daemons at the same instant and count once`, async () => {
       // Small prefetch and batches: adjacent deliveries go round-robin to different daemons and run at once.
-      const space = testSpace(`fleet-dup-${mode}`, {
-        TALLY_MODE: mode,
+      const space = testSpace(`fleet-dup-${slug}`, {
+        ...modeEnv,
         TALLY_WORKERS: '1',
         TALLY_BATCH_SIZE: '20',
         TALLY_PREFETCH: '40',
@@ -175,7 +182,8 @@ describe('several daemons on one queue and one Redis (integration)', function ()
           `      ${mode}, ${DAEMONS} daemons, ${workload.duplicates} adjacent duplicates: excess ${excess}; ` +
             `parts held by another daemon's claim ${stats.claim_holds ?? 0}; duplicates ${stats.duplicates}, partial ${stats.partial_duplicates}`,
         );
-        if (mode === 'two-step') expect(stats.claim_holds, 'copies did race: some parts were held by a claim').to.be.greaterThan(0);
+        if (twoStep) expect(stats.claim_holds, 'copies did race: some parts were held by a claim').to.be.greaterThan(0);
+        if (mode === 'two-step, native claims') expect(stats.native_claims, 'the pipeline claimed parts').to.be.greaterThan(0);
       } finally {
         for (const d of daemons) if (d.child.exitCode === null && d.child.signalCode === null) d.child.kill('SIGKILL');
         await cleanup(space);
@@ -183,8 +191,8 @@ describe('several daemons on one queue and one Redis (integration)', function ()
     });
 
     it(`${mode}: three daemons SIGKILLed at random and restarted while publishing goes on: lost 0, overcount ${mode === 'atomic' ? '0' : 'within its bound'}`, async () => {
-      const space = testSpace(`fleet-kill-${mode}`, {
-        TALLY_MODE: mode,
+      const space = testSpace(`fleet-kill-${slug}`, {
+        ...modeEnv,
         TALLY_WORKERS: '1',
         TALLY_BATCH_SIZE: String(BATCH_SIZE),
         TALLY_PREFETCH: '300',
@@ -237,7 +245,7 @@ describe('several daemons on one queue and one Redis (integration)', function ()
             100,
           );
           expect((await killDaemon(daemon)).signal).to.equal('SIGKILL');
-          if (mode === 'two-step') {
+          if (twoStep) {
             // Redis may still hold the victim's last commands in its socket buffer: let it finish them.
             await sleep(100);
             const claimed = await withRedis((redis) => claimSnapshot(redis, space.prefix));
@@ -294,7 +302,7 @@ describe('several daemons on one queue and one Redis (integration)', function ()
         for (const m of dead) expect(deadLetterReason(m.properties.headers).source).to.equal('tally');
         console.log(
           `      ${mode}, ${DAEMONS} daemons, ${kills} SIGKILLs: lost 0, excess ${totalExcess} units over ${diff.excess.size} SKUs; ` +
-            (mode === 'two-step' ? `windows ${windows.map((w) => w.reduce((a, b) => a + b, 0)).join(' + ')} units; ` : '') +
+            (twoStep ? `windows ${windows.map((w) => w.reduce((a, b) => a + b, 0)).join(' + ')} units; ` : '') +
             `outcome counters short of the good messages by ${Math.max(0, shortfall)} (unflushed at the kills); stats ${JSON.stringify(stats)}`,
         );
       } finally {
