@@ -14,6 +14,7 @@ import {
   markerMetaKey,
   markerBucketKey,
   markerShardOf,
+  subBucketOf,
   PART_DONE,
   PART_HELD,
   PART_NEW,
@@ -64,6 +65,24 @@ async function countedTotal(redis: Redis, prefix: string): Promise<number> {
   let total = 0;
   for (const key of keys) total += Number(await redis.get(key));
   return total;
+}
+
+/**
+ * Stages what a claim pipeline left when it never got to occupy: its record
+ * `b<id>` (daemon `token`, made now) and its id as the marker of each of
+ * `ids`, in the bucket of now. Returns that bucket.
+ */
+async function stagePipelineClaim(redis: Redis, prefix: string, ids: readonly string[], token: string, id: string): Promise<number> {
+  const [seconds] = await redis.time();
+  const bucket = Math.floor(Number(seconds) / WIDTH_S);
+  const meta = markerMetaKey(prefix, SHARD, bucket);
+  await redis.hset(meta, `b${id}`, `c${token}:${Number(seconds) * 1000}`);
+  const subs = Number(await redis.hget(meta, 's'));
+  for (const message of ids) {
+    const digest = markerDigest(message);
+    await redis.hset(markerBucketKey(prefix, SHARD, bucket, subBucketOf(digest, subs)), digest, id);
+  }
+  return bucket;
 }
 
 describe('native claims (two-step, message-scoped markers, a private Redis)', function () {
@@ -161,15 +180,8 @@ describe('native claims (two-step, message-scoped markers, a private Redis)', fu
     await warmUp();
     const batch = messages('held', 0, 100);
     // Another daemon's pipeline claim on 40 of them, never occupied: it was killed after its pre-check.
-    const [seconds] = await admin.time();
-    const bucket = Math.floor(Number(seconds) / WIDTH_S);
+    const bucket = await stagePipelineClaim(admin, settings.prefix, batch.ids.slice(0, 40), 'b2', 'nkilled');
     const meta = markerMetaKey(settings.prefix, SHARD, bucket);
-    await admin.hset(meta, 'bnkilled', `cb2:${Number(seconds) * 1000}`);
-    const subs = Number(await admin.hget(meta, 's'));
-    for (const id of batch.ids.slice(0, 40)) {
-      const digest = markerDigest(id);
-      await admin.hset(markerBucketKey(settings.prefix, SHARD, bucket, ((digest[0]! << 8) | digest[1]!) & (subs - 1)), digest, 'nkilled');
-    }
     const result = await run(batch);
     expect(
       result.marked.slice(0, 40).every((flag) => flag === PART_HELD),
@@ -259,15 +271,7 @@ describe('native claims (two-step, message-scoped markers, a private Redis)', fu
     await warmUp();
     // What a pipeline whose reply never came left: its record and claims, under this daemon's token.
     const claimOnly = messages('claimed', 0, 100);
-    const [seconds] = await admin.time();
-    const bucket = Math.floor(Number(seconds) / WIDTH_S);
-    const meta = markerMetaKey(settings.prefix, SHARD, bucket);
-    await admin.hset(meta, 'bnmine', `c${settings.claimToken}:${Number(seconds) * 1000}`);
-    const subs = Number(await admin.hget(meta, 's'));
-    for (const id of claimOnly.ids) {
-      const digest = markerDigest(id);
-      await admin.hset(markerBucketKey(settings.prefix, SHARD, bucket, ((digest[0]! << 8) | digest[1]!) & (subs - 1)), digest, 'nmine');
-    }
+    await stagePipelineClaim(admin, settings.prefix, claimOnly.ids, settings.claimToken, 'nmine');
     const retried = await run(claimOnly);
     expect(newParts(retried), 'its own claims are taken again').to.equal(100);
     expect(retried.nativeClaims, 'by the script: the fields were there').to.equal(0);
