@@ -24,7 +24,7 @@ export const ScriptReply = Object.freeze({
   /** write_counts.lua's outcome ('sums' only): Redis refused a sum, nothing written; call again with 'parts'. */
   WRITE_ISOLATE: 'isolate',
 
-  /** occupy_markers.lua: the clock moved to a later bucket since the claim; call again with the new parts' digests. */
+  /** occupy_markers.lua: the batch is done in its claims' bucket, and the clock moved on since; call again with the new parts' digests to write them there. */
   OCCUPY_NEEDS_DIGESTS: -1,
   /** occupy_markers.lua: the batch's write receipt is gone (a failover lost the counts); nothing was marked. */
   OCCUPY_RECEIPT_GONE: -2,

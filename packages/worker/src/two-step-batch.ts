@@ -121,9 +121,8 @@ export async function runTwoStepBatch(
 
   const tracer = batchTracer();
   const t0 = performance.now();
-  // Claims are retried with the same token (and the same pipeline claim id):
-  // a claim this daemon made on an attempt whose reply was lost is its own,
-  // and is taken again.
+  // Claims are retried with the same token: a claim this daemon made on an
+  // attempt whose reply was lost is its own, and is taken again.
   const claimed = await inSpan(tracer, 'tally.precheck', { 'tally.shard': vshard, 'tally.markers': parts }, () =>
     untilDone('precheck', task, log, () =>
       onSlotConnection(redis, shardKey, (connection) => claimParts({ connection, settings, shardKey, digests, bucketArgs, log })),
@@ -241,7 +240,15 @@ export async function runTwoStepBatch(
       const refusedDigests = claim.parts.filter((i) => refused.has(i)).map((i) => digests[i]!);
       return {
         args: evalshaArgs(OCCUPY_MARKERS, occupyKeys, [...bucketArgs, claim.bucket, claim.batch, refusedDigests.length, ...refusedDigests]),
-        moving: (): Buffer[] => claim.parts.filter((i) => !refused.has(i)).map((i) => digests[i]!),
+        // The call that follows OCCUPY_NEEDS_DIGESTS: the refused claims are deleted already, the others' markers move.
+        moving: (): ScriptArg[] =>
+          evalshaArgs(OCCUPY_MARKERS, occupyKeys, [
+            ...bucketArgs,
+            claim.bucket,
+            claim.batch,
+            0,
+            ...claim.parts.filter((i) => !refused.has(i)).map((i) => digests[i]!),
+          ]),
       };
     });
     // Once the write leaves, a SIGKILL no longer re-counts these parts (Redis runs what it was sent).
@@ -257,7 +264,7 @@ export async function runTwoStepBatch(
             const replies = await Promise.all(
               occupations.map(async ({ args, moving }) => {
                 const first = await runScript(connection, OCCUPY_MARKERS, args, log);
-                return first === ScriptReply.OCCUPY_NEEDS_DIGESTS ? runScript(connection, OCCUPY_MARKERS, [...args, ...moving()], log) : first;
+                return first === ScriptReply.OCCUPY_NEEDS_DIGESTS ? runScript(connection, OCCUPY_MARKERS, moving(), log) : first;
               }),
             );
             return replies.includes(ScriptReply.OCCUPY_RECEIPT_GONE) ? ScriptReply.OCCUPY_RECEIPT_GONE : replies[0];

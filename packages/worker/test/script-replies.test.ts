@@ -10,7 +10,7 @@ describe('the scripts return codes as ScriptReply names them', () => {
   it('occupy_markers returns OCCUPY_NEEDS_DIGESTS and OCCUPY_RECEIPT_GONE, and its header documents both', () => {
     expect(OCCUPY_MARKERS.source).to.include(`return ${ScriptReply.OCCUPY_NEEDS_DIGESTS} end`);
     expect(OCCUPY_MARKERS.source).to.include(`then return ${ScriptReply.OCCUPY_RECEIPT_GONE} end`);
-    expect(header(OCCUPY_MARKERS.source)).to.include(`${ScriptReply.OCCUPY_NEEDS_DIGESTS}: time has moved on`);
+    expect(header(OCCUPY_MARKERS.source)).to.include(`${ScriptReply.OCCUPY_NEEDS_DIGESTS}: the batch is done in its bucket, and time`);
     expect(header(OCCUPY_MARKERS.source)).to.include(`${ScriptReply.OCCUPY_RECEIPT_GONE}: the receipt is gone`);
   });
 

@@ -7,8 +7,10 @@ import {
   bucketOf,
   countKey,
   markerBucketKey,
+  markerBaseKey,
   markerDigest,
   markerMetaKey,
+  ScriptReply,
   subBucketOf,
   subBucketsAfter,
   type BatchTask,
@@ -18,7 +20,8 @@ import { createRedisClient } from '@tally/runtime';
 import type { BatchLog } from '../src/batch-log.js';
 import { BatchWritesLostError } from '../src/replica-wait.js';
 import { runAtomicBatch } from '../src/atomic-batch.js';
-import { runTwoStepBatch, WRITE_COUNTS } from '../src/two-step-batch.js';
+import { evalshaArgs, runScript } from '../src/lua-scripts.js';
+import { OCCUPY_MARKERS, runTwoStepBatch, WRITE_COUNTS } from '../src/two-step-batch.js';
 import { markerEntry, readMarkers, startPrivateRedis, startProxy, testWorkerSettings } from '@tally/testkit';
 
 /** Tasks built by the tests carry the ids (the coordinator sends digests only). */
@@ -519,5 +522,19 @@ describe('two-step batch against a real Redis', function () {
     } finally {
       client.disconnect();
     }
+  });
+
+  it('ends a claim whose new parts were all refused, a bucket after it was made: its record turns done and the refused claims go', async () => {
+    // Nothing to move to the bucket of now: the first call must still end the batch (it used to answer -1 and write nothing, twice).
+    const [seconds] = await redis.time();
+    const claimed = bucketOf(Number(seconds), 10) - 1;
+    const base = markerBaseKey(prefix, 5);
+    const digest = randomBytes(16);
+    await redis.hset(`${base}:${claimed}:m`, 's', 1, 'b7', `ca1:${Number(seconds) * 1000}`);
+    await redis.hset(`${base}:${claimed}:0`, digest, '7');
+    const reply = await runScript(redis, OCCUPY_MARKERS, evalshaArgs(OCCUPY_MARKERS, [base], [10, 20, 1, 12, claimed, 7, 1, digest]), quiet);
+    expect(reply).to.equal(ScriptReply.OCCUPY_NEEDS_DIGESTS);
+    expect(await redis.hget(`${base}:${claimed}:m`, 'b7'), 'the batch is done').to.equal('1');
+    expect(await redis.hexists(`${base}:${claimed}:0`, digest), 'the refused claim is deleted').to.equal(0);
   });
 });

@@ -15,18 +15,21 @@
                 in claim_markers)
     ARGV[4]     filter bits per expected marker of a bucket it opens (as in
                 claim_markers)
-    ARGV[5]     the bucket claim_markers put the claims in
-    ARGV[6]     the batch number claim_markers gave them
+    ARGV[5]     the bucket the claims are in
+    ARGV[6]     their batch: claim_markers's number, or a claim pipeline's
+                id (worker/src/native-claims.ts)
     ARGV[7]     r, the number of parts Redis refused to count
     ARGV[8 .. 7+r]  their 16-byte digests: their claims are deleted, so they
                 get no marker and their replay counts them
     ARGV[8+r ..]    the 16-byte digests of the other new parts: only needed,
-                and only sent, when the first call answered -1
+                and only sent, when the first call answered -1 (that call
+                sends r = 0: the first one deleted the refused claims)
 
   Output:
-    n  the markers occupied; -1: time has moved on to a later bucket, so
-       call again with the digests; -2: the receipt is gone, nothing written
-       (rerun the whole batch under its id)
+    n  the markers occupied; -1: the batch is done in its bucket, and time
+       has moved on to a later one, so call again with the digests to write
+       them there as done (an empty list is fine); -2: the receipt is gone,
+       nothing written (rerun the whole batch under its id)
 
   Errors:
     TALLY_SCRIPT_ARGS  no filter bits argument; nothing was written
@@ -47,10 +50,11 @@ local refused = tonumber(ARGV[7])
 local FIRST = 8 + refused
 local nowS = tonumber(redis.call('TIME')[1])
 local current = math.floor(nowS / width)
-if current ~= claimed and #ARGV < FIRST then return -1 end
 
 -- @include marker_buckets
 
+-- Done in the claims' bucket first, whatever else: a batch whose new parts
+-- were all refused has nothing to move, and must still end here.
 local claimSubs = tonumber(redis.call('HGET', metaKey(claimed), 's')) or initialSubs
 for i = 8, 7 + refused do
   local digest = ARGV[i]
@@ -58,6 +62,7 @@ for i = 8, 7 + refused do
 end
 redis.call('HSET', metaKey(claimed), 'b' .. batch, '1')
 if current == claimed then return 0 end
+if #ARGV < FIRST then return -1 end
 
 -- A later bucket: open it as claim_markers would, then write the markers there as done.
 local expiresAt = (current + 1) * width + ttl
