@@ -108,6 +108,7 @@ export {
   PART_NEW,
   PART_REWIND,
   subBucketOf,
+  isPowerOfTwo,
   subBucketsAfter,
   taskDigests,
 } from './markers.js';

@@ -66,7 +66,7 @@ export async function claimParts(step: ClaimStep): Promise<ClaimedParts> {
     );
     const [flags, bucket, takeovers, batch, nowS] = (await runScript(connection, CLAIM_MARKERS, args, log)) as [string, number, number, number, number];
     settled?.observe(shardKey, nowS, connection, warnCopy);
-    native?.observeSeconds(nowS);
+    native?.observeSeconds(shardKey, nowS);
     native?.learnShape(shardKey, bucket, connection, warnCopy);
     const marked = parsePartFlags(flags, sent.length);
     return { marked, takeovers, claim: { bucket, batch, parts: indices.filter((_, j) => marked[j] === PART_NEW) } };
@@ -79,13 +79,16 @@ export async function claimParts(step: ClaimStep): Promise<ClaimedParts> {
     return { marked: all.marked, takeovers: all.takeovers, claims: all.claim.batch > 0 ? [all.claim] : [], nativeParts: 0 };
   }
   const outcome = await native!.run(connection, plan, digests, settings.claimToken);
+  if (outcome.staleCopy !== null) settled!.invalidate(shardKey, outcome.staleCopy);
   if (outcome.nowS > 0) settled!.observe(shardKey, outcome.nowS, connection, warnCopy);
+  const warnForget = (error: unknown): void =>
+    log.warn({ shard: shardKey, err: String(error) }, "could not delete a refused claim pipeline's record; its claims read as expired after the claim TTL");
   if (!outcome.accepted) {
     // The script decides every part, taking this daemon's pipeline claims
     // again where they stand (they read as its own); the record goes after
     // it, so whatever it did not take again reads as no claim.
     const all = await script(everyPart);
-    await NativeClaims.forget(connection, plan);
+    await NativeClaims.forget(connection, plan, warnForget);
     return { marked: all.marked, takeovers: all.takeovers, claims: all.claim.batch > 0 ? [all.claim] : [], nativeParts: 0 };
   }
   const marked = new Uint8Array(digests.length);
@@ -95,7 +98,8 @@ export async function claimParts(step: ClaimStep): Promise<ClaimedParts> {
     const part = outcome.parts[i]!;
     if (part === PART_PENDING) pending.push(i);
     else if (part === PART_NEW) nativeClaimed.push(i);
-    marked[i] = part === PART_PENDING ? PART_NEW : part === PART_NEW ? PART_NEW : PART_DONE;
+    // A pending part's state is the script's, set below.
+    marked[i] = part === PART_DONE ? PART_DONE : PART_NEW;
   }
   const claims: BatchClaim[] = [];
   if (nativeClaimed.length > 0) claims.push({ bucket: plan.bucket, batch: plan.id, parts: nativeClaimed });
@@ -106,6 +110,6 @@ export async function claimParts(step: ClaimStep): Promise<ClaimedParts> {
     takeovers = rest.takeovers;
     if (rest.claim.batch > 0) claims.push(rest.claim);
   }
-  if (nativeClaimed.length === 0) await NativeClaims.forget(connection, plan);
+  if (nativeClaimed.length === 0) await NativeClaims.forget(connection, plan, warnForget);
   return { marked, takeovers, claims, nativeParts: nativeClaimed.length };
 }

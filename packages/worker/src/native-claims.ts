@@ -39,12 +39,24 @@
  * unfiltered bucket has no copies to settle on.
  */
 import { randomBytes } from 'node:crypto';
-import { bucketOf, filterSlotOf, oldestLiveBucket, PART_DONE, PART_NEW, subBucketOf } from '@tally/shared';
+import { bucketOf, filterSlotOf, isPowerOfTwo, oldestLiveBucket, PART_DONE, PART_NEW, subBucketOf } from '@tally/shared';
 import type { Redis } from 'ioredis';
 import type { SettledFilters } from './settled-filters.js';
 
 /** Seconds of slack around the window in which claims are trusted: the server's clock as this thread estimates it may be off by that much. */
 export const CLOCK_SLACK_S = 2;
+/**
+ * How far the claim record's time (this thread's estimate of the server's
+ * clock) may be from the server's TIME before the claims are not trusted:
+ * other daemons judge the claim live or expired by it, against a claim TTL
+ * of seconds.
+ */
+export const CLAIM_TIME_SLACK_MS = 1_000;
+
+/** A clock that does not step when the system's is set (NTP): the estimate is an offset from it. */
+function steadyNowMs(): number {
+  return performance.timeOrigin + performance.now();
+}
 
 /** The shape of a shard's bucket of now: its hashes and filter blocks (meta `s`, `f`), fixed once the bucket is opened. */
 interface BucketShape {
@@ -53,7 +65,7 @@ interface BucketShape {
   readonly blocks: number;
 }
 
-/** Per part: claimed here, a repeat of an earlier part of the batch, or left to the claim script. */
+/** A part the pipeline leaves to the claim script (a copy may hold it, or its field was there): beside PART_NEW and PART_DONE in a plan. */
 export const PART_PENDING = 9;
 
 export interface NativePlan {
@@ -80,6 +92,8 @@ export interface NativeOutcome {
   readonly parts: Uint8Array;
   /** The server's time after the writes, seconds. */
   readonly nowS: number;
+  /** An older bucket whose marker count moved since its filter was copied: the copy must be read again. */
+  readonly staleCopy: number | null;
   /** Why the claims were not trusted (for the log at debug level and the tests), or null. */
   readonly refusedBecause: string | null;
 }
@@ -87,8 +101,8 @@ export interface NativeOutcome {
 export class NativeClaims {
   private readonly shapes = new Map<string, BucketShape>();
   private readonly learning = new Set<string>();
-  /** The server's clock minus this thread's, ms; null until a TIME has been read. */
-  private offsetMs: number | null = null;
+  /** Per shard (its node's clock), the server's clock minus this thread's steady clock, ms, once a TIME has been read. */
+  private readonly offsetMs = new Map<string, number>();
   private readonly idPrefix = `n${randomBytes(6).toString('base64url')}`;
   private batches = 0;
   private readonly graceS: number;
@@ -102,13 +116,14 @@ export class NativeClaims {
   }
 
   /** The server's time as this thread estimates it, ms; `skewMs` (tests) shifts the estimate. */
-  private estimatedNowMs(skewMs = 0): number | null {
-    return this.offsetMs === null ? null : Date.now() + this.offsetMs + skewMs;
+  private estimatedNowMs(shardKey: string, skewMs = 0): number | null {
+    const offset = this.offsetMs.get(shardKey);
+    return offset === undefined ? null : steadyNowMs() + offset + skewMs;
   }
 
   /** A coarse clock from a claim script's reply (whole seconds) until a pipeline's TIME gives a finer one. */
-  observeSeconds(serverS: number): void {
-    if (this.offsetMs === null) this.offsetMs = serverS * 1000 + 500 - Date.now();
+  observeSeconds(shardKey: string, serverS: number): void {
+    if (!this.offsetMs.has(shardKey)) this.offsetMs.set(shardKey, serverS * 1000 + 500 - steadyNowMs());
   }
 
   /**
@@ -131,7 +146,7 @@ export class NativeClaims {
 
   /** The pipeline for a batch, or null when this batch must go to the claim script (no clock yet, near a boundary, a bucket unknown or uncopied). */
   plan(shardKey: string, digests: readonly Uint8Array[], settled: SettledFilters, skewMs = 0): NativePlan | null {
-    const nowMs = this.estimatedNowMs(skewMs);
+    const nowMs = this.estimatedNowMs(shardKey, skewMs);
     const shape = this.shapes.get(shardKey);
     if (nowMs === null || shape === undefined) return null;
     const nowS = nowMs / 1000;
@@ -169,7 +184,12 @@ export class NativeClaims {
     };
   }
 
-  /** Runs the pipeline (module comment); throws only when the connection fails, so the caller's retry runs it again with the same id. */
+  /**
+   * Runs the pipeline (module comment); throws only when the connection
+   * fails. The caller's retry plans again under a new id: the fields this
+   * attempt claimed answer HSETNX 0 then, and the script takes them again as
+   * this daemon's own.
+   */
   async run(connection: Redis, plan: NativePlan, digests: readonly Uint8Array[], claimToken: string): Promise<NativeOutcome> {
     const { shardKey, bucket, subs, blocks, id } = plan;
     const meta = `${shardKey}:${bucket}:m`;
@@ -201,12 +221,18 @@ export class NativeClaims {
     pipeline.time();
     const replies = await pipeline.exec();
     const parts = Uint8Array.from(plan.parts);
-    const refuse = (because: string, nowS: number): NativeOutcome => ({ accepted: false, parts, nowS, refusedBecause: because });
+    const refuse = (because: string, nowS: number, staleCopy: number | null = null): NativeOutcome => ({
+      accepted: false,
+      parts,
+      nowS,
+      refusedBecause: because,
+      staleCopy,
+    });
     if (replies === null) return refuse('the pipeline was discarded', 0);
     const failed = replies.find(([error]) => error);
     const last = replies[replies.length - 1]![1] as [string, string] | undefined;
     const endMs = last === undefined ? 0 : Number(last[0]) * 1000 + Math.floor(Number(last[1]) / 1000);
-    if (endMs > 0) this.offsetMs = endMs - Date.now();
+    if (endMs > 0) this.offsetMs.set(shardKey, endMs - steadyNowMs());
     const nowS = Math.floor(endMs / 1000);
     if (failed) return refuse(`a command failed: ${String(failed[0])}`, nowS);
     const first = replies[0]![1] as [string, string];
@@ -215,6 +241,8 @@ export class NativeClaims {
     const start = bucket * this.bucketS;
     if (startS < start + this.graceS || endS >= start + this.bucketS)
       return refuse(`the server's clock (${startS}..${endS}) left the window of bucket ${bucket}`, nowS);
+    if (Math.abs(startS * 1000 - plan.atMs) > CLAIM_TIME_SLACK_MS)
+      return refuse(`the claim's time is ${Math.round(plan.atMs - startS * 1000)} ms off the server's clock`, nowS);
     if (oldestLiveBucket(Math.floor(startS), this.bucketS, this.markerTtlS) < plan.oldest) return refuse('a live bucket was not checked', nowS);
     let at = 1 + 1 + (claimed.length > 0 ? 1 : 0);
     for (const i of claimed) {
@@ -224,17 +252,21 @@ export class NativeClaims {
     at += touched.size + 1;
     for (const { bucket: b, markers } of plan.checked) {
       const n = replies[at++]![1] as string | null;
-      if ((n === null ? -1 : Number(n)) !== markers) return refuse(`bucket ${b} took markers after its filter was copied`, nowS);
+      if ((n === null ? -1 : Number(n)) !== markers) return refuse(`bucket ${b} took markers after its filter was copied`, nowS, b);
     }
     const [s, f] = replies[at]![1] as [string | null, string | null];
     const shape = markerShape(s, f);
     if (shape === null || shape.subs !== subs || shape.blocks !== blocks) return refuse(`bucket ${bucket} changed shape`, nowS);
-    return { accepted: true, parts, nowS, refusedBecause: null };
+    return { accepted: true, parts, nowS, refusedBecause: null, staleCopy: null };
   }
 
-  /** After a refused pipeline and the claim script that replaced it: its claims read as no claim from now on. */
-  static forget(connection: Redis, plan: NativePlan): Promise<number> {
-    return connection.hdel(`${plan.shardKey}:${plan.bucket}:m`, `b${plan.id}`);
+  /**
+   * After a refused pipeline and the claim script that replaced it: its
+   * claims read as no claim from now on. Best effort: a record left behind
+   * holds its fields for the claim TTL, then they read as expired claims.
+   */
+  static async forget(connection: Redis, plan: NativePlan, onError: (error: unknown) => void): Promise<void> {
+    await connection.hdel(`${plan.shardKey}:${plan.bucket}:m`, `b${plan.id}`).catch(onError);
   }
 }
 
@@ -251,5 +283,6 @@ export function nativeClaimsOf(bucketS: number, markerTtlS: number, graceS: numb
 function markerShape(s: string | null, f: string | null): { subs: number; blocks: number } | null {
   const subs = Number(s);
   const blocks = Number(f);
-  return s !== null && f !== null && Number.isInteger(subs) && subs > 0 && Number.isInteger(blocks) && blocks > 0 ? { subs, blocks } : null;
+  // A power of two, as the scripts open buckets with: subBucketOf masks where the scripts take a modulo.
+  return s !== null && f !== null && isPowerOfTwo(subs) && Number.isInteger(blocks) && blocks > 0 ? { subs, blocks } : null;
 }

@@ -126,6 +126,15 @@ export class SettledFilters {
     return covered;
   }
 
+  /** Drops a copy whose bucket took markers since (native-claims.ts saw its count move): the next observe reads it again. */
+  invalidate(shardKey: string, bucket: number): void {
+    const copies = this.shards.get(shardKey)?.copies;
+    const copy = copies?.get(bucket);
+    if (copy === undefined) return;
+    copies!.delete(bucket);
+    if (copy) this.bytes -= copy.words.length;
+  }
+
   /** The grace after a bucket's end before its filter is copied. */
   get settleGraceS(): number {
     return this.graceS;

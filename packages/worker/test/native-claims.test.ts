@@ -85,6 +85,23 @@ async function stagePipelineClaim(redis: Redis, prefix: string, ids: readonly st
   return bucket;
 }
 
+/** Stages a done marker for `id` in the bucket before the server's now, with its filter (64 blocks) and its meta, as a claim there leaves it. */
+async function stageSettledMarker(redis: Redis, prefix: string, id: string, markers = 1): Promise<void> {
+  const [seconds] = await redis.time();
+  const before = Math.floor(Number(seconds) / WIDTH_S) - 1;
+  const digest = markerDigest(id);
+  const meta = markerMetaKey(prefix, SHARD, before);
+  const hash = markerBucketKey(prefix, SHARD, before, 0);
+  const filterKey = `${prefix}mk:{${SHARD}}:${before}:f`;
+  await redis.hset(meta, 's', 1, 'f', 64, 'n', markers);
+  await redis.hset(hash, digest, '1');
+  const { block, bits } = filterSlotOf(digest, 64);
+  const filter = Buffer.alloc(64 * 4);
+  filter.writeUInt32BE(bits, block * 4);
+  await redis.set(filterKey, filter);
+  for (const key of [meta, hash, filterKey]) await redis.expireat(key, (before + 1) * WIDTH_S + TTL_S);
+}
+
 describe('native claims (two-step, message-scoped markers, a private Redis)', function () {
   this.timeout(120_000);
   let server: PrivateRedis;
@@ -199,20 +216,8 @@ describe('native claims (two-step, message-scoped markers, a private Redis)', fu
 
   it('sends a digest a settled bucket may hold to the script: a duplicate from the bucket before is found', async () => {
     // Stage a done marker in the bucket before, with its filter, as a claim there would have left it.
-    const [seconds] = await admin.time();
-    const before = Math.floor(Number(seconds) / WIDTH_S) - 1;
     const old = messages('old', 0, 1);
-    const digest = markerDigest(old.ids[0]!);
-    const meta = markerMetaKey(settings.prefix, SHARD, before);
-    const expiry = (before + 1) * WIDTH_S + TTL_S;
-    await admin.hset(meta, 's', 1, 'f', 64, 'n', 1);
-    await admin.hset(markerBucketKey(settings.prefix, SHARD, before, 0), digest, '1');
-    const { block, bits } = filterSlotOf(digest, 64);
-    const filter = Buffer.alloc(64 * 4);
-    filter.writeUInt32BE(bits, block * 4);
-    await admin.set(`${settings.prefix}mk:{${SHARD}}:${before}:f`, filter);
-    for (const key of [meta, markerBucketKey(settings.prefix, SHARD, before, 0), `${settings.prefix}mk:{${SHARD}}:${before}:f`])
-      await admin.expireat(key, expiry);
+    await stageSettledMarker(admin, settings.prefix, old.ids[0]!);
     await warmUp();
     const fresh = messages('fresh', 0, 99);
     const result = await run({ ...fresh, ids: [old.ids[0]!, ...fresh.ids], changes: [[['S0', 1]], ...fresh.changes] });
@@ -265,6 +270,29 @@ describe('native claims (two-step, message-scoped markers, a private Redis)', fu
     const records = Object.keys(await admin.hgetall(markerMetaKey(settings.prefix, SHARD, ended))).filter((field) => field.startsWith('bn'));
     expect(records, 'records of the pipeline in the bucket that ended').to.deep.equal([]);
     expect(await countedTotal(admin, settings.prefix)).to.equal(105);
+  });
+
+  it("does not trust claims whose time is off the server's clock: other daemons judge a claim's age by it", async () => {
+    await warmUp();
+    const batch = messages('skewed', 0, 100);
+    // 2 s ahead: still inside the bucket's window, but the record would make the claims look 2 s younger than they are.
+    const result = await run(batch, { nativeClaimSkewMs: 2_000 });
+    expect(newParts(result)).to.equal(100);
+    expect(result.nativeClaims, 'claims trusted with a time 2 s off').to.equal(0);
+    expect((await readMarkers(admin, settings.prefix)).claims.size).to.equal(0);
+    expect((await run(messages('unskewed', 0, 100))).nativeClaims, 'the clock right again').to.equal(100);
+  });
+
+  it('reads a settled filter again once its bucket took markers after the copy, instead of refusing every batch after', async () => {
+    await warmUp();
+    // A write into the bucket before, after this thread copied it (empty): a clock set back, a late pipeline.
+    await stageSettledMarker(admin, settings.prefix, messages('late-write', 0, 1).ids[0]!);
+    const refused = await run(messages('after-write', 0, 50));
+    expect(refused.nativeClaims, 'the moved count is caught').to.equal(0);
+    await new Promise((resolve) => setTimeout(resolve, 200));
+    const next = await run(messages('after-reread', 0, 50));
+    expect(next.nativeClaims, 'claimed natively again once the copy is read again').to.equal(50);
+    expect(newParts(next)).to.equal(50);
   });
 
   it('a lost reply: parts this daemon claimed by a pipeline whose reply never came are its own, and counted once', async () => {
