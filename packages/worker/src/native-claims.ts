@@ -9,8 +9,8 @@
  * the largest part of what two-step mode costs Redis per message.
  *
  * The pipeline, in this order, on the shard's connection:
- *   TIME; the batch's claim record (`b<id>` in the bucket's meta hash); the
- *   digests' filter bits (BITFIELD SET u1); one HSETNX per digest into the
+ *   TIME; the batch's claim record (`b<id>` in the bucket's meta hash); that
+ *   the filter exists; the digests' filter bits (BITFIELD SET u1); one HSETNX per digest into the
  *   bucket of now; EXPIREAT of the hashes it touched; the bucket's marker
  *   count; then the reads that decide whether to trust it: each older live
  *   bucket's marker count, the bucket's sub-bucket and block counts, TIME.
@@ -199,14 +199,16 @@ export class NativeClaims {
     const pipeline = connection.pipeline();
     pipeline.time();
     pipeline.hset(meta, `b${id}`, `c${claimToken}:${plan.atMs}`);
-    if (claimed.length > 0) {
-      const bits: Array<string | number> = [];
-      for (const i of claimed) {
-        const { block, bits: mask } = filterSlotOf(digests[i]!, blocks);
-        for (let b = 0; b < 32; b++) if ((mask >>> b) & 1) bits.push('SET', 'u1', block * 32 + 31 - b, 1);
-      }
-      pipeline.call('BITFIELD', `${shardKey}:${bucket}:f`, ...bits);
+    // A filter key gone (deleted by hand, evicted) tells the scripts to read
+    // the hashes; the BITFIELD would bring it back holding only these bits.
+    const filterKey = `${shardKey}:${bucket}:f`;
+    pipeline.exists(filterKey);
+    const bits: Array<string | number> = [];
+    for (const i of claimed) {
+      const { block, bits: mask } = filterSlotOf(digests[i]!, blocks);
+      for (let b = 0; b < 32; b++) if ((mask >>> b) & 1) bits.push('SET', 'u1', block * 32 + 31 - b, 1);
     }
+    pipeline.call('BITFIELD', filterKey, ...bits);
     const touched = new Set<number>();
     for (const i of claimed) {
       const digest = digests[i]!;
@@ -234,6 +236,11 @@ export class NativeClaims {
     const endMs = last === undefined ? 0 : Number(last[0]) * 1000 + Math.floor(Number(last[1]) / 1000);
     if (endMs > 0) this.offsetMs.set(shardKey, endMs - steadyNowMs());
     const nowS = Math.floor(endMs / 1000);
+    if (replies[2]![1] === 0) {
+      // Gone again, as it was: the scripts read this bucket's hashes.
+      await connection.del(filterKey);
+      return refuse(`bucket ${bucket} has lost its filter`, nowS);
+    }
     if (failed) return refuse(`a command failed: ${String(failed[0])}`, nowS);
     const first = replies[0]![1] as [string, string];
     const startS = Number(first[0]) + Number(first[1]) / 1e6;
@@ -244,7 +251,7 @@ export class NativeClaims {
     if (Math.abs(startS * 1000 - plan.atMs) > CLAIM_TIME_SLACK_MS)
       return refuse(`the claim's time is ${Math.round(plan.atMs - startS * 1000)} ms off the server's clock`, nowS);
     if (oldestLiveBucket(Math.floor(startS), this.bucketS, this.markerTtlS) < plan.oldest) return refuse('a live bucket was not checked', nowS);
-    let at = 1 + 1 + (claimed.length > 0 ? 1 : 0);
+    let at = 4;
     for (const i of claimed) {
       if (replies[at]![1] !== 1) parts[i] = PART_PENDING;
       at++;

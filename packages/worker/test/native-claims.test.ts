@@ -295,6 +295,19 @@ describe('native claims (two-step, message-scoped markers, a private Redis)', fu
     expect(newParts(next)).to.equal(50);
   });
 
+  it('leaves a lost filter lost: a bucket whose filter key is gone is read in full, never trusted with only new bits', async () => {
+    await warmUp();
+    const [filterKey] = await admin.keys(`${settings.prefix}mk:*:f`);
+    await admin.del(filterKey!);
+    const batch = messages('no-filter', 0, 100);
+    const result = await run(batch);
+    expect(result.nativeClaims, 'claims trusted into a bucket without its filter').to.equal(0);
+    expect(newParts(result)).to.equal(100);
+    expect(await admin.exists(filterKey!), 'the filter brought back with only these bits').to.equal(0);
+    const again = await run({ ...batch, batchId: randomUUID() });
+    expect([...again.marked].every((flag) => flag === PART_DONE)).to.equal(true);
+  });
+
   it('a lost reply: parts this daemon claimed by a pipeline whose reply never came are its own, and counted once', async () => {
     await warmUp();
     // What a pipeline whose reply never came left: its record and claims, under this daemon's token.
