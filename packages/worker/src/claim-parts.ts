@@ -72,12 +72,14 @@ export async function claimParts(step: ClaimStep): Promise<ClaimedParts> {
     return { marked, takeovers, claim: { bucket, batch, parts: indices.filter((_, j) => marked[j] === PART_NEW) } };
   };
   const everyPart = digests.map((_, i) => i);
-
-  const plan = native?.plan(shardKey, digests, settled!, settings.nativeClaimSkewMs) ?? null;
-  if (plan === null) {
+  /** The whole batch decided by the script. */
+  const byScript = async (): Promise<ClaimedParts> => {
     const all = await script(everyPart);
     return { marked: all.marked, takeovers: all.takeovers, claims: all.claim.batch > 0 ? [all.claim] : [], nativeParts: 0 };
-  }
+  };
+
+  const plan = native?.plan(shardKey, digests, settled!, settings.nativeClaimSkewMs) ?? null;
+  if (plan === null) return byScript();
   const outcome = await native!.run(connection, plan, digests, settings.claimToken);
   if (outcome.staleCopy !== null) settled!.invalidate(shardKey, outcome.staleCopy);
   if (outcome.nowS > 0) settled!.observe(shardKey, outcome.nowS, connection, warnCopy);
@@ -87,9 +89,9 @@ export async function claimParts(step: ClaimStep): Promise<ClaimedParts> {
     // The script decides every part, taking this daemon's pipeline claims
     // again where they stand (they read as its own); the record goes after
     // it, so whatever it did not take again reads as no claim.
-    const all = await script(everyPart);
+    const decided = await byScript();
     await NativeClaims.forget(connection, plan, warnForget);
-    return { marked: all.marked, takeovers: all.takeovers, claims: all.claim.batch > 0 ? [all.claim] : [], nativeParts: 0 };
+    return decided;
   }
   const marked = new Uint8Array(digests.length);
   const nativeClaimed: number[] = [];

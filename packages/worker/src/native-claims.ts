@@ -4,9 +4,11 @@
  *
  * Why: the claim script spends most of its Redis CPU in the interpreter (its
  * argument conversions, tables and string work), not in Redis's data
- * structures: about 4.9 µs per digest where `HSETNX` plus the filter bits
- * cost about 3.6 natively (bench/results/notes/native-claims.md). Claims are
- * the largest part of what two-step mode costs Redis per message.
+ * structures: 5.7–7.8 µs per digest where `HSETNX` plus the filter bits
+ * cost 4.2–5.4 natively, in a bucket of 1M markers
+ * (bench/results/native-claims/README.md). Claims are the largest part of
+ * what two-step mode costs Redis per message; the price is the daemon's CPU
+ * (one ioredis command per digest), which is why it is opt-in.
  *
  * The pipeline, in this order, on the shard's connection:
  *   TIME; the batch's claim record (`b<id>` in the bucket's meta hash); that
@@ -94,7 +96,7 @@ export interface NativeOutcome {
   readonly nowS: number;
   /** An older bucket whose marker count moved since its filter was copied: the copy must be read again. */
   readonly staleCopy: number | null;
-  /** Why the claims were not trusted (for the log at debug level and the tests), or null. */
+  /** Why the claims were not trusted, or null: for a reader in a debugger (refusals near a boundary are routine, not logged). */
   readonly refusedBecause: string | null;
 }
 
@@ -105,15 +107,13 @@ export class NativeClaims {
   private readonly offsetMs = new Map<string, number>();
   private readonly idPrefix = `n${randomBytes(6).toString('base64url')}`;
   private batches = 0;
-  private readonly graceS: number;
 
   constructor(
     private readonly bucketS: number,
     private readonly markerTtlS: number,
-    graceS: number,
-  ) {
-    this.graceS = graceS;
-  }
+    /** The settled filters' grace after a bucket's end (settled-filters.ts): before it, older buckets have no copies. */
+    private readonly graceS: number,
+  ) {}
 
   /** The server's time as this thread estimates it, ms; `skewMs` (tests) shifts the estimate. */
   private estimatedNowMs(shardKey: string, skewMs = 0): number | null {
@@ -151,7 +151,7 @@ export class NativeClaims {
     if (nowMs === null || shape === undefined) return null;
     const nowS = nowMs / 1000;
     const bucket = bucketOf(Math.floor(nowS), this.bucketS);
-    if (bucket !== shape.bucket || shape.blocks <= 0) return null;
+    if (bucket !== shape.bucket) return null;
     const start = bucket * this.bucketS;
     if (nowS < start + this.graceS + CLOCK_SLACK_S || nowS > start + this.bucketS - CLOCK_SLACK_S) return null;
     const oldest = oldestLiveBucket(Math.floor(nowS) - CLOCK_SLACK_S, this.bucketS, this.markerTtlS);
