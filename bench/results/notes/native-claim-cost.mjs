@@ -1,5 +1,6 @@
 // What a claim costs Redis per digest: the claim script against the same claims made by native commands
-// (`node bench/results/notes/native-claim-cost.mjs` after `pnpm build`). One private redis-server, CPU from INFO cpu.
+// (`node bench/results/notes/native-claim-cost.mjs` after `pnpm build`). One private redis-server, CPU from INFO cpu;
+// the client's CPU (this process, all of ioredis) beside it.
 import { randomBytes } from 'node:crypto';
 import { Redis } from 'ioredis';
 import { startPrivateRedis } from '@tally/testkit';
@@ -13,11 +14,14 @@ const log = { warn: () => {} };
 async function measure(name, perBatch) {
   const digests = Array.from({ length: N }, () => randomBytes(16));
   const before = await cpu();
+  const client = process.cpuUsage();
   for (let i = 0; i < N; i += BATCH) await perBatch(digests.slice(i, i + BATCH), i / BATCH);
   const after = await cpu();
   const us = ((after - before) / N) * 1e6;
-  console.log(`${name}: ${us.toFixed(2)} µs of Redis CPU per digest`);
-  return us;
+  const spent = process.cpuUsage(client);
+  const clientUs = (spent.user + spent.system) / N;
+  console.log(`${name}: ${us.toFixed(2)} µs of Redis CPU per digest, ${clientUs.toFixed(2)} µs of this client's`);
+  return { redis: us, client: clientUs };
 }
 // STEADY=1: each contender's bucket of now already holds FILL markers in SUBS hashes (hashtables), with its filter, as at steady state.
 const STEADY = process.env.STEADY === '1', FILL = 1_000_000;
@@ -129,14 +133,61 @@ const lean = (base) => {
     await redis.evalsha(sha, 1, base, bucket, `n${n.toString(36)}`, SUBS, (bucket + 1) * WIDTH + TTL, packed, ...batch);
   };
 };
+// Optimistic claims: WATCH the filter, read the digests' filter words, then one MULTI of the record, the words
+// OR'd and one multi-field HSET per hash. A field is only written where a filter bit was clear, so it cannot be
+// there (every claimer sets the bits with or before the field); the WATCH aborts the EXEC if anyone changed the
+// filter in between. Not built: it needs a connection of its own (an EXEC resent without its WATCH after a
+// reconnect would write unconditionally).
+const watched = (base) => {
+  let bucket, blocks;
+  return async (batch, n) => {
+    if (bucket === undefined) {
+      await runScript(redis, CLAIM, evalshaArgs(CLAIM, [base], [WIDTH, TTL, SUBS, BITS, 'ab12', 30000, '', '', randomBytes(16)]), log);
+      bucket = Math.floor(Date.now() / 1000 / WIDTH);
+      blocks = Number(await redis.hget(`${base}:${bucket}:m`, 'f'));
+    }
+    const f = `${base}:${bucket}:f`, meta = `${base}:${bucket}:m`;
+    await redis.watch(f);
+    const get = [];
+    const slots = batch.map((d) => ({ block: d.readUInt32BE(4) % blocks, mask: ((1 << (d[8] % 32)) | (1 << (d[9] % 32)) | (1 << (d[10] % 32)) | (1 << (d[11] % 32))) >>> 0 }));
+    const blockIndex = new Map();
+    for (const { block } of slots) if (!blockIndex.has(block)) { blockIndex.set(block, blockIndex.size); get.push('GET', 'u32', `#${block}`); }
+    const read = redis.pipeline();
+    read.exists(f); read.hmget(meta, 's', 'f'); read.call('BITFIELD_RO', f, ...get);
+    const [, , [, words]] = await read.exec();
+    const next = Uint32Array.from(words);
+    const bySub = new Map();
+    const id = `n${n.toString(36)}`;
+    slots.forEach(({ block, mask }, j) => {
+      const k = blockIndex.get(block);
+      if (((words[k] & mask) >>> 0) === mask) return; // maybe there: the script's
+      next[k] = (next[k] | mask) >>> 0;
+      const d = batch[j];
+      const sub = ((d[0] << 8) | d[1]) % SUBS;
+      let fields = bySub.get(sub); if (!fields) bySub.set(sub, (fields = []));
+      fields.push(d, id);
+    });
+    const set = [];
+    for (const [block, k] of blockIndex) if (next[k] !== words[k]) set.push('SET', 'u32', `#${block}`, next[k]);
+    const m = redis.multi();
+    m.time();
+    m.hset(meta, `b${id}`, `cab12:${Date.now()}`);
+    if (set.length) m.call('BITFIELD', f, ...set);
+    for (const [sub, fields] of bySub) { m.hset(`${base}:${bucket}:${sub}`, ...fields); m.expireat(`${base}:${bucket}:${sub}`, (bucket + 1) * WIDTH + TTL); }
+    m.hincrby(meta, 'n', batch.length);
+    const out = await m.exec();
+    if (out === null) throw new Error('the EXEC was aborted: nothing else writes this filter here');
+  };
+};
 const results = {};
 for (let round = 1; round <= 2; round++) {
-  for (const base of [`s${round}`, `n${round}`, `x${round}`, `o${round}`, `l${round}`]) await prefill(base);
+  for (const base of [`s${round}`, `n${round}`, `x${round}`, `o${round}`, `l${round}`, `w${round}`]) await prefill(base);
   results[`script ${round}`] = await measure('claim script (claim_markers.lua)', script(`s${round}`));
   results[`native ${round}`] = await measure('native: record, filter bits, HSETNX per digest, EXPIREAT per hash', native(`n${round}`, true));
   results[`nofilter ${round}`] = await measure('native without the filter bits', native(`x${round}`, false));
   results[`lean ${round}`] = await measure('lean script: HSETNX per digest, filter words from packed offsets', lean(`l${round}`));
   results[`onebit ${round}`] = await measure('native with one filter bit per digest (a filter format with k = 1)', native(`o${round}`, true, 1));
+  results[`watch ${round}`] = await measure('optimistic: WATCH, filter words read, one MULTI of HSET per hash', watched(`w${round}`));
 }
 console.log(JSON.stringify(results));
 redis.disconnect(); await server.stop();
