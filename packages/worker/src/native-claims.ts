@@ -13,7 +13,8 @@
  * The pipeline, in this order, on the shard's connection:
  *   TIME; the batch's claim record (`b<id>` in the bucket's meta hash); that
  *   the filter exists; the digests' filter bits (BITFIELD SET u1); one HSETNX per digest into the
- *   bucket of now; EXPIREAT of the hashes it touched; the bucket's marker
+ *   bucket of now; EXPIREAT of the hashes it touched that this thread has
+ *   not set the expiry of in this bucket yet; the bucket's marker
  *   count; then the reads that decide whether to trust it: each older live
  *   bucket's marker count, the bucket's sub-bucket and block counts, TIME.
  *
@@ -105,6 +106,15 @@ export class NativeClaims {
   private readonly learning = new Set<string>();
   /** Per shard (its node's clock), the server's clock minus this thread's steady clock, ms, once a TIME has been read. */
   private readonly offsetMs = new Map<string, number>();
+  /**
+   * Per shard, the hashes of its bucket of now this thread has set the
+   * expiry of (by sub-bucket): a later batch into the same hash sends no
+   * EXPIREAT. At steady state a batch of 500 spreads over hundreds of
+   * hashes, and an EXPIREAT per hash per batch was more than one command in
+   * two per digest. The same rule as the scripts' meta field `x`: a hash's
+   * expiry, once set, lasts the bucket's life.
+   */
+  private readonly expiring = new Map<string, { readonly bucket: number; readonly subs: Uint8Array; readonly keys: Array<string | undefined> }>();
   private readonly idPrefix = `n${randomBytes(6).toString('base64url')}`;
   private batches = 0;
 
@@ -184,6 +194,16 @@ export class NativeClaims {
     };
   }
 
+  /** The bucket's expiry flags and hash keys by sub-bucket, for `shardKey`'s bucket of now. */
+  private hashesOf(shardKey: string, bucket: number, subs: number): { readonly subs: Uint8Array; readonly keys: Array<string | undefined> } {
+    let known = this.expiring.get(shardKey);
+    if (known === undefined || known.bucket !== bucket || known.subs.length !== subs) {
+      known = { bucket, subs: new Uint8Array(subs), keys: new Array<string | undefined>(subs) };
+      this.expiring.set(shardKey, known);
+    }
+    return known;
+  }
+
   /**
    * Runs the pipeline (module comment); throws only when the connection
    * fails. The caller's retry plans again under a new id: the fields this
@@ -209,14 +229,17 @@ export class NativeClaims {
       for (let b = 0; b < 32; b++) if ((mask >>> b) & 1) bits.push('SET', 'u1', block * 32 + 31 - b, 1);
     }
     pipeline.call('BITFIELD', filterKey, ...bits);
-    const touched = new Set<number>();
+    const hashes = this.hashesOf(shardKey, bucket, subs);
+    const unexpiring = new Set<number>();
     for (const i of claimed) {
       const digest = digests[i]!;
       const sub = subBucketOf(digest, subs);
-      touched.add(sub);
-      pipeline.hsetnx(`${shardKey}:${bucket}:${sub}`, Buffer.from(digest.buffer, digest.byteOffset, digest.byteLength), id);
+      if (hashes.subs[sub] === 0) unexpiring.add(sub);
+      const key = (hashes.keys[sub] ??= `${shardKey}:${bucket}:${sub}`);
+      pipeline.hsetnx(key, Buffer.from(digest.buffer, digest.byteOffset, digest.byteLength), id);
     }
-    for (const sub of touched) pipeline.expireat(`${shardKey}:${bucket}:${sub}`, expiresAt);
+    const toExpire = [...unexpiring];
+    for (const sub of toExpire) pipeline.expireat(hashes.keys[sub]!, expiresAt);
     pipeline.hincrby(meta, 'n', claimed.length);
     for (const { bucket: b } of plan.checked) pipeline.hget(`${shardKey}:${b}:m`, 'n');
     pipeline.hmget(meta, 's', 'f');
@@ -231,6 +254,12 @@ export class NativeClaims {
       staleCopy,
     });
     if (replies === null) return refuse('the pipeline was discarded', 0);
+    // Whatever is decided below, an EXPIREAT that answered 1 set its hash's expiry.
+    const firstExpiry = 4 + claimed.length;
+    toExpire.forEach((sub, j) => {
+      const [error, set] = replies[firstExpiry + j]!;
+      if (error === null && set === 1) hashes.subs[sub] = 1;
+    });
     const failed = replies.find(([error]) => error);
     const last = replies[replies.length - 1]![1] as [string, string] | undefined;
     const endMs = last === undefined ? 0 : Number(last[0]) * 1000 + Math.floor(Number(last[1]) / 1000);
@@ -256,7 +285,7 @@ export class NativeClaims {
       if (replies[at]![1] !== 1) parts[i] = PART_PENDING;
       at++;
     }
-    at += touched.size + 1;
+    at += toExpire.length + 1;
     for (const { bucket: b, markers } of plan.checked) {
       const n = replies[at++]![1] as string | null;
       if ((n === null ? -1 : Number(n)) !== markers) return refuse(`bucket ${b} took markers after its filter was copied`, nowS, b);

@@ -301,6 +301,28 @@ describe('native claims (two-step, message-scoped markers, a private Redis)', fu
     expect(await countedTotal(admin, settings.prefix)).to.equal(105);
   });
 
+  it("sets each hash's expiry once per bucket: a later batch into the same hashes sends no EXPIREAT, and every hash has its TTL", async () => {
+    await warmUp();
+    const expireats = async (): Promise<number> => Number(/cmdstat_expireat:calls=(\d+)/.exec(await admin.info('commandstats'))?.[1] ?? 0);
+    const [seconds] = await admin.time();
+    const bucket = Math.floor(Number(seconds) / WIDTH_S);
+    const subs = Number(await admin.hget(markerMetaKey(settings.prefix, SHARD, bucket), 's'));
+    const subsOf = (task: { ids: string[] }): Set<number> => new Set(task.ids.map((id) => subBucketOf(markerDigest(id), subs)));
+    const first = messages('expiry', 0, 200);
+    const second = messages('expiry', 1_000, 200);
+    const before = await expireats();
+    expect((await run(first)).nativeClaims).to.equal(200);
+    const afterFirst = await expireats();
+    expect(afterFirst - before, 'an EXPIREAT per hash the first batch wrote').to.equal(subsOf(first).size);
+    expect((await run(second)).nativeClaims).to.equal(200);
+    const firstSubs = subsOf(first);
+    const newSubs = [...subsOf(second)].filter((sub) => !firstSubs.has(sub)).length;
+    expect((await expireats()) - afterFirst, 'an EXPIREAT only for the hashes the first batch did not write').to.equal(newSubs);
+    const hashes = await admin.keys(`${settings.prefix}mk:{${SHARD}}:${bucket}:*`);
+    expect(firstSubs.size, 'the batches spread over several hashes').to.be.greaterThan(1);
+    for (const key of hashes) expect(await admin.ttl(key), `${key} expires`).to.be.greaterThan(0);
+  });
+
   // Last: it waits for the start of a bucket, after which the next test would wait for the window again.
   it("throws the pipeline's claims away when the server's clock left its bucket: the script decides, and nothing is left claimed", async () => {
     await warmUp();
