@@ -65,6 +65,15 @@ export interface BenchOptions {
    */
   readonly steadyState: boolean;
   readonly steadyRate: number;
+  /**
+   * --steady-phase: how full the filled bucket of now is (0 ≤ F < 1), for
+   * every Tally contender alike, instead of the elapsed fraction of the
+   * clock's bucket at its fill. The bucket of now holds the hashes every
+   * claim writes into, and a fuller one costs Redis more per marker: with
+   * the clock, contenders filled minutes apart in one run meet different
+   * ones. null: the clock (natural).
+   */
+  readonly steadyPhase: number | null;
   /** --natural-check: the sustained rate, the marker TTL and the measured window of both runs (natural-check-run.ts). */
   readonly naturalRate: number;
   readonly naturalTtlS: number;
@@ -131,6 +140,8 @@ export const USAGE = `usage: pnpm bench [--quick] [flags]
        pnpm bench --steady-state [--steady-rate N]  fresh drains, then each Tally mode again on a prefix filled with the
                                                     marker population the marker TTL holds at N msg/s (20000); writes
                                                     steady-state.md/.json (no latency runs or sweeps unless asked for)
+                  [--steady-phase F]                fill the bucket of now to F (0..0.99) for every contender alike,
+                                                    not to the clock's elapsed fraction: like-for-like Redis CPU
        pnpm bench --profile [--profile-dir DIR]      drain once with Tally under --cpu-prof and summarize
        pnpm bench --summarize-profiles DIR          summarize existing .cpuprofile files
        pnpm bench --natural-check                   the steady-state fill against a natural steady state: two-step at
@@ -208,6 +219,7 @@ export function parseBenchArgs(argv: readonly string[], env: Readonly<Record<str
         'shape-cost': { type: 'boolean' },
         'steady-state': { type: 'boolean' },
         'steady-rate': { type: 'string' },
+        'steady-phase': { type: 'string' },
         'natural-check': { type: 'boolean' },
         'natural-rate': { type: 'string' },
         'natural-ttl': { type: 'string' },
@@ -271,7 +283,8 @@ export function parseBenchArgs(argv: readonly string[], env: Readonly<Record<str
     if (v[flag] !== undefined && command !== 'scale-out') throw new BenchUsageError(`--${flag} goes with --scale-out`);
   if (steadyState && command !== 'run' && command !== 'scale-out')
     throw new BenchUsageError('--steady-state goes with a plain run or --scale-out (not --profile, --shape-cost, --partitions or --summarize-profiles)');
-  if (v['steady-rate'] !== undefined && !steadyState) throw new BenchUsageError('--steady-rate goes with --steady-state');
+  for (const flag of ['steady-rate', 'steady-phase'] as const)
+    if (v[flag] !== undefined && !steadyState) throw new BenchUsageError(`--${flag} goes with --steady-state`);
   for (const flag of ['natural-rate', 'natural-ttl', 'natural-window'] as const)
     if (v[flag] !== undefined && command !== 'natural-check') throw new BenchUsageError(`--${flag} goes with --natural-check`);
   const contenders = list('contenders', v.contenders, steadyState ? STEADY_CONTENDERS : CONTENDERS, (c) => {
@@ -322,6 +335,7 @@ export function parseBenchArgs(argv: readonly string[], env: Readonly<Record<str
     warmupMessages: int('warmup', v.warmup, base.warmupMessages, 0, 1_000_000),
     steadyState,
     steadyRate: int('steady-rate', v['steady-rate'], 20_000, 1, 1_000_000),
+    steadyPhase: v['steady-phase'] === undefined ? null : num('steady-phase', v['steady-phase'], 0, 0, 0.99),
     naturalRate: int('natural-rate', v['natural-rate'], 3_000, 10, 100_000),
     naturalTtlS: int('natural-ttl', v['natural-ttl'], 600, 4, 3_600),
     naturalWindowS: int('natural-window', v['natural-window'], 100, 2, 3_600),

@@ -47,6 +47,8 @@ async function idleCpu(topology: FigureTopology): Promise<IdleCpu> {
 export interface FigureSteadyState {
   readonly rate: number;
   readonly seed: number;
+  /** --steady-phase, or null: the clock's. */
+  readonly phase?: number | null;
 }
 
 /** The figures' contenders that drain again at steady state: those with markers (a stream has none), the hand-written reference included. */
@@ -96,6 +98,7 @@ export async function runRedisFigures(
                         seed: steady.seed + round,
                         // At 3,000 msg/s, plus the preload and the stop (as run-bench.ts plans it).
                         drainBudgetS: workload.publishes.length / 3_000 + 15,
+                        phase: steady.phase ?? null,
                       }),
               }
             : {}),

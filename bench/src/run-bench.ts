@@ -153,6 +153,7 @@ export async function runBench(options: BenchOptions, log: (line: string) => voi
                     seed: options.seed + round,
                     // At 3,000 msg/s (below what a steady-state drain here has done), plus the preload and the stop.
                     drainBudgetS: (workload.publishes.length + (warmup?.publishes.length ?? 0)) / 3_000 + 15,
+                    phase: options.steadyPhase,
                   }),
             ...(warmup ? { warmup } : {}),
           });

@@ -237,7 +237,7 @@ export async function runScaleOut(options: BenchOptions, outDir: string, log: (l
         workload,
         options.rounds,
         log,
-        options.steadyState ? { rate: options.steadyRate, seed: options.seed } : null,
+        options.steadyState ? { rate: options.steadyRate, seed: options.seed, phase: options.steadyPhase } : null,
       );
       figures = { ...measured, rows: summarizeFigures(measured.drains, measured.idle, options.rounds) };
     }

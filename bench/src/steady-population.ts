@@ -32,6 +32,8 @@ export interface PopulationInput {
   readonly nowS: number;
   /** Markers per hash a bucket is sized for (markersPerSubBucket: 64, or far more for a filtered bucket). */
   readonly markersPerHash?: number;
+  /** How full the bucket of now is, 0 ≤ f < 1, instead of its elapsed fraction at `nowS` (--steady-phase). */
+  readonly currentFraction?: number | null;
 }
 
 export interface BucketPopulation {
@@ -66,7 +68,7 @@ export function steadyPopulation(input: PopulationInput): Population {
   const current = bucketOf(nowS, width);
   // The scripts compute the oldest bucket from whole seconds (TIME's seconds).
   const oldest = oldestLiveBucket(Math.floor(nowS), width, markerTtlS);
-  const fraction = (nowS - current * width) / width;
+  const fraction = input.currentFraction ?? (nowS - current * width) / width;
   const full = shares.map((share) => Math.round(rate * share * width));
   const buckets: BucketPopulation[] = [];
   let total = 0;

@@ -39,6 +39,8 @@ export interface SteadyPlan {
   readonly seed: number;
   /** Seconds the drain after the fill may take: the fill waits for the next bucket if the current one ends sooner. */
   readonly drainBudgetS: number;
+  /** How full to fill the bucket of now (--steady-phase), or null: its elapsed fraction. */
+  readonly phase?: number | null;
 }
 
 /** Server seconds per filled marker (measured 0.7 to 0.95 µs on a loaded 2-core machine). */
@@ -116,6 +118,7 @@ export function steadyPrepare(ctx: AnyBenchContext, plan: SteadyPlan): (prefix: 
         partsPerMessageByShard: plan.shares,
         nowS,
         markersPerHash: markersPerSubBucket(filterBits),
+        currentFraction: plan.phase ?? null,
       });
     let nowS = await serverNowS(ctx.redis);
     const waitS = waitForBucketS(nowS, settings.bucketWidthS, populationAt(nowS).totalMarkers * FILL_S_PER_MARKER + plan.drainBudgetS);

@@ -34,6 +34,18 @@ describe('steady-state population', () => {
     }
   });
 
+  it('fills the bucket of now to a set fraction whatever the clock (--steady-phase), the older buckets as before', () => {
+    const input = { rate: 20_000, markerTtlS: 600, bucketWidthS: WIDTH, partsPerMessageByShard: evenShares(3.9, 16) };
+    for (const elapsedS of [3, 75, 290]) {
+      const population = steadyPopulation({ ...input, nowS: 1_000 * WIDTH + elapsedS, currentFraction: 0.5 });
+      expect(population.currentFraction).to.equal(0.5);
+      expect(population.currentBucket).to.equal(1_000);
+      for (const b of population.buckets) expect(b.markers, `bucket ${b.bucket}`).to.equal(b.bucket === 1_000 ? 731_250 : 1_462_500);
+    }
+    // Unset, the clock's elapsed fraction.
+    expect(steadyPopulation({ ...input, nowS: 1_000 * WIDTH + 75, currentFraction: null }).currentFraction).to.equal(0.25);
+  });
+
   it('sizes each shard from its own full bucket, as openBucket does from the bucket before', () => {
     const shares = [0.01, 0.5, 2, 0, 1.39];
     const population = steadyPopulation({ rate: 5_000, markerTtlS: 600, bucketWidthS: WIDTH, partsPerMessageByShard: shares, nowS: 7 * WIDTH + 299 });
@@ -130,6 +142,8 @@ describe('steady-state flags', () => {
     expect(options.markerTtls).to.deep.equal([]);
     expect(options.warmupMessages).to.equal(5_000);
     expect(parseBenchArgs(['--steady-state', '--steady-rate', '500', '--quick']).steadyRate).to.equal(500);
+    expect(parseBenchArgs(['--steady-state']).steadyPhase, 'the clock unless asked').to.equal(null);
+    expect(parseBenchArgs(['--steady-state', '--steady-phase', '0.5']).steadyPhase).to.equal(0.5);
     expect(parseBenchArgs(['--quick']).warmupMessages).to.equal(1_000);
     expect(parseBenchArgs(['--warmup', '0']).warmupMessages).to.equal(0);
   });
@@ -137,6 +151,8 @@ describe('steady-state flags', () => {
   it('names the flag in every refusal', () => {
     expect(() => parseBenchArgs(['--steady-rate', '500'])).to.throw(BenchUsageError, /--steady-rate goes with --steady-state/);
     expect(() => parseBenchArgs(['--steady-state', '--steady-rate', '0'])).to.throw(BenchUsageError, /--steady-rate must be an integer/);
+    expect(() => parseBenchArgs(['--steady-phase', '0.5'])).to.throw(BenchUsageError, /--steady-phase goes with --steady-state/);
+    expect(() => parseBenchArgs(['--steady-state', '--steady-phase', '1'])).to.throw(BenchUsageError, /--steady-phase/);
     expect(() => parseBenchArgs(['--steady-state', '--profile'])).to.throw(BenchUsageError, /--steady-state goes with a plain run or --scale-out/);
     expect(() => parseBenchArgs(['--warmup', '-1'])).to.throw(BenchUsageError, /--warmup/);
   });
