@@ -46,6 +46,13 @@ async function prefill(base) {
   await redis.set(`${base}:${bucket}:f`, filter);
   await redis.hset(`${base}:${bucket}:m`, 's', SUBS, 'f', blocks, 'n', FILL);
 }
+// The contender's bucket of now, opened by the script as a daemon's first claim of a bucket would: its number and
+// its filter's block count.
+async function openBucket(base) {
+  await runScript(redis, CLAIM, evalshaArgs(CLAIM, [base], [WIDTH, TTL, SUBS, BITS, 'ab12', 30000, '', '', randomBytes(16)]), log);
+  const bucket = Math.floor(Date.now() / 1000 / WIDTH);
+  return { bucket, blocks: Number(await redis.hget(`${base}:${bucket}:m`, 'f')) };
+}
 // Each contender on its own shard base, in a bucket it opens with the same sizes.
 const script = (base) => async (batch) => {
   await runScript(redis, CLAIM, evalshaArgs(CLAIM, [base], [WIDTH, TTL, SUBS, BITS, 'ab12', 30000, '', '', ...batch]), log);
@@ -53,12 +60,7 @@ const script = (base) => async (batch) => {
 const native = (base, withFilter, bitsPerDigest = 4) => {
   let bucket, blocks;
   return async (batch, n) => {
-    if (bucket === undefined) {
-      // The bucket is opened by the script, as a daemon's first claim of a bucket would.
-      await runScript(redis, CLAIM, evalshaArgs(CLAIM, [base], [WIDTH, TTL, SUBS, BITS, 'ab12', 30000, '', '', randomBytes(16)]), log);
-      bucket = Math.floor(Date.now() / 1000 / WIDTH);
-      blocks = Number(await redis.hget(`${base}:${bucket}:m`, 'f'));
-    }
+    if (bucket === undefined) ({ bucket, blocks } = await openBucket(base));
     const id = `n${n.toString(36)}`;
     const p = redis.pipeline();
     p.time();
@@ -120,9 +122,7 @@ const lean = (base) => {
   let bucket, blocks, sha;
   return async (batch, n) => {
     if (bucket === undefined) {
-      await runScript(redis, CLAIM, evalshaArgs(CLAIM, [base], [WIDTH, TTL, SUBS, BITS, 'ab12', 30000, '', '', randomBytes(16)]), log);
-      bucket = Math.floor(Date.now() / 1000 / WIDTH);
-      blocks = Number(await redis.hget(`${base}:${bucket}:m`, 'f'));
+      ({ bucket, blocks } = await openBucket(base));
       sha = await redis.script('LOAD', LEAN);
     }
     const packed = Buffer.alloc(batch.length * 8);
@@ -141,11 +141,7 @@ const lean = (base) => {
 const watched = (base) => {
   let bucket, blocks;
   return async (batch, n) => {
-    if (bucket === undefined) {
-      await runScript(redis, CLAIM, evalshaArgs(CLAIM, [base], [WIDTH, TTL, SUBS, BITS, 'ab12', 30000, '', '', randomBytes(16)]), log);
-      bucket = Math.floor(Date.now() / 1000 / WIDTH);
-      blocks = Number(await redis.hget(`${base}:${bucket}:m`, 'f'));
-    }
+    if (bucket === undefined) ({ bucket, blocks } = await openBucket(base));
     const f = `${base}:${bucket}:f`, meta = `${base}:${bucket}:m`;
     await redis.watch(f);
     const get = [];
