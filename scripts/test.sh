@@ -45,7 +45,7 @@ if [ "$lint_status" -ne 0 ]; then
 fi
 run_step pnpm test:faults
 run_step pnpm bench --quick
-# The steady-state drains on a small population (2,000 msg/s: about 1.6M markers, filled in 2-3 s; the
+# The steady-state drains on a small population (2,000 msg/s: 1.5M markers, filled in 2-3 s; the
 # bucket of now half full, so --steady-phase runs end to end): about 45 s.
 run_step pnpm bench --quick --steady-state --steady-rate 2000 --steady-phase 0.5
 run_step pnpm bench --scale-out --quick

@@ -138,14 +138,18 @@ export function renderFillTable(results: Pick<BenchResults, 'drains'>): string {
 
 /** The whole steady-state.md. */
 export function renderSteadyReport(results: BenchResults): string {
-  const w = results.options as { workload?: Record<string, unknown>; steadyRate?: number; warmupMessages?: number } | undefined;
+  const w = results.options as { workload?: Record<string, unknown>; steadyRate?: number; steadyPhase?: number | null; warmupMessages?: number } | undefined;
+  const phase =
+    typeof w?.steadyPhase === 'number'
+      ? ` Every Tally contender's bucket of now is filled ${cell(w.steadyPhase * 100, 0)} % full (--steady-phase), whatever the clock.`
+      : '';
   return [
     `# Tally benchmark: fresh and steady state`,
     '',
     `${results.startedAt} to ${results.finishedAt}; ${results.machine.cpus} cores, Node ${results.machine.node}, private redis-server ${results.machine.redis}; ${results.rounds} round(s), contenders alternating; medians over rounds, ratios taken pair by pair within a round against the fresh ceiling and batched drains.`,
     '',
     w?.workload ? `Workload: \`${JSON.stringify(w.workload)}\`; warm-up: ${w.warmupMessages ?? 0} messages per drain, outside the window.` : '',
-    `Steady state: before its drain, the prefix holds the marker population the marker TTL holds at ${cell(w?.steadyRate ?? Number.NaN)} msg/s.`,
+    `Steady state: before its drain, the prefix holds the marker population the marker TTL holds at ${cell(w?.steadyRate ?? Number.NaN)} msg/s.${phase}`,
     '',
     renderSteadyTable(results.summary),
     '',

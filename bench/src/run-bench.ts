@@ -262,7 +262,7 @@ export async function runBench(options: BenchOptions, log: (line: string) => voi
         prefetch: options.prefetch,
         tallyEnv: options.tallyEnv,
         warmupMessages: options.warmupMessages,
-        ...(options.steadyState ? { steadyRate: options.steadyRate } : {}),
+        ...(options.steadyState ? { steadyRate: options.steadyRate, steadyPhase: options.steadyPhase } : {}),
         ackEvery: options.ackEvery,
         ackWaitMs: options.ackWaitMs,
         latencySeconds: options.latencySeconds,

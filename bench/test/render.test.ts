@@ -1,7 +1,7 @@
 import { expect } from 'chai';
-import { cell, markdownTable, renderSummaryTable } from '../src/render-table.js';
+import { cell, markdownTable, renderSteadyReport, renderSummaryTable } from '../src/render-table.js';
 import { escapeXml, renderLineChart, textWidth, tickText, ticks } from '../src/render-svg.js';
-import type { ContenderSummary } from '../src/results.js';
+import type { BenchResults, ContenderSummary } from '../src/results.js';
 
 const row = (over: Partial<ContenderSummary>): ContenderSummary => ({
   contender: 'tally-two-step',
@@ -56,6 +56,30 @@ describe('markdown table', () => {
     expect(lines[3]).to.match(/^\| Tally atomic \| n\/a \|.*\| NO \|$/);
     expect(lines[4]).to.match(/\| NO \|$/);
     for (const line of lines) expect(line.split(/(?<!\\)\|/).length).to.equal(lines[0]!.split('|').length);
+  });
+});
+
+describe('steady-state report', () => {
+  const results = (options: unknown): BenchResults => ({
+    version: 1,
+    startedAt: 'a',
+    finishedAt: 'b',
+    quick: true,
+    steadyState: true,
+    machine: { cpus: 2, node: 'v20', redis: '7.0.15' },
+    options,
+    rounds: 1,
+    summary: [],
+    drains: [],
+    latencies: [],
+    markerMemory: [],
+    sweeps: [],
+    problems: [],
+  });
+
+  it('says when every contender was filled at one --steady-phase, and says nothing of it on the clock', () => {
+    expect(renderSteadyReport(results({ steadyRate: 2000, steadyPhase: 0.5 }))).to.include('bucket of now is filled 50 % full (--steady-phase)');
+    expect(renderSteadyReport(results({ steadyRate: 2000, steadyPhase: null }))).not.to.include('--steady-phase');
   });
 });
 

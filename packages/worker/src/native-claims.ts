@@ -68,6 +68,17 @@ interface BucketShape {
   readonly blocks: number;
 }
 
+/** How long a thread trusts that a hash it set the expiry of still has it (see NativeClaims.expiring). */
+export const EXPIRY_MEMORY_MS = 1_000;
+
+/** Per shard: its bucket of now, which of the bucket's hashes this thread set the expiry of since `since` (performance.now()), their keys. */
+interface ExpiringHashes {
+  readonly bucket: number;
+  readonly subs: Uint8Array;
+  readonly keys: Array<string | undefined>;
+  since: number;
+}
+
 /** A part the pipeline leaves to the claim script (a copy may hold it, or its field was there): beside PART_NEW and PART_DONE in a plan. */
 export const PART_PENDING = 9;
 
@@ -108,13 +119,16 @@ export class NativeClaims {
   private readonly offsetMs = new Map<string, number>();
   /**
    * Per shard, the hashes of its bucket of now this thread has set the
-   * expiry of (by sub-bucket): a later batch into the same hash sends no
-   * EXPIREAT. At steady state a batch of 500 spreads over hundreds of
-   * hashes, and an EXPIREAT per hash per batch was more than one command in
-   * two per digest. The same rule as the scripts' meta field `x`: a hash's
-   * expiry, once set, lasts the bucket's life.
+   * expiry of (by sub-bucket) in the last EXPIRY_MEMORY_MS: a batch into
+   * one of them sends no EXPIREAT. At steady state a batch of 500 spreads
+   * over hundreds of hashes, and an EXPIREAT per hash per batch was more
+   * than one command in two per digest. Forgotten after EXPIRY_MEMORY_MS,
+   * and after a pipeline that was refused or failed, because a hash can
+   * vanish while its bucket lives (an occupation deleting refused claims
+   * empties it, eviction, a failover losing the tail), and the HSETNX that
+   * recreates it sets no expiry: a batch into it after that sets it again.
    */
-  private readonly expiring = new Map<string, { readonly bucket: number; readonly subs: Uint8Array; readonly keys: Array<string | undefined> }>();
+  private readonly expiring = new Map<string, ExpiringHashes>();
   private readonly idPrefix = `n${randomBytes(6).toString('base64url')}`;
   private batches = 0;
 
@@ -194,12 +208,16 @@ export class NativeClaims {
     };
   }
 
-  /** The bucket's expiry flags and hash keys by sub-bucket, for `shardKey`'s bucket of now. */
-  private hashesOf(shardKey: string, bucket: number, subs: number): { readonly subs: Uint8Array; readonly keys: Array<string | undefined> } {
+  /** The bucket's expiry flags (fresh ones after EXPIRY_MEMORY_MS) and hash keys by sub-bucket, for `shardKey`'s bucket of now. */
+  private hashesOf(shardKey: string, bucket: number, subs: number): ExpiringHashes {
     let known = this.expiring.get(shardKey);
+    const now = performance.now();
     if (known === undefined || known.bucket !== bucket || known.subs.length !== subs) {
-      known = { bucket, subs: new Uint8Array(subs), keys: new Array<string | undefined>(subs) };
+      known = { bucket, subs: new Uint8Array(subs), keys: new Array<string | undefined>(subs), since: now };
       this.expiring.set(shardKey, known);
+    } else if (now - known.since > EXPIRY_MEMORY_MS) {
+      known.subs.fill(0);
+      known.since = now;
     }
     return known;
   }
@@ -244,17 +262,21 @@ export class NativeClaims {
     for (const { bucket: b } of plan.checked) pipeline.hget(`${shardKey}:${b}:m`, 'n');
     pipeline.hmget(meta, 's', 'f');
     pipeline.time();
-    const replies = await pipeline.exec();
+    let replies: Awaited<ReturnType<typeof pipeline.exec>>;
+    try {
+      replies = await pipeline.exec();
+    } catch (error) {
+      hashes.subs.fill(0);
+      throw error;
+    }
     const parts = Uint8Array.from(plan.parts);
-    const refuse = (because: string, nowS: number, staleCopy: number | null = null): NativeOutcome => ({
-      accepted: false,
-      parts,
-      nowS,
-      refusedBecause: because,
-      staleCopy,
-    });
+    const refuse = (because: string, nowS: number, staleCopy: number | null = null): NativeOutcome => {
+      // Whatever went wrong may have taken a hash with it: the next batch sets every expiry again.
+      hashes.subs.fill(0);
+      return { accepted: false, parts, nowS, refusedBecause: because, staleCopy };
+    };
     if (replies === null) return refuse('the pipeline was discarded', 0);
-    // Whatever is decided below, an EXPIREAT that answered 1 set its hash's expiry.
+    // An EXPIREAT that answered 1 set its hash's expiry (a refusal below forgets them all).
     const firstExpiry = 4 + claimed.length;
     toExpire.forEach((sub, j) => {
       const [error, set] = replies[firstExpiry + j]!;

@@ -26,6 +26,7 @@ import { createRedisClient } from '@tally/runtime';
 import { readMarkers, startPrivateRedis, testWorkerSettings, type PrivateRedis } from '@tally/testkit';
 import type { BatchLog } from '../src/batch-log.js';
 import { runTwoStepBatch } from '../src/two-step-batch.js';
+import { EXPIRY_MEMORY_MS } from '../src/native-claims.js';
 
 const quiet: BatchLog = { warn() {}, error() {} };
 const SHARDS = 16;
@@ -301,7 +302,7 @@ describe('native claims (two-step, message-scoped markers, a private Redis)', fu
     expect(await countedTotal(admin, settings.prefix)).to.equal(105);
   });
 
-  it("sets each hash's expiry once per bucket: a later batch into the same hashes sends no EXPIREAT, and every hash has its TTL", async () => {
+  it("sets a hash's expiry once, not per batch: a later batch into the same hashes sends no EXPIREAT, and a hash recreated later gets it again", async () => {
     await warmUp();
     const expireats = async (): Promise<number> => Number(/cmdstat_expireat:calls=(\d+)/.exec(await admin.info('commandstats'))?.[1] ?? 0);
     const [seconds] = await admin.time();
@@ -321,6 +322,15 @@ describe('native claims (two-step, message-scoped markers, a private Redis)', fu
     const hashes = await admin.keys(`${settings.prefix}mk:{${SHARD}}:${bucket}:*`);
     expect(firstSubs.size, 'the batches spread over several hashes').to.be.greaterThan(1);
     for (const key of hashes) expect(await admin.ttl(key), `${key} expires`).to.be.greaterThan(0);
+
+    // A hash that vanishes while the bucket lives (an occupation that deleted its only fields, a failover) and is
+    // recreated by a later batch's HSETNX gets its expiry again once the thread's memory of it has run out.
+    const third = messages('expiry', 2_000, 200);
+    const gone = markerBucketKey(settings.prefix, SHARD, bucket, subBucketOf(markerDigest(third.ids[0]!), subs));
+    await admin.del(gone);
+    await new Promise((resolve) => setTimeout(resolve, EXPIRY_MEMORY_MS + 100));
+    expect((await run(third)).nativeClaims).to.equal(200);
+    expect(await admin.ttl(gone), 'the recreated hash expires').to.be.greaterThan(0);
   });
 
   // Last: it waits for the start of a bucket, after which the next test would wait for the window again.
