@@ -77,6 +77,11 @@ describe('several daemons on one queue and one Redis (integration)', function ()
      */
     const daemonEnv = (env: Record<string, string>, index: number): Record<string, string> =>
       twoStep && index === 0 ? { ...env, TALLY_MARKER_NATIVE_CLAIMS: 'true' } : env;
+    /**
+     * Only the SIGKILL test (about 18 s) asserts it: the pipeline is not
+     * trusted in a bucket's first 7 s and last 2 s (of 300), so a 5-s test
+     * can fall where every claim goes to the script.
+     */
     const expectNativeClaims = (stats: Record<string, number>): void => {
       if (twoStep) expect(stats.native_claims, 'the first daemon claimed parts by the pipeline').to.be.greaterThan(0);
     };
@@ -113,7 +118,6 @@ describe('several daemons on one queue and one Redis (integration)', function ()
         for (const d of daemons) expect((await stopDaemon(d)).code).to.equal(0);
 
         const stats = await statsOf(space.prefix);
-        expectNativeClaims(stats);
         const publishes = workload.publishes.length;
         // Each daemon did a share of the work, and the shares add up to the totals in Redis.
         for (const name of COUNTER_NAMES) {
@@ -192,7 +196,6 @@ describe('several daemons on one queue and one Redis (integration)', function ()
             `parts held by another daemon's claim ${stats.claim_holds ?? 0}; duplicates ${stats.duplicates}, partial ${stats.partial_duplicates}`,
         );
         if (twoStep) expect(stats.claim_holds, 'copies did race: some parts were held by a claim').to.be.greaterThan(0);
-        expectNativeClaims(stats);
       } finally {
         for (const d of daemons) if (d.child.exitCode === null && d.child.signalCode === null) d.child.kill('SIGKILL');
         await cleanup(space);
