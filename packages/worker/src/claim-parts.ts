@@ -71,10 +71,9 @@ export async function claimParts(step: ClaimStep): Promise<ClaimedParts> {
     const marked = parsePartFlags(flags, sent.length);
     return { marked, takeovers, claim: { bucket, batch, parts: indices.filter((_, j) => marked[j] === PART_NEW) } };
   };
-  const everyPart = digests.map((_, i) => i);
   /** The whole batch decided by the script. */
   const byScript = async (): Promise<ClaimedParts> => {
-    const all = await script(everyPart);
+    const all = await script(digests.map((_, i) => i));
     return { marked: all.marked, takeovers: all.takeovers, claims: all.claim.batch > 0 ? [all.claim] : [], nativeParts: 0 };
   };
 

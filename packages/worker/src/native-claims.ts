@@ -12,11 +12,12 @@
  *
  * The pipeline, in this order, on the shard's connection:
  *   TIME; the batch's claim record (`b<id>` in the bucket's meta hash); that
- *   the filter exists; the digests' filter bits (BITFIELD SET u1); one HSETNX per digest into the
- *   bucket of now; EXPIREAT of the hashes it touched that this thread has
- *   not set the expiry of in this bucket yet; the bucket's marker
- *   count; then the reads that decide whether to trust it: each older live
- *   bucket's marker count, the bucket's sub-bucket and block counts, TIME.
+ *   the filter exists; the digests' filter bits (BITFIELD SET u1); one
+ *   HSETNX per digest into the bucket of now; EXPIREAT of the hashes it
+ *   touched whose expiry this thread has not set in the last
+ *   EXPIRY_MEMORY_MS; the bucket's marker count; then the reads that decide
+ *   whether to trust it: each older live bucket's marker count, the
+ *   bucket's sub-bucket and block counts, TIME.
  *
  * Why it is as safe as the script (docs/architecture.md, "Native claims"):
  * - A digest two claimers race for in one bucket: HSETNX lets one win.
