@@ -10,7 +10,7 @@
  * seconds: down-after-milliseconds 1000 (30 s in Redis), failover-timeout
  * 3000 (3 min): the tests exercise Tally, not Sentinel's patience.
  */
-import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
@@ -88,15 +88,27 @@ export async function startSentinelGroup(options: SentinelGroupOptions = {}): Pr
   };
   const data: RedisAccess = { password: options.password, tls: options.tls };
   const tlsReplication = options.tls === undefined ? [] : ['--tls-replication', 'yes'];
-  const dataNode = (replicaOf: number | null): Promise<PrivateRedis> =>
-    startPrivateRedis({
+  // Each data node logs its replication events (notice level) to a file of the group's, so a replica that does not
+  // sync can say why in the test's error: refused connections, a wrong master, a sync that failed.
+  const logFiles = new Map<PrivateRedis, string>();
+  const dataNode = async (replicaOf: number | null): Promise<PrivateRedis> => {
+    const logFile = join(dir, `node-${logFiles.size}.log`);
+    const node = await startPrivateRedis({
       ...data,
       args: [
         ...tlsReplication,
+        '--loglevel',
+        'notice',
+        '--logfile',
+        logFile,
         ...(options.password === undefined ? [] : ['--masterauth', options.password]),
         ...(replicaOf === null ? [] : ['--replicaof', '127.0.0.1', String(replicaOf)]),
       ],
     });
+    logFiles.set(node, logFile);
+    return node;
+  };
+  const synced = (replica: PrivateRedis, timeoutMs?: number): Promise<void> => waitForSync(replica, timeoutMs, logFiles.get(replica));
   const roleOf = async (port: number): Promise<string | null> => {
     const client = new Redis({ ...adminClientOptions(port, data), connectTimeout: 1_000 });
     client.on('error', () => {});
@@ -117,7 +129,7 @@ export async function startSentinelGroup(options: SentinelGroupOptions = {}): Pr
     for (let i = 0; i < (options.replicas ?? 1); i++) {
       const replica = await dataNode(monitored);
       nodes.push(replica);
-      await waitForSync(replica);
+      await synced(replica);
     }
     const ports = await freePorts(sentinelCount);
     const quorum = Math.floor(sentinelCount / 2) + 1;
@@ -166,6 +178,28 @@ export async function startSentinelGroup(options: SentinelGroupOptions = {}): Pr
       }
       return null;
     };
+    /** The primary every answering Sentinel names, once they agree and it says role:master. */
+    const agreedPrimary = async (timeoutMs: number): Promise<number> => {
+      const until = Date.now() + timeoutMs;
+      let named: Array<number | null>;
+      for (;;) {
+        named = await Promise.all(
+          ports.map((port) =>
+            sentinelMaster(ask(port), masterName).then(
+              (info) => Number(info.get('port')),
+              () => null,
+            ),
+          ),
+        );
+        const answers = new Set(named.filter((port): port is number => port !== null));
+        if (answers.size === 1) {
+          const [port] = answers;
+          if ((await roleOf(port!)) === 'master') return port!;
+        }
+        if (Date.now() > until) throw new Error(`the Sentinels of ${masterName} did not agree on a primary in ${timeoutMs} ms (they name ${named.join(', ')})`);
+        await sleep(100);
+      }
+    };
     return {
       masterName,
       nodes,
@@ -183,25 +217,24 @@ export async function startSentinelGroup(options: SentinelGroupOptions = {}): Pr
         }
       },
       async addReplica() {
-        const current = await primaryPort();
-        if (current === null) throw new Error('no Sentinel names a primary');
+        // Every Sentinel that answers must name the same primary first: just after a failover one of them can still
+        // name the old one, and a replica pointed there never syncs.
+        const current = await agreedPrimary(30_000);
         const replica = await dataNode(current);
         nodes.push(replica);
         try {
-          await waitForSync(replica);
-        } catch (first) {
-          // One CI run's new node still reported no master link after 20 s, just after a failover: point it at
-          // the primary the Sentinels name now and wait once more, rather than fail the scenario on the harness.
-          const now = await primaryPort();
-          if (now === null) throw first;
+          await synced(replica, 15_000);
+        } catch {
+          // Two CI runs' new node still reported its master link down after 20 s, just after a failover: point it
+          // at the primary the Sentinels agree on now and wait once more; the second error carries the node's log.
+          const now = await agreedPrimary(15_000);
           const admin = replica.admin();
-          admin.on('error', () => {});
           try {
             await admin.replicaof('127.0.0.1', String(now));
           } finally {
             admin.disconnect();
           }
-          await waitForSync(replica);
+          await synced(replica, 20_000);
         }
         return replica;
       },
@@ -227,8 +260,8 @@ async function sentinelMaster(client: Redis, name: string): Promise<Map<string, 
   }
 }
 
-/** Waits until a replica's link is up and its first sync done. */
-async function waitForSync(replica: PrivateRedis, timeoutMs = 20_000): Promise<void> {
+/** Waits until a replica's link is up and its first sync done; the error names its master and quotes its log. */
+async function waitForSync(replica: PrivateRedis, timeoutMs = 20_000, logFile?: string): Promise<void> {
   const deadline = Date.now() + timeoutMs;
   let last: string;
   for (;;) {
@@ -240,13 +273,18 @@ async function waitForSync(replica: PrivateRedis, timeoutMs = 20_000): Promise<v
       await client.connect();
       const info = await client.info('replication');
       if (/master_link_status:up/.test(info) && /master_sync_in_progress:0/.test(info)) return;
-      last = /master_link_status:\w+/.exec(info)?.[0] ?? 'no master link';
+      const field = (name: string): string => new RegExp(`^${name}:(\\S*)`, 'm').exec(info)?.[1] ?? '?';
+      last = /master_link_status:/.test(info) ? `master_link_status:${field('master_link_status')} to port ${field('master_port')}` : 'no master link';
     } catch (error) {
       last = error instanceof Error ? error.message : String(error);
     } finally {
       client.disconnect();
     }
-    if (Date.now() > deadline) throw new Error(`replica ${replica.port} did not sync within ${timeoutMs} ms (last: ${last})`);
+    if (Date.now() > deadline) {
+      const log = logFile === undefined ? '' : await readFile(logFile, 'utf8').catch(() => '');
+      const tail = log.trim().split('\n').slice(-12).join('\n');
+      throw new Error(`replica ${replica.port} did not sync within ${timeoutMs} ms (last: ${last})${tail === '' ? '' : `; its log ends:\n${tail}`}`);
+    }
     await sleep(50);
   }
 }
