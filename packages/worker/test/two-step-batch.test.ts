@@ -537,4 +537,35 @@ describe('two-step batch against a real Redis', function () {
     expect(await redis.hget(`${base}:${claimed}:m`, 'b7'), 'the batch is done').to.equal('1');
     expect(await redis.hexists(`${base}:${claimed}:0`, digest), 'the refused claim is deleted').to.equal(0);
   });
+
+  it('gives a marker hash its expiry again when a refused claim emptied it and a later claim recreates it', async () => {
+    // The meta's `x` says which hashes carry their expiry; a hash the deletion of refused claims empties is gone with its
+    // TTL, and the claim that recreates it must set one again (a marker hash without expiry would never leave Redis).
+    const settings = settingsFor(prefix);
+    let nowS = Number((await redis.time())[0]);
+    // Claim and deletion in one bucket: not in the bucket's last seconds.
+    if (nowS % 300 > 290) await new Promise((resolve) => setTimeout(resolve, (301 - (nowS % 300)) * 1000));
+    nowS = Number((await redis.time())[0]);
+    const current = bucketOf(nowS, 300);
+    const base = markerBaseKey(prefix, 5);
+    const meta = `${base}:${current}:m`;
+    const hash = `${base}:${current}:0`;
+    const digest = randomBytes(16);
+    await redis.hset(meta, 's', 1, 'x', Buffer.from([1]), 'b7', `ca1:${nowS * 1000}`);
+    await redis.hset(hash, digest, '7');
+    await redis.expire(meta, 900);
+    await redis.expire(hash, 900);
+    const reply = await runScript(redis, OCCUPY_MARKERS, evalshaArgs(OCCUPY_MARKERS, [base], [300, settings.markerTtlS, 1, 0, current, 7, 1, digest]), quiet);
+    expect(reply).to.equal(0);
+    expect(await redis.exists(hash), 'the deletion emptied the hash').to.equal(0);
+    const client = createRedisClient(REDIS_URL, 'test-emptied');
+    try {
+      const task = taskFor(`${runId}-emptied`, 5, 20);
+      expect([...(await runTwoStepBatch(client, settings, task, quiet)).marked]).to.deep.equal(task.ids.map(() => 0));
+      expect(await redis.hlen(hash), 'the claim recreated the hash').to.equal(20);
+      expect(await redis.ttl(hash), 'the recreated hash expires').to.be.greaterThan(0);
+    } finally {
+      client.disconnect();
+    }
+  });
 });

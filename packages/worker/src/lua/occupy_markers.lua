@@ -56,10 +56,14 @@ local current = math.floor(nowS / width)
 -- Done in the claims' bucket first, whatever else: a batch whose new parts
 -- were all refused has nothing to move, and must still end here.
 local claimSubs = tonumber(redis.call('HGET', metaKey(claimed), 's')) or initialSubs
+local touched = {}
 for i = 8, 7 + refused do
   local digest = ARGV[i]
-  redis.call('HDEL', base .. ':' .. claimed .. ':' .. subOf(digest, claimSubs), digest)
+  local sub = subOf(digest, claimSubs)
+  touched[sub] = base .. ':' .. claimed .. ':' .. sub
+  redis.call('HDEL', touched[sub], digest)
 end
+if refused > 0 then forgetEmptied(metaKey(claimed), touched) end
 redis.call('HSET', metaKey(claimed), 'b' .. batch, '1')
 if current == claimed then return 0 end
 if #ARGV < FIRST then return -1 end

@@ -312,6 +312,26 @@ local function expiring(meta)
   return api
 end
 
+-- Forgets the expiry of the hashes in `keys` ({sub -> key}) that no longer
+-- exist: a hash emptied (HDEL of its last field) is deleted with its TTL,
+-- and one recreated later would otherwise keep no expiry, its bit in `x`
+-- saying it has one. Only for the rare deletions of refused claims: one
+-- EXISTS per hash touched.
+local function forgetEmptied(meta, keys)
+  local bitmap = redis.call('HGET', meta, 'x')
+  if not bitmap then return end
+  local changed = false
+  for sub, key in pairs(keys) do
+    local index = math.floor(sub / 8) + 1
+    local bit = 2 ^ (sub % 8)
+    local byte = string.byte(bitmap, index)
+    if byte and math.floor(byte / bit) % 2 == 1 and redis.call('EXISTS', key) == 0 then
+      bitmap = string.sub(bitmap, 1, index - 1) .. string.char(byte - bit) .. string.sub(bitmap, index + 1)
+      changed = true
+    end
+  end
+  if changed then redis.call('HSET', meta, 'x', bitmap) end
+end
 -- Writes `value` for each digest into `bucket` (already open, `subs`
 -- sub-buckets): one HSET per hash, in chunks; each hash created here gets
 -- the bucket's expiry; the meta's `n` grows by the markers written.
