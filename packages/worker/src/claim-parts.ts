@@ -55,6 +55,8 @@ export async function claimParts(step: ClaimStep): Promise<ClaimedParts> {
   const warnCopy = (error: unknown): void =>
     log.warn({ shard: shardKey, err: String(error) }, 'could not read a marker bucket for native claims; the claim script probes it itself');
 
+  const warnSweep = (error: unknown): void =>
+    log.warn({ shard: shardKey, err: String(error) }, 'could not check the expiry of the older marker buckets; a later batch tries again');
   /** The claim script for the parts at `indices`: their states, and its claim. */
   const script = async (indices: readonly number[]): Promise<{ marked: Uint8Array; takeovers: number; claim: BatchClaim & { batch: number } }> => {
     const sent = indices.map((i) => digests[i]!);
@@ -68,6 +70,7 @@ export async function claimParts(step: ClaimStep): Promise<ClaimedParts> {
     settled?.observe(shardKey, nowS, connection, warnCopy);
     native?.observeSeconds(shardKey, nowS);
     native?.learnShape(shardKey, bucket, connection, warnCopy);
+    native?.sweepBefore(shardKey, bucket, connection, warnSweep);
     const marked = parsePartFlags(flags, sent.length);
     return { marked, takeovers, claim: { bucket, batch, parts: indices.filter((_, j) => marked[j] === PART_NEW) } };
   };

@@ -130,6 +130,9 @@ export class NativeClaims {
    * recreates it sets no expiry: a batch into it after that sets it again.
    */
   private readonly expiring = new Map<string, ExpiringHashes>();
+  /** Per shard, the newest bucket whose hashes sweepBefore has given their expiry; the shards being swept. */
+  private readonly swept = new Map<string, number>();
+  private readonly sweeping = new Set<string>();
   private readonly idPrefix = `n${randomBytes(6).toString('base64url')}`;
   private batches = 0;
 
@@ -167,6 +170,46 @@ export class NativeClaims {
       })
       .catch(onError)
       .finally(() => this.learning.delete(shardKey));
+  }
+
+  /**
+   * Once per bucket of now and shard, in the background: every hash of the
+   * older live buckets that has no expiry gets its bucket's (`EXPIREAT …
+   * NX`, which leaves every other hash as it is). The pipeline's EXPIREAT
+   * is a command of its own after the HSETNX that created the hash: a
+   * daemon SIGKILLed between the two, or a failover that lost the tail of
+   * the replication stream, leaves a hash that would never expire, and the
+   * bucket's later batches set it again only while the bucket is of now.
+   * Per bucket width: one HGET per bucket swept and one command per hash,
+   * nothing per message. On a thread's first sight of a shard (a restart)
+   * every older live bucket is swept; a bucket whose meta has expired is
+   * not found.
+   */
+  sweepBefore(shardKey: string, bucket: number, connection: Redis, onError: (error: unknown) => void): void {
+    const last = this.swept.get(shardKey);
+    if ((last !== undefined && last >= bucket - 1) || this.sweeping.has(shardKey)) return;
+    this.sweeping.add(shardKey);
+    const from = Math.max(oldestLiveBucket(bucket * this.bucketS, this.bucketS, this.markerTtlS), last === undefined ? -Infinity : last + 1);
+    const buckets: number[] = [];
+    for (let b = from; b < bucket; b++) buckets.push(b);
+    this.sweep(shardKey, buckets, connection)
+      .then(() => this.swept.set(shardKey, Math.max(bucket - 1, this.swept.get(shardKey) ?? -Infinity)), onError)
+      .finally(() => this.sweeping.delete(shardKey));
+  }
+
+  private async sweep(shardKey: string, buckets: readonly number[], connection: Redis): Promise<void> {
+    if (buckets.length === 0) return;
+    const reads = connection.pipeline();
+    for (const b of buckets) reads.hget(`${shardKey}:${b}:m`, 's');
+    const shapes = await execOrThrow(reads);
+    const writes = connection.pipeline();
+    buckets.forEach((b, j) => {
+      const subs = Number(shapes[j]);
+      if (shapes[j] === null || !isPowerOfTwo(subs)) return;
+      const expiresAt = (b + 1) * this.bucketS + this.markerTtlS;
+      for (let sub = 0; sub < subs; sub++) writes.expireat(`${shardKey}:${b}:${sub}`, expiresAt, 'NX');
+    });
+    if (writes.length > 0) await execOrThrow(writes);
   }
 
   /** The pipeline for a batch, or null when this batch must go to the claim script (no clock yet, near a boundary, a bucket unknown or uncopied). */
@@ -336,6 +379,14 @@ export function nativeClaimsOf(bucketS: number, markerTtlS: number, graceS: numb
   let claims = perTiming.get(key);
   if (claims === undefined) perTiming.set(key, (claims = new NativeClaims(bucketS, markerTtlS, graceS)));
   return claims;
+}
+
+/** A pipeline's replies, or its first error thrown. */
+async function execOrThrow(pipeline: ReturnType<Redis['pipeline']>): Promise<unknown[]> {
+  const replies = (await pipeline.exec()) ?? [];
+  const failed = replies.find(([error]) => error);
+  if (failed) throw failed[0];
+  return replies.map(([, value]) => value);
 }
 
 /** A bucket's shape from its meta fields `s` and `f`, or null when it has no filter (or is not open). */

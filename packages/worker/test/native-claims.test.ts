@@ -333,6 +333,28 @@ describe('native claims (two-step, message-scoped markers, a private Redis)', fu
     expect(await admin.ttl(gone), 'the recreated hash expires').to.be.greaterThan(0);
   });
 
+  it("gives a hash of an older bucket that has no expiry its bucket's (a pipeline cut between HSETNX and EXPIREAT), and leaves other expiries alone", async () => {
+    // What a SIGKILL between a pipeline's HSETNX and its EXPIREAT leaves in the bucket before: a hash without expiry.
+    await stageSettledMarker(admin, settings.prefix, 'settled-0');
+    const [seconds] = await admin.time();
+    const before = Math.floor(Number(seconds) / WIDTH_S) - 1;
+    const stranded = markerBucketKey(settings.prefix, SHARD, before, 0);
+    await admin.persist(stranded);
+    // A hash that has an expiry of its own keeps it: the sweep only adds one where there is none.
+    const other = markerBucketKey(settings.prefix, SHARD, before, 1);
+    await admin.hset(other, 'x', '1');
+    await admin.expire(other, 1_000);
+    await admin.hset(markerMetaKey(settings.prefix, SHARD, before), 's', 2);
+    expect(await admin.ttl(stranded)).to.equal(-1);
+    // This thread's first batch of the shard (as after a restart) sweeps every older live bucket, in the background.
+    await run(messages('sweep', 0, 20));
+    for (let i = 0; i < 50 && (await admin.ttl(stranded)) === -1; i++) await new Promise((resolve) => setTimeout(resolve, 20));
+    const expiresAtS = (before + 1) * WIDTH_S + TTL_S;
+    const [now] = await admin.time();
+    expect(await admin.ttl(stranded), 'the stranded hash expires with its bucket').to.be.closeTo(expiresAtS - Number(now), 1);
+    expect(await admin.ttl(other), 'an expiry already set').to.be.greaterThan(900);
+  });
+
   // Last: it waits for the start of a bucket, after which the next test would wait for the window again.
   it("throws the pipeline's claims away when the server's clock left its bucket: the script decides, and nothing is left claimed", async () => {
     await warmUp();
