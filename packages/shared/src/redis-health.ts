@@ -35,12 +35,29 @@ export type RedisHealthEvent =
     }
   | { readonly kind: 'recovered'; readonly source: string };
 
+/**
+ * ioredis's words for a call that got no reply, and an operator's. Its own
+ * text names a client option ("Reached the max retries per request limit
+ * (which is 0). Refer to "maxRetriesPerRequest" option for details.") that
+ * is Tally's choice (the batch retries, not the client), so at 3 a.m. on
+ * /readyz it reads as a setting to change during what is a failover or an
+ * outage.
+ */
+const NO_REPLY: ReadonlyArray<readonly [RegExp, string]> = [
+  [/max retries per request/i, 'the connection to Redis dropped before it answered'],
+  [/^Connection is closed/i, 'the connection to Redis is closed'],
+  [/Stream isn't writeable/i, 'not connected to Redis'],
+];
+
 /** What a failed Redis call says about the server, in a form that survives postMessage. */
 export function describeRefusal(error: unknown): { errorType: string; failureClass: FailureClass; message: string } {
   const failureClass = classifyError(error);
   const message = error instanceof Error ? error.message : String(error);
   if (isRedisReplyError(error)) return { errorType: /^[A-Z][A-Z_]*/.exec(message)?.[0] ?? 'ERR', failureClass, message };
-  return { errorType: 'unavailable', failureClass, message };
+  const noReply = NO_REPLY.find(([pattern]) => pattern.test(message));
+  if (noReply === undefined) return { errorType: 'unavailable', failureClass, message };
+  const name = error instanceof Error && error.name !== 'Error' ? error.name : 'no reply';
+  return { errorType: 'unavailable', failureClass, message: `${noReply[1]} (ioredis: ${name}); retrying as it reconnects` };
 }
 
 /** Whether a failure is the server's state (worth /readyz and the gauge) rather than the data's, which is dead-lettered. */

@@ -1,5 +1,7 @@
 import { expect } from 'chai';
+import { Redis } from 'ioredis';
 import { describeRefusal } from '@tally/shared';
+import { freePort } from '@tally/testkit';
 import { RedisHealth, REFUSAL_STALE_MS } from '../../src/redis/redis-health.js';
 
 function recordingLog() {
@@ -61,5 +63,24 @@ describe('RedisHealth', () => {
     const noperm = Object.assign(new Error('NOPERM No permissions to access a key'), { name: 'ReplyError' });
     expect(describeRefusal(noperm)).to.include({ errorType: 'NOPERM', failureClass: 'fatal' });
     expect(describeRefusal(new Error('Connection is closed.'))).to.include({ errorType: 'unavailable', failureClass: 'transient' });
+  });
+
+  it("describeRefusal words a reply that never came for an operator, not as ioredis's maxRetriesPerRequest option", async () => {
+    // A real client as the daemon's are made (maxRetriesPerRequest 0), against a port nobody listens on.
+    const client = new Redis({ host: '127.0.0.1', port: await freePort(), maxRetriesPerRequest: 0, retryStrategy: () => 100 });
+    client.on('error', () => {});
+    try {
+      const error: unknown = await client.get('k').then(
+        () => null,
+        (failure: unknown) => failure,
+      );
+      expect(String(error), 'what ioredis says').to.match(/maxRetriesPerRequest/);
+      const refusal = describeRefusal(error);
+      expect(refusal).to.include({ errorType: 'unavailable', failureClass: 'transient' });
+      expect(refusal.message).to.equal('the connection to Redis dropped before it answered (ioredis: MaxRetriesPerRequestError); retrying as it reconnects');
+      expect(describeRefusal(new Error('Connection is closed.')).message).to.match(/^the connection to Redis is closed/);
+    } finally {
+      client.disconnect();
+    }
   });
 });
