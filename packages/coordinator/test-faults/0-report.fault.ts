@@ -1,3 +1,10 @@
+/**
+ * The fault suite's closing table (report.ts): every scenario pushes a row
+ * (lost, overcount, its bound, `tally deviation`'s estimate), and this
+ * root-level hook prints them together and writes faults-report.md, the
+ * figures docs/faults-and-deviation.md quotes. Named 0- so that mocha loads
+ * it first; the hook runs after the last file.
+ */
 import { writeFile } from 'node:fs/promises';
 import { fileURLToPath } from 'node:url';
 import { renderTable, rows } from './report.js';

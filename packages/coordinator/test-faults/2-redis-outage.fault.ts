@@ -7,6 +7,15 @@ import { outageOutcome } from './outage-outcome.js';
 import { DaemonFleet } from './fleet.js';
 import { rows } from './report.js';
 
+/**
+ * Redis away and back, three times mid-batch: two outages that refuse every
+ * reconnect for 2 and 3 s and one cut that ioredis heals at once, through a
+ * loopback proxy in front of the machine's Redis (the daemon alone goes
+ * through it). Nothing may be lost and, with no crash and no lost channel,
+ * nothing counted twice: a step that failed is retried under its batch id
+ * and its receipt. The outage must also be seen (log lines, retry
+ * counters), or a silent wait would pass as a quiet one.
+ */
 describe('faults: Redis goes away and comes back', function () {
   this.timeout(300_000);
 

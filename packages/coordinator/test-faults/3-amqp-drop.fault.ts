@@ -7,6 +7,16 @@ import { outageOutcome } from './outage-outcome.js';
 import { DaemonFleet } from './fleet.js';
 import { rows } from './report.js';
 
+/**
+ * The broker connection cut four times while the daemon drains and
+ * publishing goes on (a loopback proxy in front of RabbitMQ, for this
+ * daemon's connection only). Every cut makes the broker redeliver what was
+ * unacked. The daemon must reconnect on its own each time; nothing may be
+ * lost, and the overcount stays within its bound (a cut can fall in a
+ * batch's window between its count write and its marker, as a crash can);
+ * every bad message reaches the dead-letter queue with its reason, twice
+ * when a cut came before its ack.
+ */
 describe('faults: RabbitMQ connections drop', function () {
   this.timeout(300_000);
 

@@ -2,6 +2,13 @@ import { expect } from 'chai';
 import { runOomScenario } from '../test/integration/oom-scenario.js';
 import { rows } from './report.js';
 
+/**
+ * Redis out of memory under noeviction mid-stream (oom-scenario.ts, shared
+ * with the integration suite): a filler key takes the memory, every write
+ * is refused, the daemon waits visibly (/readyz 503 with the reason, the
+ * refusal counter) and acks nothing; once the filler goes, everything is
+ * counted once. No crash, so no overcount.
+ */
 describe('faults: Redis out of memory mid-stream', function () {
   this.timeout(300_000);
 

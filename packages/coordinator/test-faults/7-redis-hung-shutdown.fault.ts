@@ -2,6 +2,13 @@ import { expect } from 'chai';
 import { runHungShutdownScenario, SHUTDOWN_MARGIN_MS } from '../test/integration/hung-shutdown-scenario.js';
 import { rows } from './report.js';
 
+/**
+ * SIGTERM while Redis is SIGSTOPped (hung-shutdown-scenario.ts): the daemon
+ * must exit within its grace period plus a margin instead of waiting on a
+ * server that never answers, lose nothing, and re-count at most what it had
+ * in flight (one batch per shard): the writes it sent before the stop run
+ * when Redis resumes, and their deliveries, unacked, come back.
+ */
 describe('faults: Redis hung at shutdown', function () {
   this.timeout(300_000);
 
