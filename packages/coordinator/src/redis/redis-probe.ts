@@ -155,22 +155,56 @@ async function tlsAimedAtPlainPort(redisUrl: string): Promise<boolean> {
   return speaksPlainRedis(url.hostname.replace(/^\[|\]$/g, ''), Number(url.port || 6379));
 }
 
+/**
+ * How long a `rediss://` connect may go without an answer before the
+ * plaintext PING is tried beside it. A healthy TLS handshake takes
+ * milliseconds; a plaintext port never answers one, and waiting out the
+ * connect timeout (10 s) made the one clear line come that much later. Not
+ * at once: a plaintext PING to a TLS port is a handshake error in that
+ * server's log, which a healthy start should not leave.
+ */
+export const TLS_SUSPECT_MS = 1_500;
+
+/** The topology, or the refusal of a `rediss://` URL aimed at a plaintext port as soon as a plaintext PING proves it. */
+async function detectTopology(redisUrl: string): Promise<Awaited<ReturnType<typeof detectRedisTopology>>> {
+  const seed = splitFirst(redisUrl);
+  const plainPort = (): RedisRequirementError => {
+    const problem = plaintextPortProblem('the TLS handshake got no answer, a plaintext PING did');
+    return new RedisRequirementError(problem.code, problem.message);
+  };
+  const detection = attempt(
+    'connecting',
+    () => null,
+    () => detectRedisTopology(redisUrl),
+  );
+  let timer: NodeJS.Timeout | undefined;
+  const suspect = new Promise<'plain'>((resolve) => {
+    if (isSentinelUrl(seed) || new URL(seed).protocol !== 'rediss:') return;
+    timer = setTimeout(() => {
+      void tlsAimedAtPlainPort(seed).then((plain) => {
+        if (plain) resolve('plain');
+      });
+    }, TLS_SUSPECT_MS);
+  });
+  try {
+    const first = await Promise.race([detection, suspect]);
+    if (first !== 'plain') return first;
+    // The TLS attempt is still pending: it ends on its own timeout, unheard.
+    detection.catch(() => {});
+    throw plainPort();
+  } catch (error) {
+    if (error instanceof RedisRequirementError || !(await tlsAimedAtPlainPort(seed))) throw error;
+    throw plainPort();
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
 /** Probes Redis once. Throws RedisRequirementError on a configuration problem, a plain Error on an outage. */
 export async function probeRedis(config: ProbeConfig, log: ProbeLog): Promise<RedisProbeReport> {
   const sentinel = isSentinelUrl(config.redisUrl);
   if (sentinel) await probeSentinels(config.redisUrl);
-  const seed = splitFirst(config.redisUrl);
-  const topology = await attempt(
-    'connecting',
-    () => null,
-    () => detectRedisTopology(config.redisUrl),
-  ).catch(async (error: unknown) => {
-    if (!(error instanceof RedisRequirementError) && (await tlsAimedAtPlainPort(seed))) {
-      const problem = plaintextPortProblem('the TLS handshake got no answer, a plaintext PING did');
-      throw new RedisRequirementError(problem.code, problem.message);
-    }
-    throw error;
-  });
+  const topology = await detectTopology(config.redisUrl);
   const redis = createRedisClient(
     config.redisUrl,
     'tally-probe',

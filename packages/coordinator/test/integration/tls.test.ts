@@ -98,7 +98,10 @@ describe('TLS to Redis (integration: redis-server on its TLS port, certificates 
     const plain = await startPrivateRedis({});
     try {
       const space = testSpace('tls', { TALLY_REDIS_URL: `rediss://127.0.0.1:${plain.port}` });
+      const started = performance.now();
       const refused = await runRefusedStart(space.env);
+      // A plaintext port never answers the handshake: the PING beside it names the problem, not the 10 s connect timeout.
+      expect(performance.now() - started, 'refused before the connect timeout').to.be.below(8_000);
       expect(refused.code, refused.stderrLines.join('|')).to.equal(1);
       expect(refused.stderrLines).to.have.length(1);
       expect(refused.stderrLines[0]).to.include('does not speak TLS').and.include('tls-port');
