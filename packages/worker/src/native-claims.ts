@@ -173,23 +173,24 @@ export class NativeClaims {
   }
 
   /**
-   * Once per bucket of now and shard, in the background: every hash of the
-   * older live buckets that has no expiry gets its bucket's (`EXPIREAT …
-   * NX`, which leaves every other hash as it is). The pipeline's EXPIREAT
-   * is a command of its own after the HSETNX that created the hash: a
-   * daemon SIGKILLed between the two, or a failover that lost the tail of
-   * the replication stream, leaves a hash that would never expire, and the
-   * bucket's later batches set it again only while the bucket is of now.
-   * Per bucket width: one HGET per bucket swept and one command per hash,
-   * nothing per message. On a thread's first sight of a shard (a restart)
-   * every older live bucket is swept; a bucket whose meta has expired is
-   * not found.
+   * Once per bucket of now and shard, in the background: every key of the
+   * older live buckets (hashes, meta, filter) that has no expiry gets its
+   * bucket's (`EXPIREAT … NX`, which leaves every other key as it is). The
+   * pipeline's EXPIREAT is a command of its own after the HSETNX that
+   * created the hash: a daemon SIGKILLed between the two, or a failover
+   * that lost the tail of the replication stream (which can take an earlier
+   * sweep with it), leaves a key that would never expire, and the bucket's
+   * later batches set it again only while the bucket is of now. So every
+   * older live bucket is swept again in each bucket of now, not only the
+   * one just ended. Per bucket width: one HGET per live bucket and one
+   * command per key, nothing per message. A bucket whose meta has expired
+   * is not found.
    */
   sweepBefore(shardKey: string, bucket: number, connection: Redis, onError: (error: unknown) => void): void {
     const last = this.swept.get(shardKey);
     if ((last !== undefined && last >= bucket - 1) || this.sweeping.has(shardKey)) return;
     this.sweeping.add(shardKey);
-    const from = Math.max(oldestLiveBucket(bucket * this.bucketS, this.bucketS, this.markerTtlS), last === undefined ? -Infinity : last + 1);
+    const from = oldestLiveBucket(bucket * this.bucketS, this.bucketS, this.markerTtlS);
     const buckets: number[] = [];
     for (let b = from; b < bucket; b++) buckets.push(b);
     this.sweep(shardKey, buckets, connection)
@@ -208,6 +209,9 @@ export class NativeClaims {
       if (shapes[j] === null || !isPowerOfTwo(subs)) return;
       const expiresAt = (b + 1) * this.bucketS + this.markerTtlS;
       for (let sub = 0; sub < subs; sub++) writes.expireat(`${shardKey}:${b}:${sub}`, expiresAt, 'NX');
+      // A filter recreated by a pipeline's BITFIELD after it was lost, and cut before the pipeline deleted it again.
+      writes.expireat(`${shardKey}:${b}:f`, expiresAt, 'NX');
+      writes.expireat(`${shardKey}:${b}:m`, expiresAt, 'NX');
     });
     if (writes.length > 0) await execOrThrow(writes);
   }

@@ -340,6 +340,9 @@ describe('native claims (two-step, message-scoped markers, a private Redis)', fu
     const before = Math.floor(Number(seconds) / WIDTH_S) - 1;
     const stranded = markerBucketKey(settings.prefix, SHARD, before, 0);
     await admin.persist(stranded);
+    // And a filter left without one (recreated by a pipeline's BITFIELD after it was lost, then cut).
+    const filterKey = `${settings.prefix}mk:{${SHARD}}:${before}:f`;
+    await admin.persist(filterKey);
     // A hash that has an expiry of its own keeps it: the sweep only adds one where there is none.
     const other = markerBucketKey(settings.prefix, SHARD, before, 1);
     await admin.hset(other, 'x', '1');
@@ -352,6 +355,7 @@ describe('native claims (two-step, message-scoped markers, a private Redis)', fu
     const expiresAtS = (before + 1) * WIDTH_S + TTL_S;
     const [now] = await admin.time();
     expect(await admin.ttl(stranded), 'the stranded hash expires with its bucket').to.be.closeTo(expiresAtS - Number(now), 1);
+    expect(await admin.ttl(filterKey), 'the filter expires with its bucket').to.be.closeTo(expiresAtS - Number(now), 1);
     expect(await admin.ttl(other), 'an expiry already set').to.be.greaterThan(900);
   });
 
