@@ -44,9 +44,9 @@ export type RedisHealthEvent =
  * outage.
  */
 const NO_REPLY: ReadonlyArray<readonly [RegExp, string]> = [
-  [/max retries per request/i, 'the connection to Redis dropped before it answered'],
-  [/^Connection is closed/i, 'the connection to Redis is closed'],
-  [/Stream isn't writeable/i, 'not connected to Redis'],
+  [/max retries per request/i, 'no reply from Redis (not connected, or the connection dropped)'],
+  [/^Connection is closed/i, 'no reply from Redis (the connection is closed)'],
+  [/Stream isn't writeable/i, 'no reply from Redis (not connected)'],
 ];
 
 /** What a failed Redis call says about the server, in a form that survives postMessage. */
@@ -56,8 +56,9 @@ export function describeRefusal(error: unknown): { errorType: string; failureCla
   if (isRedisReplyError(error)) return { errorType: /^[A-Z][A-Z_]*/.exec(message)?.[0] ?? 'ERR', failureClass, message };
   const noReply = NO_REPLY.find(([pattern]) => pattern.test(message));
   if (noReply === undefined) return { errorType: 'unavailable', failureClass, message };
-  const name = error instanceof Error && error.name !== 'Error' ? error.name : 'no reply';
-  return { errorType: 'unavailable', failureClass, message: `${noReply[1]} (ioredis: ${name}); retrying as it reconnects` };
+  // The error's class when ioredis gave it one (its message is the misleading part), else its own short text.
+  const said = error instanceof Error && error.name !== 'Error' ? error.name : JSON.stringify(message);
+  return { errorType: 'unavailable', failureClass, message: `${noReply[1]}; ioredis: ${said}` };
 }
 
 /** Whether a failure is the server's state (worth /readyz and the gauge) rather than the data's, which is dead-lettered. */

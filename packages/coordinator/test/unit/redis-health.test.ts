@@ -77,8 +77,10 @@ describe('RedisHealth', () => {
       expect(String(error), 'what ioredis says').to.match(/maxRetriesPerRequest/);
       const refusal = describeRefusal(error);
       expect(refusal).to.include({ errorType: 'unavailable', failureClass: 'transient' });
-      expect(refusal.message).to.equal('the connection to Redis dropped before it answered (ioredis: MaxRetriesPerRequestError); retrying as it reconnects');
-      expect(describeRefusal(new Error('Connection is closed.')).message).to.match(/^the connection to Redis is closed/);
+      expect(refusal.message).to.equal('no reply from Redis (not connected, or the connection dropped); ioredis: MaxRetriesPerRequestError');
+      expect(describeRefusal(new Error('Connection is closed.')).message).to.equal(
+        'no reply from Redis (the connection is closed); ioredis: "Connection is closed."',
+      );
     } finally {
       client.disconnect();
     }
