@@ -227,9 +227,11 @@ export async function startSentinelGroup(options: SentinelGroupOptions = {}): Pr
         } catch {
           // Two CI runs' new node still reported its master link down after 20 s, just after a failover: point it
           // at the primary the Sentinels agree on now and wait once more; the second error carries the node's log.
+          // Detached first: REPLICAOF to the master it already names is a no-op, and a stuck handshake would stay stuck.
           const now = await agreedPrimary(15_000);
           const admin = replica.admin();
           try {
+            await admin.replicaof('NO', 'ONE');
             await admin.replicaof('127.0.0.1', String(now));
           } finally {
             admin.disconnect();
