@@ -14,7 +14,7 @@ import { generateWorkload, publishAll, seededRandom, type Workload } from '@tall
 import { startRedisCluster, type RedisCluster } from '@tally/testkit';
 import { daemonKey, defaultMarkerScope, messageMarkerShards, shardOf, type MarkerScope, type TallyMode } from '@tally/shared';
 import { cleanup, queueState, testSpace, waitForReadyBelow, AMQP_URL, type DaemonProcess } from '../test/integration/harness.js';
-import { until } from '../test/integration/fleet-helpers.js';
+import { publishDuringKills, until } from '../test/integration/fleet-helpers.js';
 import { countsAt, markedParts, statsAt, unmarkedGoodParts, withRedisAt } from '../test/integration/cluster-helpers.js';
 import { largestBatchUnits, partsById, type PartsById } from '../test/integration/crash-window.js';
 import { checkCounts } from './checks.js';
@@ -86,15 +86,8 @@ describe('faults: Redis Cluster', function () {
         const parts = partsById(workload.publishes, VSHARDS);
         const daemons: DaemonProcess[] = [];
         for (let i = 0; i < 3; i++) daemons.push(await fleet.start(space.env));
-        // Publishing goes on in slices while daemons die.
-        const slices = 24;
-        const per = Math.ceil(workload.publishes.length / slices);
-        const publishing = (async () => {
-          for (let s = 0; s < slices; s++) {
-            await publishAll(workload.publishes.slice(s * per, (s + 1) * per), { url: AMQP_URL, queue: space.queue });
-            await sleep(600);
-          }
-        })();
+        // Publishing goes on while daemons die: paced slices, then a trickle for as long as kills remain.
+        const publishing = publishDuringKills(workload.publishes, { url: AMQP_URL, queue: space.queue }, { slices: 24, pauseMs: 600 });
         const kills = 4;
         for (let k = 0; k < kills; k++) {
           const victim = Math.floor(random() * daemons.length);
@@ -114,7 +107,8 @@ describe('faults: Redis Cluster', function () {
           await fleet.kill(daemon);
           daemons[victim] = await fleet.start(space.env);
         }
-        await publishing;
+        publishing.killsOver();
+        expect(await publishing.done).to.equal(workload.publishes.length);
         for (const d of daemons) await fleet.stop(d);
         await fleet.drain(space.env, space.queue);
 

@@ -5,6 +5,7 @@
 import { execFile } from 'node:child_process';
 import { promisify } from 'node:util';
 import { setTimeout as sleep } from 'node:timers/promises';
+import { publishAll, type Publish, type PublishOptions } from '@tally/workload';
 import { CLI } from './harness.js';
 
 const run = promisify(execFile);
@@ -29,4 +30,50 @@ export async function until<T>(what: string, probe: () => Promise<T | undefined>
     if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
     await sleep(everyMs);
   }
+}
+
+/** Messages per trickled chunk, and the pause between chunks: 120 msg/s, so a kept-back quarter of 3,000 lasts 25 s. */
+const TRICKLE_SIZE = 12;
+const TRICKLE_EVERY_MS = 100;
+
+/**
+ * Publishes a workload in the background while a test kills daemons on
+ * progress (once a victim's heartbeat shows deliveries in its hands). Three
+ * quarters go in paced slices; the last quarter is kept back and trickled for
+ * as long as kills remain, so a kill always has deliveries to wait on however
+ * slowly the daemons restart. (A fixed pace was not enough: on one CI run the
+ * restarts on a Redis Cluster outlasted the publishing, and the last kill
+ * waited two minutes for deliveries that never came.) `killsOver()` sends
+ * the rest at once; `done` resolves with the count the broker confirmed.
+ */
+export function publishDuringKills(
+  publishes: readonly Publish[],
+  options: PublishOptions,
+  pace: { slices: number; pauseMs: number },
+): { done: Promise<number>; killsOver: () => void } {
+  let killing = true;
+  const keptBack = Math.floor(publishes.length * 0.75);
+  const done = (async () => {
+    let published = 0;
+    const per = Math.ceil(keptBack / pace.slices);
+    for (let s = 0; s < pace.slices; s++) {
+      published += await publishAll(publishes.slice(s * per, Math.min((s + 1) * per, keptBack)), options);
+      await sleep(pace.pauseMs);
+    }
+    let at = keptBack;
+    for (; killing && at < publishes.length; at += TRICKLE_SIZE) {
+      published += await publishAll(publishes.slice(at, at + TRICKLE_SIZE), options);
+      await sleep(TRICKLE_EVERY_MS);
+    }
+    if (at < publishes.length) published += await publishAll(publishes.slice(at), options);
+    return published;
+  })();
+  // A test that fails before awaiting `done` must not leave its rejection unhandled.
+  done.catch(() => {});
+  return {
+    done,
+    killsOver: () => {
+      killing = false;
+    },
+  };
 }

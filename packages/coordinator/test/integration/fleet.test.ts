@@ -20,7 +20,7 @@ import {
   AMQP_URL,
   type DaemonProcess,
 } from './harness.js';
-import { tallyCli, until } from './fleet-helpers.js';
+import { publishDuringKills, tallyCli, until } from './fleet-helpers.js';
 import { markedParts, unmarkedGoodParts } from './cluster-helpers.js';
 import { abandonedClaimUnits, claimSnapshot, largestBatchUnits, partsById } from './crash-window.js';
 
@@ -225,17 +225,9 @@ describe('several daemons on one queue and one Redis (integration)', function ()
           maxDelta: MAX_DELTA,
         });
         for (let i = 0; i < DAEMONS; i++) daemons.push(await startDaemon(daemonEnv(space.env, i)));
-        // Publishing goes on in the background, in slices, while daemons die
-        // (about 12 s: the four kills and restarts take 5 to 8).
-        const slices = 30;
-        const per = Math.ceil(workload.publishes.length / slices);
-        let published = 0;
-        const publishing = (async () => {
-          for (let s = 0; s < slices; s++) {
-            published += await publishAll(workload.publishes.slice(s * per, (s + 1) * per), { url: AMQP_URL, queue: space.queue });
-            await sleep(350);
-          }
-        })();
+        // Publishing goes on in the background while daemons die (about 12 s of paced slices, then a
+        // trickle for as long as kills remain: the four kills and restarts take 5 to 8 s here).
+        const publishing = publishDuringKills(workload.publishes, { url: AMQP_URL, queue: space.queue }, { slices: 30, pauseMs: 350 });
         const kills = 4;
         const parts = partsById(workload.publishes, VSHARDS);
         /** Per kill, per shard: what the victim left claimed and unmarked (two-step), its window's upper bound. */
@@ -268,8 +260,8 @@ describe('several daemons on one queue and one Redis (integration)', function ()
             daemons[victim] = await restarted;
           } else daemons[victim] = await startDaemon(daemonEnv(space.env, victim));
         }
-        await publishing;
-        expect(published).to.equal(workload.publishes.length);
+        publishing.killsOver();
+        expect(await publishing.done).to.equal(workload.publishes.length);
         await waitForReadyEmpty(space.queue);
         await sleep(500);
         for (const d of daemons) expect((await stopDaemon(d)).code).to.equal(0);
