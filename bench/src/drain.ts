@@ -85,6 +85,7 @@ interface WindowSample {
   readonly mainCpu: number;
   readonly redisCpu: { readonly masters: number; readonly replicas: number | null } | null;
   readonly commands: Map<string, number>;
+  readonly commandUsec: Map<string, number>;
 }
 
 export interface DrainOutcome {
@@ -215,7 +216,7 @@ export async function runDrain(ctx: AnyBenchContext, plan: DrainPlan): Promise<D
       ctx.redisPrivate ? sampleCpu(ctx.nodes) : Promise.resolve(null),
       sampleCommands(ctx.nodes),
     ]);
-    return { cpu, mainCpu, redisCpu, commands };
+    return { cpu, mainCpu, redisCpu, commands: commands.calls, commandUsec: commands.usec };
   };
   // The INFO commandstats and the two INFO cpu each master received, counted once they have run.
   const ownCommands = 3 * ctx.nodes.masters.length;
@@ -358,6 +359,7 @@ export async function runDrain(ctx: AnyBenchContext, plan: DrainPlan): Promise<D
             hashtableBytes: memoryAfter.hashtableBytes - memoryBefore.hashtableBytes,
             slotToKeysBytes: memoryAfter.slotToKeysBytes - memoryBefore.slotToKeysBytes,
             commandCalls: Object.fromEntries(callsDelta(commandsBefore, commandsAfter)),
+            commandUsec: Object.fromEntries(callsDelta(windowStart?.commandUsec ?? new Map(), end?.commandUsec ?? new Map())),
             errors: Object.fromEntries(callsDelta(errorsBefore, errorsAfter)),
           },
         }

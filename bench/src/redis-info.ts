@@ -23,6 +23,11 @@ export function commandCalls(info: Map<string, string>): Map<string, number> {
   return new Map([...commandTimes(info)].map(([command, time]) => [command, time.calls]));
 }
 
+/** Microseconds per command from INFO commandstats: inside a script's call, what its own commands spent counts both in them and in EVALSHA. */
+export function commandUsec(info: Map<string, string>): Map<string, number> {
+  return new Map([...commandTimes(info)].map(([command, time]) => [command, time.usec]));
+}
+
 /** Error replies per error prefix from INFO errorstats (`errorstat_MOVED:count=3`): on a cluster, MOVED and ASK are redirects to another node. */
 export function errorCounts(info: Map<string, string>): Map<string, number> {
   const counts = new Map<string, number>();

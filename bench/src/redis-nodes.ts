@@ -7,7 +7,7 @@
  */
 import { Redis } from 'ioredis';
 import { parseInfo } from '@tally/shared';
-import { commandCalls, errorCounts, keyspaceStats, sumCpuSeconds, sumInfoField, sumPerName } from './redis-info.js';
+import { commandCalls, commandUsec, errorCounts, keyspaceStats, sumCpuSeconds, sumInfoField, sumPerName } from './redis-info.js';
 
 export interface RedisNodes {
   readonly topology: 'standalone' | 'cluster';
@@ -77,9 +77,13 @@ export async function sampleCpu(nodes: RedisNodes): Promise<{ readonly masters: 
   return { masters: sumCpuSeconds(masters), replicas: nodes.replicas.length === 0 ? null : sumCpuSeconds(replicas) };
 }
 
-/** Calls per command, added up over the masters: what the clients sent (a replica only applies its master's stream). One INFO per master. */
-export async function sampleCommands(nodes: RedisNodes): Promise<Map<string, number>> {
-  return sumPerName((await infos(nodes.masters, 'commandstats')).map(commandCalls));
+/**
+ * Calls and microseconds per command, added up over the masters: what the clients sent (a replica only applies its
+ * master's stream). One INFO per master.
+ */
+export async function sampleCommands(nodes: RedisNodes): Promise<{ readonly calls: Map<string, number>; readonly usec: Map<string, number> }> {
+  const perMaster = await infos(nodes.masters, 'commandstats');
+  return { calls: sumPerName(perMaster.map(commandCalls)), usec: sumPerName(perMaster.map(commandUsec)) };
 }
 
 /** Error replies per prefix, added up over the masters (INFO errorstats; sampled outside the drain's command count). */

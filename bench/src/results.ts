@@ -123,6 +123,11 @@ export interface RedisDrainDetail {
   readonly slotToKeysBytes: number;
   /** Calls per command over the CPU window (INFO commandstats: the bench's own INFO and MGETs included, and the commands scripts call). */
   readonly commandCalls: Readonly<Record<string, number>>;
+  /**
+   * Microseconds per command over the same window (INFO commandstats usec). A script's own commands count both in
+   * them and in EVALSHA; what no command holds (reading and parsing requests, expiring keys) is the rest of the CPU.
+   */
+  readonly commandUsec?: Readonly<Record<string, number>>;
   /** Error replies by prefix from the flush before the drain to the stop after it (INFO errorstats): MOVED and ASK are redirects to another node. */
   readonly errors: Readonly<Record<string, number>>;
 }

@@ -1,7 +1,7 @@
 import { expect } from 'chai';
 import { parseProcStat, parseStatusBytes } from '../src/proc.js';
 import { parseInfo } from '@tally/shared';
-import { callsDelta, commandCalls, sumValues } from '../src/redis-info.js';
+import { callsDelta, commandCalls, commandUsec, sumValues } from '../src/redis-info.js';
 import { parseBenchArgs, BenchUsageError } from '../src/options.js';
 import { roundOrder } from '../src/run-bench.js';
 import { threadOfProfile } from '../src/profile-run.js';
@@ -22,6 +22,14 @@ describe('parsers', () => {
       ['mget', 2],
     ]);
     expect(sumValues(delta)).to.equal(9);
+    const usec = callsDelta(
+      commandUsec(parseInfo('# Commandstats\r\ncmdstat_get:calls=3,usec=10\r\ncmdstat_evalsha:calls=1,usec=500\r\n')),
+      commandUsec(parseInfo('# Commandstats\r\ncmdstat_get:calls=10,usec=25\r\ncmdstat_evalsha:calls=2,usec=1500\r\ncmdstat_info:calls=1\r\n')),
+    );
+    expect([...usec]).to.deep.equal([
+      ['get', 15],
+      ['evalsha', 1000],
+    ]);
   });
 
   it('parses flags with quick defaults and names the flag on a bad value', () => {
