@@ -136,6 +136,31 @@ export function renderFillTable(results: Pick<BenchResults, 'drains'>): string {
   return markdownTable(header, rows);
 }
 
+/**
+ * Per drain, where Redis's CPU went: the commands that took the most microseconds per message (INFO commandstats;
+ * a script's own commands count both in them and in evalsha), beside the CPU itself.
+ */
+export function renderCommandTimeTable(results: Pick<BenchResults, 'drains'>, top = 6): string {
+  const rows = results.drains
+    .filter((d) => d.redisDetail?.commandUsec !== undefined && d.redisCpuSeconds !== null && d.messages > 0)
+    .map((d) => {
+      const perMessage = Object.entries(d.redisDetail!.commandUsec!)
+        .filter(([command]) => command !== 'info')
+        .map(([command, usec]) => [command, usec / d.messages] as const)
+        .filter(([, usec]) => usec >= 0.005)
+        .sort((a, b) => b[1] - a[1]);
+      const shown = perMessage.slice(0, top).map(([command, usec]) => `${command} ${usec.toFixed(2)}`);
+      const rest = perMessage.slice(top).reduce((sum, [, usec]) => sum + usec, 0);
+      return [
+        String(d.round + 1),
+        `${d.contender}${d.variant === 'steady' ? ', steady' : ''}`,
+        cell((d.redisCpuSeconds! * 1e6) / d.messages, 2),
+        [...shown, ...(rest > 0 ? [`others ${rest.toFixed(2)}`] : [])].join(', ') || 'none',
+      ];
+    });
+  return markdownTable(['round', 'drain', 'Redis CPU µs / msg', 'µs / msg by command (a script holds its commands)'], rows);
+}
+
 /** The whole steady-state.md. */
 export function renderSteadyReport(results: BenchResults): string {
   const w = results.options as { workload?: Record<string, unknown>; steadyRate?: number; steadyPhase?: number | null; warmupMessages?: number } | undefined;
@@ -156,6 +181,10 @@ export function renderSteadyReport(results: BenchResults): string {
     '## Steady-state fills',
     '',
     renderFillTable(results),
+    '',
+    '## Redis time by command',
+    '',
+    renderCommandTimeTable(results),
     '',
     ...(results.problems.length > 0 ? ['## Problems', '', ...results.problems.map((p) => `- ${p}`), ''] : []),
   ].join('\n');

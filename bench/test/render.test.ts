@@ -1,5 +1,5 @@
 import { expect } from 'chai';
-import { cell, markdownTable, renderSteadyReport, renderSummaryTable } from '../src/render-table.js';
+import { cell, markdownTable, renderCommandTimeTable, renderSteadyReport, renderSummaryTable } from '../src/render-table.js';
 import { escapeXml, renderLineChart, textWidth, tickText, ticks } from '../src/render-svg.js';
 import type { BenchResults, ContenderSummary } from '../src/results.js';
 
@@ -80,6 +80,30 @@ describe('steady-state report', () => {
   it('says when every contender was filled at one --steady-phase, and says nothing of it on the clock', () => {
     expect(renderSteadyReport(results({ steadyRate: 2000, steadyPhase: 0.5 }))).to.include('bucket of now is filled 50 % full (--steady-phase)');
     expect(renderSteadyReport(results({ steadyRate: 2000, steadyPhase: null }))).not.to.include('--steady-phase');
+  });
+
+  it('says per drain which commands took Redis its microseconds per message, the largest first', () => {
+    const drain = (contender: string, variant: string | undefined, commandUsec: Record<string, number> | undefined) =>
+      ({
+        contender,
+        round: 0,
+        messages: 1_000,
+        redisCpuSeconds: 0.00635,
+        ...(variant ? { variant } : {}),
+        redisDetail: { keys: 0, hashtableBytes: 0, slotToKeysBytes: 0, commandCalls: {}, errors: {}, ...(commandUsec ? { commandUsec } : {}) },
+      }) as unknown as BenchResults['drains'][number];
+    const table = renderCommandTimeTable(
+      {
+        drains: [
+          drain('tally-native-claims', 'steady', { incrby: 1_060, evalsha: 2_900, hsetnx: 1_580, info: 90, hget: 80, time: 1 }),
+          drain('ceiling', undefined, undefined),
+        ],
+      },
+      2,
+    );
+    expect(table).to.include('| 1 | tally-native-claims, steady | 6.35 | evalsha 2.90, hsetnx 1.58, others 1.14 |');
+    expect(table, 'a drain without the figures is left out').not.to.include('ceiling');
+    expect(table, "the bench's own INFO is not the contender's").not.to.include('info');
   });
 });
 
