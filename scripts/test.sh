@@ -34,24 +34,37 @@ run_step() {
 # Their output follows the foreground's; a failure is reported without
 # stopping anything.
 WORKER_LOG="$(mktemp)"
-trap 'rm -f "$LOG" "$LINT_LOG" "$WORKER_LOG"' EXIT
+background_pid=""
+# On any exit (an interrupt included) the background job goes too: its own
+# process group, so its servers and test processes with it.
+cleanup_background() {
+  if [ -n "$background_pid" ]; then kill -- "-$background_pid" 2>/dev/null || true; fi
+  rm -f "$LOG" "$LINT_LOG" "$WORKER_LOG" "$LINT_LOG.status" "$WORKER_LOG.status"
+}
+trap cleanup_background EXIT
+background_step() {
+  local started=$SECONDS
+  "${@:2}" >"$1" 2>&1
+  echo "$? $((SECONDS - started))" >"$1.status"
+}
+set -m # the background job gets its own process group, for the trap
 (
   set +e
-  pnpm lint >"$LINT_LOG" 2>&1
-  echo $? >"$LINT_LOG.status"
-  pnpm --filter @tally/worker test >"$WORKER_LOG" 2>&1
-  echo $? >"$WORKER_LOG.status"
+  background_step "$LINT_LOG" pnpm lint
+  background_step "$WORKER_LOG" pnpm --filter @tally/worker test
 ) &
 background_pid=$!
+set +m
 run_step pnpm exec turbo run test --concurrency=1 --continue --filter='!@tally/worker'
 wait "$background_pid" || true
+background_pid=""
 for step in "pnpm lint:$LINT_LOG" "pnpm --filter @tally/worker test:$WORKER_LOG"; do
   name="${step%%:*}"
   file="${step#*:}"
   echo "== $name (in the background)"
   tee -a "$LOG" <"$file"
-  step_status="$(cat "$file.status" 2>/dev/null || echo 1)"
-  rm -f "$file.status"
+  read -r step_status step_seconds <"$file.status" 2>/dev/null || { step_status=1; step_seconds='?'; }
+  echo "== $name took $step_seconds s (in the background)"
   if [ "$step_status" -ne 0 ]; then
     echo "== FAILED ($step_status): $name"
     status=$step_status

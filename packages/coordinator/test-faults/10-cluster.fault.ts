@@ -81,13 +81,14 @@ describe('faults: Redis Cluster', function () {
       });
       const fleet = new DaemonFleet();
       const random = seededRandom(mode === 'atomic' ? 61 : 62);
+      let publishing: ReturnType<typeof publishDuringKills> | undefined;
       try {
         const workload = generateWorkload({ messages: 12_000, skus: 1_000, seed: 63, duplicateRate: 0.02, badRate: 0.01, idPrefix: space.queue, ...SHAPE });
         const parts = partsById(workload.publishes, VSHARDS);
         const daemons: DaemonProcess[] = [];
         for (let i = 0; i < 3; i++) daemons.push(await fleet.start(space.env));
         // Publishing goes on while daemons die: paced slices, then a trickle for as long as kills remain.
-        const publishing = publishDuringKills(workload.publishes, { url: AMQP_URL, queue: space.queue }, { slices: 24, pauseMs: 600 });
+        publishing = publishDuringKills(workload.publishes, { url: AMQP_URL, queue: space.queue }, { slices: 24, pauseMs: 600 });
         const kills = 4;
         for (let k = 0; k < kills; k++) {
           const victim = Math.floor(random() * daemons.length);
@@ -136,6 +137,7 @@ describe('faults: Redis Cluster', function () {
         if (mode === 'atomic') expect(check.overcountUnits, 'atomic overcount').to.equal(0);
         for (let v = 0; v < VSHARDS; v++) expect(check.excessPerShard[v], `excess of shard ${v}`).to.be.at.most(boundPerShard[v]!);
       } finally {
+        await publishing?.abort();
         await fleet.killAll();
         await cleanup(space);
       }

@@ -15,6 +15,7 @@ import { createRedisClient } from '@tally/runtime';
 import type { BatchLog } from '../src/batch-log.js';
 import { runAtomicBatch } from '../src/atomic-batch.js';
 import { runTwoStepBatch } from '../src/two-step-batch.js';
+import { monitorFence } from './monitor-fence.js';
 
 const REDIS_URL = process.env.TALLY_REDIS_URL ?? 'redis://127.0.0.1:6379';
 const INT64_MAX = 9223372036854775807n;
@@ -155,7 +156,7 @@ describe('count refusals against a real Redis (both modes)', function () {
       try {
         const task = batch(1);
         const result = await run(mode)(client, settings(mode), task, log);
-        await new Promise((resolve) => setTimeout(resolve, 200));
+        await monitorFence(monitor, redis, `${prefix}monitor-fence`);
         expect(result.refusals).to.deep.equal([]);
         expect(incrs.length, 'GOOD, BAD and 12 OWN keys').to.equal(14);
         expect(await count('GOOD')).to.equal('12');

@@ -23,6 +23,7 @@ import { runAtomicBatch } from '../src/atomic-batch.js';
 import { evalshaArgs, runScript } from '../src/lua-scripts.js';
 import { OCCUPY_MARKERS, runTwoStepBatch, WRITE_COUNTS } from '../src/two-step-batch.js';
 import { markerEntry, readMarkers, startPrivateRedis, startProxy, testWorkerSettings } from '@tally/testkit';
+import { monitorFence } from './monitor-fence.js';
 
 /** Tasks built by the tests carry the ids (the coordinator sends digests only). */
 type TestTask = BatchTask & { readonly ids: readonly string[] };
@@ -145,7 +146,7 @@ describe('two-step batch against a real Redis', function () {
     try {
       const task = taskFor(runId);
       await runTwoStepBatch(client, settingsFor(prefix), task, quiet);
-      await new Promise((resolve) => setTimeout(resolve, 200));
+      await monitorFence(monitor, redis, `${prefix}monitor-fence`);
       const firstMarkerSet = seen.findIndex((line) => line.startsWith(`occupy ${prefix}mk:`));
       const lastIncr = seen.map((line) => line.startsWith('incrby ')).lastIndexOf(true);
       const receipt = seen.findIndex((line) => line.startsWith(`set ${prefix}w:`));

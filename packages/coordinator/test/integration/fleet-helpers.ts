@@ -32,40 +32,45 @@ export async function until<T>(what: string, probe: () => Promise<T | undefined>
   }
 }
 
-/** Messages per trickled chunk, and the pause between chunks: 120 msg/s, so a kept-back quarter of 3,000 lasts 25 s. */
+/** Messages per trickled chunk, and the pause between chunks: about 120 msg/s, so a last quarter of 3,000 lasts 25 s or more. */
 const TRICKLE_SIZE = 12;
 const TRICKLE_EVERY_MS = 100;
 
 /**
  * Publishes a workload in the background while a test kills daemons on
  * progress (once a victim's heartbeat shows deliveries in its hands). Three
- * quarters go in paced slices; the last quarter is kept back and trickled for
- * as long as kills remain, so a kill always has deliveries to wait on however
- * slowly the daemons restart. (A fixed pace was not enough: on one CI run the
- * restarts on a Redis Cluster outlasted the publishing, and the last kill
- * waited two minutes for deliveries that never came.) `killsOver()` sends
- * the rest at once; `done` resolves with the count the broker confirmed.
+ * quarters go in paced slices; the last quarter is trickled for as long as
+ * kills remain, which gives the kills 25 s or more beyond the paced part
+ * (the four kills of a test take 5 to 20). A fixed pace was not enough: on
+ * one CI run the restarts on a Redis Cluster outlasted it, and the last kill
+ * waited two minutes for deliveries that never came.
+ *
+ * `killsOver()` sends the rest at once; `done` resolves with the count the
+ * broker confirmed. `abort()`, for a test's `finally` before it deletes the
+ * queue: publishing stops after the chunk in hand (a publisher left running
+ * would declare the deleted queue again).
  */
 export function publishDuringKills(
   publishes: readonly Publish[],
   options: PublishOptions,
   pace: { slices: number; pauseMs: number },
-): { done: Promise<number>; killsOver: () => void } {
+): { done: Promise<number>; killsOver: () => void; abort: () => Promise<void> } {
   let killing = true;
-  const keptBack = Math.floor(publishes.length * 0.75);
+  let aborted = false;
+  const paced = Math.floor(publishes.length * 0.75);
   const done = (async () => {
     let published = 0;
-    const per = Math.ceil(keptBack / pace.slices);
-    for (let s = 0; s < pace.slices; s++) {
-      published += await publishAll(publishes.slice(s * per, Math.min((s + 1) * per, keptBack)), options);
+    const per = Math.ceil(paced / pace.slices);
+    for (let s = 0; s < pace.slices && !aborted; s++) {
+      published += await publishAll(publishes.slice(s * per, Math.min((s + 1) * per, paced)), options);
       await sleep(pace.pauseMs);
     }
-    let at = keptBack;
-    for (; killing && at < publishes.length; at += TRICKLE_SIZE) {
+    let at = paced;
+    for (; killing && !aborted && at < publishes.length; at += TRICKLE_SIZE) {
       published += await publishAll(publishes.slice(at, at + TRICKLE_SIZE), options);
       await sleep(TRICKLE_EVERY_MS);
     }
-    if (at < publishes.length) published += await publishAll(publishes.slice(at), options);
+    if (!aborted && at < publishes.length) published += await publishAll(publishes.slice(at), options);
     return published;
   })();
   // A test that fails before awaiting `done` must not leave its rejection unhandled.
@@ -74,6 +79,10 @@ export function publishDuringKills(
     done,
     killsOver: () => {
       killing = false;
+    },
+    abort: async () => {
+      aborted = true;
+      await done.catch(() => {});
     },
   };
 }

@@ -213,6 +213,7 @@ describe('several daemons on one queue and one Redis (integration)', function ()
       });
       const daemons: DaemonProcess[] = [];
       const random = seededRandom(mode === 'atomic' ? 41 : 42);
+      let publishing: ReturnType<typeof publishDuringKills> | undefined;
       try {
         const workload = generateWorkload({
           messages: 12_000,
@@ -227,7 +228,7 @@ describe('several daemons on one queue and one Redis (integration)', function ()
         for (let i = 0; i < DAEMONS; i++) daemons.push(await startDaemon(daemonEnv(space.env, i)));
         // Publishing goes on in the background while daemons die (about 12 s of paced slices, then a
         // trickle for as long as kills remain: the four kills and restarts take 5 to 8 s here).
-        const publishing = publishDuringKills(workload.publishes, { url: AMQP_URL, queue: space.queue }, { slices: 30, pauseMs: 350 });
+        publishing = publishDuringKills(workload.publishes, { url: AMQP_URL, queue: space.queue }, { slices: 30, pauseMs: 350 });
         const kills = 4;
         const parts = partsById(workload.publishes, VSHARDS);
         /** Per kill, per shard: what the victim left claimed and unmarked (two-step), its window's upper bound. */
@@ -311,6 +312,7 @@ describe('several daemons on one queue and one Redis (integration)', function ()
             `outcome counters short of the good messages by ${Math.max(0, shortfall)} (unflushed at the kills); stats ${JSON.stringify(stats)}`,
         );
       } finally {
+        await publishing?.abort();
         for (const d of daemons) if (d.child.exitCode === null && d.child.signalCode === null) d.child.kill('SIGKILL');
         await cleanup(space);
       }
