@@ -359,7 +359,8 @@ export async function runDrain(ctx: AnyBenchContext, plan: DrainPlan): Promise<D
             hashtableBytes: memoryAfter.hashtableBytes - memoryBefore.hashtableBytes,
             slotToKeysBytes: memoryAfter.slotToKeysBytes - memoryBefore.slotToKeysBytes,
             commandCalls: Object.fromEntries(callsDelta(commandsBefore, commandsAfter)),
-            commandUsec: Object.fromEntries(callsDelta(windowStart?.commandUsec ?? new Map(), end?.commandUsec ?? new Map())),
+            // Only over a whole window: one end missing would leave totals since the server started.
+            ...(windowStart && end ? { commandUsec: Object.fromEntries(callsDelta(windowStart.commandUsec, end.commandUsec)) } : {}),
             errors: Object.fromEntries(callsDelta(errorsBefore, errorsAfter)),
           },
         }

@@ -120,6 +120,7 @@ export async function runBench(options: BenchOptions, log: (line: string) => voi
     // Latency runs and the sweeps publish into queues: the stream contenders are measured by their drains. A quick
     // run (CI's) leaves out naive too: at half the ceiling's rate it is overloaded, and waited 11 s for a backlog.
     const latencyContenders = contenders.filter((c) => !readsStream(c) && !(options.quick && c === 'naive'));
+    if (options.quick && contenders.includes('naive')) log('quick run: naive drains, but has no latency run (overloaded at half the ceiling)');
     const ceilingRates: number[] = [];
     const fallbackRate = () => median(ceilingRates) || 5_000;
 
