@@ -58,9 +58,9 @@ set +m
 run_step pnpm exec turbo run test --concurrency=1 --continue --filter='!@tally/worker'
 wait "$background_pid" || true
 background_pid=""
-for step in "pnpm lint:$LINT_LOG" "pnpm --filter @tally/worker test:$WORKER_LOG"; do
-  name="${step%%:*}"
-  file="${step#*:}"
+# A background step's output, time and status, reported as run_step does.
+report_background() {
+  local name=$1 file=$2 step_status step_seconds
   echo "== $name (in the background)"
   tee -a "$LOG" <"$file"
   read -r step_status step_seconds <"$file.status" 2>/dev/null || { step_status=1; step_seconds='?'; }
@@ -69,7 +69,9 @@ for step in "pnpm lint:$LINT_LOG" "pnpm --filter @tally/worker test:$WORKER_LOG"
     echo "== FAILED ($step_status): $name"
     status=$step_status
   fi
-done
+}
+report_background "pnpm lint" "$LINT_LOG"
+report_background "pnpm --filter @tally/worker test" "$WORKER_LOG"
 run_step pnpm test:faults
 run_step pnpm bench --quick
 # The steady-state drains on a small population (1,000 msg/s: 750k markers, still hashtables; the
