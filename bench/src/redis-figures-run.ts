@@ -60,6 +60,11 @@ export async function runRedisFigures(
   rounds: number,
   log: (line: string) => void,
   steady: FigureSteadyState | null = null,
+  /**
+   * Drained first by every contender, outside the measured window (--warmup): without it a short drain pays its
+   * one-time costs (script loads, a steady prefix's settled filters copied into the thread, shapes learned) per message.
+   */
+  warmup?: Workload,
 ): Promise<{ drains: TopologyDrain[]; idle: IdleCpu[] }> {
   const idle: IdleCpu[] = [];
   for (const topology of topologies) {
@@ -83,6 +88,7 @@ export async function runRedisFigures(
           round,
           label: `${topology.name}.${atSteadyState ? 'ss' : 'r'}${round}`,
           workload,
+          ...(warmup ? { warmup } : {}),
           measureMarkers: !atSteadyState,
           ...(atSteadyState && steady !== null
             ? {
@@ -97,7 +103,7 @@ export async function runRedisFigures(
                         countShares: countSharesOf.get(topology)!,
                         seed: steady.seed + round,
                         // At 3,000 msg/s, plus the preload and the stop (as run-bench.ts plans it).
-                        drainBudgetS: workload.publishes.length / 3_000 + 15,
+                        drainBudgetS: (workload.publishes.length + (warmup?.publishes.length ?? 0)) / 3_000 + 15,
                         phase: steady.phase ?? null,
                       }),
               }

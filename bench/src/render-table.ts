@@ -2,7 +2,7 @@
  * Pure: the Markdown tables printed at the end of a run and written to
  * bench/results/latest.md.
  */
-import type { BenchResults, ContenderSummary, SweepRecord } from './results.js';
+import type { BenchResults, ContenderSummary, DrainRecord, SweepRecord } from './results.js';
 
 /** A number for a table cell: `n/a` for NaN, thousands separated, fixed decimals. */
 export function cell(value: number, decimals = 0, suffix = ''): string {
@@ -140,7 +140,7 @@ export function renderFillTable(results: Pick<BenchResults, 'drains'>): string {
  * Per drain, where Redis's CPU went: the commands that took the most microseconds per message (INFO commandstats;
  * a script's own commands count both in them and in evalsha), beside the CPU itself.
  */
-export function renderCommandTimeTable(results: Pick<BenchResults, 'drains'>, top = 6): string {
+export function renderCommandTimeTable(results: Pick<BenchResults, 'drains'>, top = 6, topologyOf?: (drain: DrainRecord) => string): string {
   const rows = results.drains
     .filter((d) => d.redisDetail?.commandUsec !== undefined && d.redisCpuSeconds !== null && d.messages > 0)
     .map((d) => {
@@ -153,12 +153,16 @@ export function renderCommandTimeTable(results: Pick<BenchResults, 'drains'>, to
       const rest = perMessage.slice(top).reduce((sum, [, usec]) => sum + usec, 0);
       return [
         String(d.round + 1),
+        ...(topologyOf ? [topologyOf(d)] : []),
         `${d.contender}${d.variant === 'steady' ? ', steady' : ''}`,
         cell((d.redisCpuSeconds! * 1e6) / d.messages, 2),
         [...shown, ...(rest > 0 ? [`others ${rest.toFixed(2)}`] : [])].join(', ') || 'none',
       ];
     });
-  return markdownTable(['round', 'drain', 'Redis CPU µs / msg', 'µs / msg by command (a script holds its commands)'], rows);
+  return markdownTable(
+    ['round', ...(topologyOf ? ['topology'] : []), 'drain', 'Redis CPU µs / msg', 'µs / msg by command (a script holds its commands)'],
+    rows,
+  );
 }
 
 /** The whole steady-state.md. */

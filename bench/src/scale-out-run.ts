@@ -44,6 +44,7 @@ import {
 } from './redis-figures.js';
 import { runRedisFigures } from './redis-figures-run.js';
 import { BENCH_SERVER_ARGS, clusterNodes, disconnectNodes, type RedisNodes } from './redis-nodes.js';
+import { renderCommandTimeTable } from './render-table.js';
 import { roundOrder } from './run-bench.js';
 import { median } from './stats.js';
 
@@ -226,6 +227,7 @@ export async function runScaleOut(options: BenchOptions, outDir: string, log: (l
         (await cluster.replicas()).map((n) => n.url),
       );
       const shared = { redisPrivate: true, runId: `${runId}f`, traceSinkUrl: 'http://127.0.0.1:4318', log };
+      log(`Redis figures: ${options.warmupMessages} warm-up messages drained by every contender before its measured window`);
       const measured = await runRedisFigures(
         [
           { name: 'standalone', ctx: benchContext(options, { ...shared, redisUrl: standalone.url, redis: standaloneClient }) },
@@ -238,6 +240,9 @@ export async function runScaleOut(options: BenchOptions, outDir: string, log: (l
         options.rounds,
         log,
         options.steadyState ? { rate: options.steadyRate, seed: options.seed, phase: options.steadyPhase } : null,
+        options.warmupMessages > 0
+          ? generateWorkload({ ...workloadShape(options), messages: options.warmupMessages, badRate: 0, seed: options.seed + 7_919, idPrefix: 'warm' })
+          : undefined,
       );
       figures = { ...measured, rows: summarizeFigures(measured.drains, measured.idle, options.rounds) };
     }
@@ -261,6 +266,12 @@ export async function runScaleOut(options: BenchOptions, outDir: string, log: (l
         renderClusterRatioTable(figures.rows),
         '### Where the bytes go, and redirects to another node',
         renderBreakdownTable(figures.rows),
+        '### Redis time by command (masters summed)',
+        renderCommandTimeTable(
+          { drains: figures.drains.map((d) => d.record) },
+          8,
+          (record) => figures!.drains.find((d) => d.record === record)?.topology ?? '',
+        ),
       ].join('\n\n')
     : '';
   const heading =

@@ -104,6 +104,13 @@ describe('steady-state report', () => {
     expect(table).to.include('| 1 | tally-native-claims, steady | 6.35 | evalsha 2.90, hsetnx 1.58, others 1.14 |');
     expect(table, 'a drain without the figures is left out').not.to.include('ceiling');
     expect(table, "the bench's own INFO is not the contender's").not.to.include('info');
+    // --scale-out's figures: the same drain on each topology, told apart by a column.
+    const standalone = drain('tally-two-step', undefined, { evalsha: 900 });
+    const cluster = drain('tally-two-step', undefined, { evalsha: 1_400 });
+    const byTopology = renderCommandTimeTable({ drains: [standalone, cluster] }, 2, (d) => (d === cluster ? 'cluster' : 'standalone'));
+    expect(byTopology).to.include('| round | topology | drain |');
+    expect(byTopology).to.include('| 1 | standalone | tally-two-step | 6.35 | evalsha 0.90 |');
+    expect(byTopology).to.include('| 1 | cluster | tally-two-step | 6.35 | evalsha 1.40 |');
   });
 });
 
