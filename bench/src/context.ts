@@ -69,7 +69,8 @@ export function benchContext<Client extends Redis | Cluster = Redis>(
     prefetch: options.prefetch,
     ackEvery: options.ackEvery,
     ackWaitMs: options.ackWaitMs,
-    virtualShards: 16,
+    // The daemons' own count (--tally-env may set it): counts and steady fills are laid out by it.
+    virtualShards: Number(options.tallyEnv.TALLY_VIRTUAL_SHARDS ?? 16),
     tallyEnv: options.tallyEnv,
   };
 }

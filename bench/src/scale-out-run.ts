@@ -50,6 +50,11 @@ import { median } from './stats.js';
 
 const VIRTUAL_SHARDS = 16;
 
+/** The daemons' virtual shard count: 16 unless --tally-env sets TALLY_VIRTUAL_SHARDS (coarser parts on a cluster, say), so counts are read where they were written. */
+function virtualShardsOf(options: Pick<BenchOptions, 'tallyEnv'>): number {
+  return Number(options.tallyEnv.TALLY_VIRTUAL_SHARDS ?? VIRTUAL_SHARDS);
+}
+
 export interface ScaleOutRecord {
   readonly topology: 'standalone' | 'cluster';
   readonly daemons: number;
@@ -86,9 +91,10 @@ async function watchDrain(
   queue: string,
   prefix: string,
   truth: ReadonlyMap<string, number>,
+  virtualShards: number,
 ): Promise<number | null> {
   let pending = [...truth].map(([sku, want]) => {
-    const vshard = shardOf(sku, VIRTUAL_SHARDS);
+    const vshard = shardOf(sku, virtualShards);
     return { key: countKey(prefix, vshard, sku), vshard, want };
   });
   let lastProgress = Date.now();
@@ -131,7 +137,7 @@ async function runOne(options: BenchOptions, topology: Topology, daemons: number
           ackWaitMs: options.ackWaitMs,
           expected: messages,
           recordLatency: false,
-          tallyEnv: { TALLY_VIRTUAL_SHARDS: String(VIRTUAL_SHARDS), ...options.tallyEnv },
+          tallyEnv: { TALLY_VIRTUAL_SHARDS: String(virtualShardsOf(options)), ...options.tallyEnv },
         }),
       ),
     );
@@ -139,7 +145,7 @@ async function runOne(options: BenchOptions, topology: Topology, daemons: number
     const connection = await amqp.connect(options.amqpUrl, { clientProperties: { connection_name: 'tally-bench-watch' } });
     try {
       const channel = await connection.createChannel();
-      const endedAt = await watchDrain(topology, channel, queue, prefix, workload.truth);
+      const endedAt = await watchDrain(topology, channel, queue, prefix, workload.truth, virtualShardsOf(options));
       const startedAt = Math.min(...running.map((r) => r.consumingAt));
       if (endedAt === null) problem = 'drain stalled';
       else seconds = (endedAt - startedAt) / 1000;
@@ -154,7 +160,7 @@ async function runOne(options: BenchOptions, topology: Topology, daemons: number
       problem = `a daemon exited with ${exits.map((e) => e.code ?? e.signal).join(', ')} on SIGTERM`;
   }
   if ((await queueState(options.amqpUrl, queue)).messageCount !== 0) problem ??= 'messages left in the queue';
-  const counts = await readCounts(topology.client, { prefix, virtualShards: VIRTUAL_SHARDS }, []);
+  const counts = await readCounts(topology.client, { prefix, virtualShards: virtualShardsOf(options) }, []);
   const check = compareWithTruth(counts, workload.truth);
   if (!check.exact) problem = `${problem ? `${problem}; ` : ''}counts: ${describeTruthCheck(check, counts, workload.truth)}`;
   await resetNamespace({ amqpUrl: options.amqpUrl, redisUrl: topology.url, queue, prefix });
