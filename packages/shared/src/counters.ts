@@ -15,6 +15,8 @@ export const COUNTERS = Object.freeze({
   write_retries: 'count writes retried after a Redis error (each resolved by its write receipt)',
   count_errors:
     'parts Redis refused to count (a foreign value in a count key, a 64-bit overflow): each counted nothing and its message was dead-lettered count-refused',
+  undo_failures:
+    'parts of refused messages whose counts on another count shard could not be taken back (message-scoped markers on a Redis Cluster: the key changed between the write and the undo): those counts stand, an overcount `tally deviation` does not include; the error log names each key and the delta to subtract before the dead letter is replayed',
   wait_timeouts: 'WAITs (TALLY_REDIS_WAIT_REPLICAS) that timed out before enough replicas acknowledged a batch: retried, its deliveries unacked meanwhile',
   claim_holds:
     'message parts held back because another daemon had claimed them (two-step: a copy of the message was being counted elsewhere at that instant); each is retried until that daemon marks it or its claim runs out',

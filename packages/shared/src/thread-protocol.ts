@@ -62,15 +62,18 @@ export function isThreadReply<K extends ThreadRequestKind>(kind: K, reply: unkno
 
 /**
  * What a thread posts while a batch runs: a WAIT that timed out (the stall
- * must show meanwhile), and the Redis health of its batch steps
- * (redis-health.ts: a failed attempt, the first success after one).
+ * must show meanwhile), the Redis health of its batch steps
+ * (redis-health.ts: a failed attempt, the first success after one), and a
+ * refused message's counts on another shard that could not be undone
+ * (cross-slot-counts.ts: an overcount, counted as it happens).
  */
 export type ThreadEvent =
   | { readonly kind: 'wait-timeout'; readonly vshard: number; readonly acked: number; readonly wanted: number }
-  | { readonly kind: 'redis-health'; readonly health: RedisHealthEvent };
+  | { readonly kind: 'redis-health'; readonly health: RedisHealthEvent }
+  | { readonly kind: 'undo-failed'; readonly vshard: number; readonly shard: number; readonly parts: number };
 
 /** Whether a posted value is a ThreadEvent: anything else on the port is ignored by the coordinator (piscina's own messages never reach it). */
 export function isThreadEvent(value: unknown): value is ThreadEvent {
   const kind = (value as { kind?: unknown } | null)?.kind;
-  return kind === 'wait-timeout' || kind === 'redis-health';
+  return kind === 'wait-timeout' || kind === 'redis-health' || kind === 'undo-failed';
 }

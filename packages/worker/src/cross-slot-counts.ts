@@ -24,7 +24,11 @@
  *   nothing there but may have counted on the others: its increments there
  *   are undone (the same deltas negated, under an `~undo` receipt of their
  *   own), so a refused message counts nothing anywhere and its replay
- *   counts it once. Counts are sums: the undo is exact.
+ *   counts it once. Counts are sums: the undo is exact. Only a key that
+ *   changed between the write and the undo (turned foreign, or pushed to
+ *   the edge of the 64-bit range) can refuse it; then those counts stand,
+ *   `undo_failures` counts the parts and the error line names each key and
+ *   the delta to subtract before the dead letter is replayed.
  * - Durability with TALLY_REDIS_WAIT_REPLICAS=N: before the occupation each
  *   shard's receipt is touched (EXPIRE, a write on the same connection) and
  *   WAITed for, so no marker is occupied while counts it stands for live on
@@ -71,6 +75,8 @@ export interface CrossSlotDeps {
   /** Retries an idempotent step until it is done (the batch's untilDone); `onFailure` runs on each failed attempt. */
   readonly untilDone: <T>(step: string, run: () => Promise<T>, onFailure?: () => void) => Promise<T>;
   readonly onWaitTimeout?: OnWaitTimeout;
+  /** An undo Redis refused: its parts' counts on that shard stand (BatchHooks.onUndoFailed). */
+  readonly onUndoFailed?: (task: BatchTask, shard: number, parts: number) => void;
 }
 
 /** The batch's new parts by count shard, for a thread that knows the shard count (checked: a guess would write counts where no reader looks). */
@@ -195,12 +201,16 @@ async function undoRefusedParts(
     const argv = [ttl.ttlS, settings.markerTtlS, 'sums', '', ...[...negated.values()].map(String)];
     undos.push(
       run(receipt, keys, argv).then((reply) => {
-        // Undoing increments just made cannot overflow unless the key changed meanwhile: say so, loudly, with the figures.
+        // Undoing increments just made cannot be refused unless the key changed meanwhile: say so, loudly, with the figures.
         if (reply[0] === ScriptReply.WRITE_ISOLATE) {
+          // An undo is all or nothing in its slot: every one of these increments stands.
+          const stand = Object.fromEntries([...negated].map(([sku, negative]) => [countKey(settings.prefix, group.shard, sku), (-negative).toString()]));
           log.error(
-            { batchId: task.batchId, shard: group.shard, parts: toUndo },
-            'could not undo a refused message on another count shard: its counts there stand (an overcount; tally deviation does not see it)',
+            { batchId: task.batchId, shard: group.shard, parts: toUndo, stand },
+            'could not undo the counts of a refused message on another count shard (a key there changed since the write): those counts stand, an overcount tally deviation does not include. ' +
+              'Before replaying its dead letter, subtract each delta under "stand" from its key (INCRBY key -delta), or the replay counts them again',
           );
+          deps.onUndoFailed?.(task, group.shard, toUndo.length);
         }
         return receipt;
       }),

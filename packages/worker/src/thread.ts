@@ -55,11 +55,16 @@ function batchHooks(): BatchHooks {
     const event: ThreadEvent = { kind: 'wait-timeout', vshard: task.vshard, acked, wanted };
     parentPort?.postMessage(event);
   };
+  const onUndoFailed = (task: BatchTask, shard: number, parts: number): void => {
+    const event: ThreadEvent = { kind: 'undo-failed', vshard: task.vshard, shard, parts };
+    parentPort?.postMessage(event);
+  };
   const exitAfter = loadFaultInjection(process.env).threadExitAfterWrite;
-  if (exitAfter === null) return { onWaitTimeout };
+  if (exitAfter === null) return { onWaitTimeout, onUndoFailed };
   let writes = 0;
   return {
     onWaitTimeout,
+    onUndoFailed,
     afterCountWrite(task) {
       if (++writes < exitAfter) return;
       log.warn({ vshard: task.vshard, batchId: task.batchId, writes }, 'fault injection: worker thread exits after a count write');

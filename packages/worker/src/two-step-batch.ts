@@ -161,6 +161,7 @@ export async function runTwoStepBatch(
         log,
         untilDone: (step, run, onFailure) => untilDone(step, task, log, run, onFailure),
         ...(hooks.onWaitTimeout === undefined ? {} : { onWaitTimeout: hooks.onWaitTimeout }),
+        ...(hooks.onUndoFailed === undefined ? {} : { onUndoFailed: hooks.onUndoFailed }),
       }),
     );
     writeRetries = written.retries;

@@ -43,7 +43,8 @@ export function openThreads(context: StartContext, redis: RedisEdge, layout: Lay
       if (event.kind === 'wait-timeout') {
         counters.stats.add('wait_timeouts');
         redis.replicaWatch?.nudge();
-      } else redis.health.apply(event.health);
+      } else if (event.kind === 'undo-failed') counters.stats.add('undo_failures', event.parts);
+      else redis.health.apply(event.health);
     },
   );
   closeSteps.add({ name: 'flushing worker spans', timeoutMs: 500, run: () => pools.flushTelemetry() });
