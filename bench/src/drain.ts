@@ -303,9 +303,10 @@ export async function runDrain(ctx: AnyBenchContext, plan: DrainPlan): Promise<D
         contender,
         round: plan.round,
         markers: measured.markers,
-        messages: workload.good,
+        // The warm-up's markers are measured too.
+        messages: workload.good + (plan.warmup?.good ?? 0),
         bytesPerMarker: measured.bytes / measured.markers,
-        bytesPerMessage: measured.bytes / workload.good,
+        bytesPerMessage: measured.bytes / (workload.good + (plan.warmup?.good ?? 0)),
       };
     }
   }

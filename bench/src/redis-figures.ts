@@ -84,6 +84,11 @@ export function idleCpuPerSecond(idle: readonly IdleCpu[], topology: TopologyNam
   return median(mine.map((i) => i.mastersCpuSeconds / i.seconds));
 }
 
+/** Deliveries whose writes a drain's memory figures hold: the warm-up's too (results.ts, redisBytesPerMessage). */
+function written(d: DrainRecord): number {
+  return d.memoryDeliveries ?? d.messages;
+}
+
 export function summarizeFigures(drains: readonly TopologyDrain[], idle: readonly IdleCpu[], rounds: number): FiguresRow[] {
   const rows: FiguresRow[] = [];
   for (const topology of ['standalone', 'cluster'] as const) {
@@ -112,16 +117,16 @@ export function summarizeFigures(drains: readonly TopologyDrain[], idle: readonl
         idleCpuUsPerMessage: medianOf(own, (d) => (Number.isFinite(idleRate) ? (idleRate * d.seconds * 1e6) / d.messages : null)),
         redisBytesPerMessage: s.redisBytesPerMessage,
         perMasterBytesPerMessage: Array.from({ length: masters }, (_, i) =>
-          medianOf(own, (d) => (d.cluster ? d.cluster.perMasterMemoryBytes[i]! / d.messages : null)),
+          medianOf(own, (d) => (d.cluster ? d.cluster.perMasterMemoryBytes[i]! / written(d) : null)),
         ),
-        backlogBytesPerMessage: medianOf(own, (d) => (d.cluster ? d.cluster.replicationBacklogBytes / d.messages : null)),
-        replicaBytesPerMessage: medianOf(own, (d) => (d.cluster ? d.cluster.replicaMemoryBytes / d.messages : null)),
+        backlogBytesPerMessage: medianOf(own, (d) => (d.cluster ? d.cluster.replicationBacklogBytes / written(d) : null)),
+        replicaBytesPerMessage: medianOf(own, (d) => (d.cluster ? d.cluster.replicaMemoryBytes / written(d) : null)),
         replicaCpuUsPerMessage: medianOf(own, (d) => (d.cluster ? (d.cluster.replicaCpuSeconds * 1e6) / d.messages : null)),
         redisCommandsPerMessage: s.redisCommandsPerMessage,
         markerBytesPerMessage: s.markerBytesPerMessage,
-        keysPerMessage: medianOf(own, (d) => (d.redisDetail ? d.redisDetail.keys / d.messages : null)),
-        hashtableBytesPerMessage: medianOf(own, (d) => (d.redisDetail ? d.redisDetail.hashtableBytes / d.messages : null)),
-        slotToKeysBytesPerMessage: medianOf(own, (d) => (d.redisDetail ? d.redisDetail.slotToKeysBytes / d.messages : null)),
+        keysPerMessage: medianOf(own, (d) => (d.redisDetail ? d.redisDetail.keys / written(d) : null)),
+        hashtableBytesPerMessage: medianOf(own, (d) => (d.redisDetail ? d.redisDetail.hashtableBytes / written(d) : null)),
+        slotToKeysBytesPerMessage: medianOf(own, (d) => (d.redisDetail ? d.redisDetail.slotToKeysBytes / written(d) : null)),
         redirects: sum(own.map((d) => (d.redisDetail?.errors.MOVED ?? 0) + (d.redisDetail?.errors.ASK ?? 0))),
         correct: s.correct,
       });

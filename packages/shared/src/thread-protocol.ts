@@ -70,7 +70,7 @@ export function isThreadReply<K extends ThreadRequestKind>(kind: K, reply: unkno
 export type ThreadEvent =
   | { readonly kind: 'wait-timeout'; readonly vshard: number; readonly acked: number; readonly wanted: number }
   | { readonly kind: 'redis-health'; readonly health: RedisHealthEvent }
-  | { readonly kind: 'undo-failed'; readonly vshard: number; readonly shard: number; readonly parts: number };
+  | { readonly kind: 'undo-failed'; readonly vshard: number; readonly parts: number };
 
 /** Whether a posted value is a ThreadEvent: anything else on the port is ignored by the coordinator (piscina's own messages never reach it). */
 export function isThreadEvent(value: unknown): value is ThreadEvent {

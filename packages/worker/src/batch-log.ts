@@ -20,6 +20,6 @@ export interface BatchHooks {
   afterCountWrite?: (task: BatchTask) => void | Promise<void>;
   /** A WAIT timed out (TALLY_REDIS_WAIT_REPLICAS): the thread tells the coordinator at once, the batch waits on. */
   onWaitTimeout?: (task: BatchTask, acked: number, wanted: number) => void;
-  /** A refused message's counts on count shard `shard` could not be undone (cross-slot-counts.ts): `parts` refused parts' counts stand there. */
-  onUndoFailed?: (task: BatchTask, shard: number, parts: number) => void;
+  /** Refused messages' counts on another count shard could not be undone (cross-slot-counts.ts): `parts` refused parts have counts standing. */
+  onUndoFailed?: (task: BatchTask, parts: number) => void;
 }

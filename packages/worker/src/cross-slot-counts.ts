@@ -75,8 +75,8 @@ export interface CrossSlotDeps {
   /** Retries an idempotent step until it is done (the batch's untilDone); `onFailure` runs on each failed attempt. */
   readonly untilDone: <T>(step: string, run: () => Promise<T>, onFailure?: () => void) => Promise<T>;
   readonly onWaitTimeout?: OnWaitTimeout;
-  /** An undo Redis refused: its parts' counts on that shard stand (BatchHooks.onUndoFailed). */
-  readonly onUndoFailed?: (task: BatchTask, shard: number, parts: number) => void;
+  /** Undos Redis refused: `parts` refused parts have counts standing on another shard (BatchHooks.onUndoFailed). */
+  readonly onUndoFailed?: (task: BatchTask, parts: number) => void;
 }
 
 /** The batch's new parts by count shard, for a thread that knows the shard count (checked: a guess would write counts where no reader looks). */
@@ -154,8 +154,7 @@ export async function writeCountsAcrossSlots(deps: CrossSlotDeps): Promise<Cross
   const refusals = written.flatMap((shardWrite) => shardWrite.refusals);
   const receipts = written.map((shardWrite) => shardWrite.receipt);
 
-  const refused = new Set(refusals.map((refusal) => refusal.part));
-  if (refused.size > 0) receipts.push(...(await undoRefusedParts(deps, groups, written, refused, run)));
+  if (refusals.length > 0) receipts.push(...(await undoRefusedParts(deps, groups, written, refusals, run)));
 
   let waitTimeouts = 0;
   if (settings.waitReplicas > 0) {
@@ -172,22 +171,41 @@ function dedupeByPart(refusals: CountRefusal[]): CountRefusal[] {
   return refusals.filter((refusal) => !seen.has(refusal.part) && seen.add(refusal.part));
 }
 
+/** A count a refused message left on another shard because Redis refused its undo (a key changed since the write). */
+interface StandingCount {
+  readonly key: string;
+  /** The increment that stands: what to subtract by hand. */
+  readonly delta: string;
+  readonly error: string;
+  /** The refused parts (batch indexes) whose counts include it. */
+  readonly parts: readonly number[];
+}
+
 /**
- * A part refused on one shard is undone on every shard that counted it: the
- * same deltas negated, under the batch's `~undo` receipt in that slot (so a
- * retry undoes once). Returns the undo receipts, for the replica wait.
+ * A part refused on one shard is undone on every shard that counted it:
+ * the same deltas negated, under the batch's `~undo` receipt in that slot
+ * (so a retry undoes once). Returns the undo receipts, for the replica wait.
+ *
+ * An undo of increments just made is refused only by a key that changed
+ * since the write. Then each SKU is undone on its own, so every other key
+ * is taken back and the receipt is written with the refusals: a rerun or a
+ * WAIT finds it instead of undoing again. The increments that stand are
+ * logged once per batch, with what to subtract, and counted (undo_failures)
+ * when this run left them; a rerun that finds them in the receipt logs them
+ * again but does not count them twice.
  */
 async function undoRefusedParts(
   deps: CrossSlotDeps,
   groups: readonly ShardWrite[],
   written: ReadonlyArray<{ refusals: CountRefusal[] }>,
-  refused: ReadonlySet<number>,
+  refusals: readonly CountRefusal[],
   run: (receipt: string, keys: string[], argv: Array<string | number>) => Promise<Reply>,
 ): Promise<string[]> {
-  const { settings, task, log } = deps;
+  const { settings, task } = deps;
   const shards = settings.virtualShards!;
   const ttl = countTtlOf(settings.countTtlS);
-  const undos: Promise<string>[] = [];
+  const refused = new Set(refusals.map((refusal) => refusal.part));
+  const undos: Array<Promise<{ receipt: string; standing: StandingCount[]; now: boolean }>> = [];
   groups.forEach((group, index) => {
     const refusedHere = new Set(written[index]!.refusals.map((refusal) => refusal.part));
     const toUndo = group.parts.filter((part) => refused.has(part) && !refusedHere.has(part));
@@ -196,27 +214,56 @@ async function undoRefusedParts(
     for (const part of toUndo) {
       for (const [sku, delta] of task.changes[part]!) if (shardOf(sku, shards) === group.shard) negated.set(sku, addToSum(negated.get(sku), -delta));
     }
+    const skus = [...negated.keys()];
     const receipt = receiptKey(settings.prefix, group.shard, `${task.batchId}~undo`);
-    const keys = [receipt, ...[...negated.keys()].map((sku) => countKey(settings.prefix, group.shard, sku))];
-    const argv = [ttl.ttlS, settings.markerTtlS, 'sums', '', ...[...negated.values()].map(String)];
+    const keys = [receipt, ...skus.map((sku) => countKey(settings.prefix, group.shard, sku))];
     undos.push(
-      run(receipt, keys, argv).then((reply) => {
-        // Undoing increments just made cannot be refused unless the key changed meanwhile: say so, loudly, with the figures.
+      (async () => {
+        let reply = await run(receipt, keys, [ttl.ttlS, settings.markerTtlS, 'sums', '', ...skus.map((sku) => String(negated.get(sku)))]);
+        const now = reply[0] !== ScriptReply.WRITE_RECEIPT;
         if (reply[0] === ScriptReply.WRITE_ISOLATE) {
-          // An undo is all or nothing in its slot: every one of these increments stands.
-          const stand = Object.fromEntries([...negated].map(([sku, negative]) => [countKey(settings.prefix, group.shard, sku), (-negative).toString()]));
-          log.error(
-            { batchId: task.batchId, shard: group.shard, parts: toUndo, stand },
-            'could not undo the counts of a refused message on another count shard (a key there changed since the write): those counts stand, an overcount tally deviation does not include. ' +
-              'Before replaying its dead letter, subtract each delta under "stand" from its key (INCRBY key -delta), or the replay counts them again',
-          );
-          deps.onUndoFailed?.(task, group.shard, toUndo.length);
+          const perSku: Array<string | number> = [ttl.ttlS, settings.markerTtlS, 'parts', skus.length];
+          skus.forEach((sku, i) => perSku.push(i + 1, 1, i + 1, String(negated.get(sku))));
+          reply = await run(receipt, keys, perSku);
         }
-        return receipt;
-      }),
+        const standing = decodeRefusals(reply[2], settings.prefix).map((refusal) => {
+          const sku = skus[refusal.part]!;
+          return {
+            key: refusal.key,
+            delta: (-BigInt(refusal.delta)).toString(),
+            error: refusal.error,
+            parts: toUndo.filter((part) => task.changes[part]!.some(([changed]) => changed === sku)),
+          };
+        });
+        return { receipt, standing, now };
+      })(),
     );
   });
-  return Promise.all(undos);
+  const undone = await Promise.all(undos);
+  reportStanding(deps, refusals, undone);
+  return undone.map((undo) => undo.receipt);
+}
+
+/** One error line per batch for the increments its undos left standing, and the count of the parts this run left so. */
+function reportStanding(deps: CrossSlotDeps, refusals: readonly CountRefusal[], undone: ReadonlyArray<{ standing: StandingCount[]; now: boolean }>): void {
+  const standing = undone.flatMap((undo) => undo.standing);
+  if (standing.length === 0) return;
+  const parts = [...new Set(standing.flatMap((count) => count.parts))].sort((a, b) => a - b);
+  const partsNow = new Set(undone.filter((undo) => undo.now).flatMap((undo) => undo.standing.flatMap((count) => count.parts)));
+  deps.log.error(
+    {
+      batchId: deps.task.batchId,
+      parts,
+      // What the dead letters' x-tally-reason names, to match this line with them.
+      refusedKeys: refusals.filter((refusal) => parts.includes(refusal.part)).map((refusal) => refusal.key),
+      stand: Object.fromEntries(standing.map((count) => [count.key, count.delta])),
+      errors: Object.fromEntries(standing.map((count) => [count.key, count.error])),
+      rerun: partsNow.size === 0,
+    },
+    'could not undo the counts of a refused message on another count shard (a key there changed since the write): those counts stand, an overcount tally deviation does not include. ' +
+      'Repair each key under "stand", then subtract its delta (INCRBY key -delta) before replaying the dead letter, or the replay counts it again',
+  );
+  if (partsNow.size > 0) deps.onUndoFailed?.(deps.task, partsNow.size);
 }
 
 /**

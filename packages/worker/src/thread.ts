@@ -55,8 +55,8 @@ function batchHooks(): BatchHooks {
     const event: ThreadEvent = { kind: 'wait-timeout', vshard: task.vshard, acked, wanted };
     parentPort?.postMessage(event);
   };
-  const onUndoFailed = (task: BatchTask, shard: number, parts: number): void => {
-    const event: ThreadEvent = { kind: 'undo-failed', vshard: task.vshard, shard, parts };
+  const onUndoFailed = (task: BatchTask, parts: number): void => {
+    const event: ThreadEvent = { kind: 'undo-failed', vshard: task.vshard, parts };
     parentPort?.postMessage(event);
   };
   const exitAfter = loadFaultInjection(process.env).threadExitAfterWrite;

@@ -1,7 +1,7 @@
 import { randomUUID } from 'node:crypto';
 import { expect } from 'chai';
 import { Redis } from 'ioredis';
-import { countKey, PART_DONE, PART_NEW, shardOf, type BatchTask } from '@tally/shared';
+import { countKey, PART_DONE, PART_NEW, receiptKey, shardOf, type BatchTask } from '@tally/shared';
 import { testWorkerSettings } from '@tally/testkit';
 import type { BatchLog } from '../src/batch-log.js';
 import { groupByCountShard, writeCountsAcrossSlots } from '../src/cross-slot-counts.js';
@@ -59,13 +59,15 @@ describe('cross-slot counts: an undo Redis refuses (a key changed between the wr
     redis.disconnect();
   });
 
-  it('leaves the counts standing, counts the parts and names each key and the delta to subtract', async () => {
-    // Two SKUs on two count shards: the message is refused on the first, so its count on the second is undone.
+  it('undoes every other key, leaves the changed one standing, counts its part once and names the key and the delta to subtract', async () => {
+    // The message is refused on one count shard, so its counts on another are undone: two SKUs there, one of which changes.
     const refusedSku = 'sku-a';
-    let standingSku = 'sku-b';
-    for (let i = 0; shardOf(standingSku, SHARDS) === shardOf(refusedSku, SHARDS); i++) standingSku = `sku-b${i}`;
+    const others = Array.from({ length: 200 }, (_, i) => `sku-b${i}`).filter((sku) => shardOf(sku, SHARDS) !== shardOf(refusedSku, SHARDS));
+    const [changingSku, undoneSku] = others.filter((sku) => shardOf(sku, SHARDS) === shardOf(others[0]!, SHARDS));
+    const shard = shardOf(changingSku!, SHARDS);
     const refusedKey = countKey(prefix, shardOf(refusedSku, SHARDS), refusedSku);
-    const standingKey = countKey(prefix, shardOf(standingSku, SHARDS), standingSku);
+    const changingKey = countKey(prefix, shard, changingSku!);
+    const undoneKey = countKey(prefix, shard, undoneSku!);
     await redis.set(refusedKey, 'a foreign value');
     const task: BatchTask = {
       vshard: 0,
@@ -73,26 +75,28 @@ describe('cross-slot counts: an undo Redis refuses (a key changed between the wr
       changes: [
         [
           [refusedSku, 3],
-          [standingSku, 5],
+          [changingSku!, 5],
+          [undoneSku!, 7],
         ],
       ],
     };
-    // The key on the other shard turns foreign just as its undo arrives: the undo is refused whole.
+    // One key on the other shard turns foreign just as the undo arrives.
     const client = new Redis(REDIS_URL);
     const turnsForeign = new Proxy(client, {
       get(target, property, receiver) {
         if (property !== 'call') return Reflect.get(target, property, receiver);
         return async (command: string, args: Array<string | number>) => {
-          if (command === 'EVALSHA' && args.some((arg) => String(arg).endsWith('~undo'))) await redis.set(standingKey, 'changed by hand');
+          if (command === 'EVALSHA' && args.some((arg) => String(arg).endsWith('~undo')) && (await redis.get(changingKey)) === '5')
+            await redis.set(changingKey, 'changed by hand');
           return target.call(command, args);
         };
       },
     });
     const errors: Array<{ fields: Record<string, unknown>; message: string }> = [];
     const log: BatchLog = { warn() {}, error: (fields, message) => errors.push({ fields, message }) };
-    const undoFailures: Array<{ shard: number; parts: number }> = [];
-    try {
-      const result = await writeCountsAcrossSlots({
+    const undoFailures: number[] = [];
+    const write = () =>
+      writeCountsAcrossSlots({
         redis: turnsForeign,
         settings: testWorkerSettings({ redisUrl: REDIS_URL, prefix, virtualShards: SHARDS }),
         task,
@@ -100,14 +104,27 @@ describe('cross-slot counts: an undo Redis refuses (a key changed between the wr
         writeCounts: WRITE_COUNTS,
         log,
         untilDone: (_step, run) => run(),
-        onUndoFailed: (_task, shard, parts) => undoFailures.push({ shard, parts }),
+        onUndoFailed: (_task, parts) => undoFailures.push(parts),
       });
+    try {
+      const result = await write();
       expect(result.refusals.map((refusal) => refusal.part)).to.deep.equal([0]);
-      expect(undoFailures).to.deep.equal([{ shard: shardOf(standingSku, SHARDS), parts: 1 }]);
+      expect(undoFailures, 'one refused part has counts standing').to.deep.equal([1]);
       expect(errors).to.have.length(1);
-      expect(errors[0]!.fields.stand, 'each standing key with the delta that stands').to.deep.equal({ [standingKey]: '5' });
-      expect(errors[0]!.message).to.include('subtract each delta');
+      expect(errors[0]!.fields.stand, 'only the changed key, with the increment that stands').to.deep.equal({ [changingKey]: '5' });
+      expect(errors[0]!.fields.refusedKeys, "the key the dead letter's reason names").to.deep.equal([refusedKey]);
+      expect(errors[0]!.message).to.include('subtract its delta');
+      // A count of 0 reads the same as no key.
+      expect(Number((await redis.get(undoneKey)) ?? 0), 'every other key on the shard is undone').to.equal(0);
       expect(await redis.get(refusedKey), 'the foreign key is never touched').to.equal('a foreign value');
+      expect(await redis.exists(receiptKey(prefix, shard, `${task.batchId}~undo`)), 'the undo receipt, for a WAIT and a rerun').to.equal(1);
+
+      // A rerun under the batch id finds the receipts: nothing undone again, the standing count logged again but counted once.
+      await write();
+      expect(undoFailures).to.deep.equal([1]);
+      expect(errors).to.have.length(2);
+      expect(errors[1]!.fields.rerun).to.equal(true);
+      expect(Number((await redis.get(undoneKey)) ?? 0), 'not undone twice').to.equal(0);
     } finally {
       client.disconnect();
     }
