@@ -192,7 +192,10 @@ interface StandingCount {
  * WAIT finds it instead of undoing again. The increments that stand are
  * logged once per batch, with what to subtract, and counted (undo_failures)
  * when this run left them; a rerun that finds them in the receipt logs them
- * again but does not count them twice.
+ * again but does not count them. So the count is at most once per part,
+ * but for a failover that loses the undo receipt (the rerun undoes again),
+ * and a thread that dies between the undo and the count leaves the parts
+ * logged by its reruns, not counted.
  */
 async function undoRefusedParts(
   deps: CrossSlotDeps,
@@ -227,7 +230,8 @@ async function undoRefusedParts(
           reply = await run(receipt, keys, perSku);
         }
         const standing = decodeRefusals(reply[2], settings.prefix).map((refusal) => {
-          const sku = skus[refusal.part]!;
+          // The key names the SKU: a rerun's batch may have other new parts than the run that wrote the receipt.
+          const sku = refusal.sku;
           return {
             key: refusal.key,
             delta: (-BigInt(refusal.delta)).toString(),
