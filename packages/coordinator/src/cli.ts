@@ -49,7 +49,9 @@ const HELP = Object.freeze({
             each copy is confirmed by the broker before the dead one is removed; the rest stay in order.
             A dead letter that may have been counted (count-refused, delivery-limit, rejected, expired,
             maxlen, unknown) is kept in place once its markers may have expired (older than
-            TALLY_MARKER_TTL_S): one line on stderr names the overcount it risks, exit 3
+            TALLY_MARKER_TTL_S): one line on stderr names the overcount it risks, exit 3. So, at any age, is a
+            count-refused one whose undo on another count shard Redis refused (undo_failures; a cluster):
+            stderr names each key and the INCRBY that subtracts what stands; do that, then --force
   --force   replay those too (each may be counted twice); said on stderr, counted as forced_replays
   CODE      a reason code (oversized-body, malformed-json, missing-id, count-refused, delivery-limit, ...
             see README) or "unknown"`,

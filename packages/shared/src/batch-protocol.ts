@@ -323,6 +323,14 @@ export interface CountRefusal {
   readonly delta: string;
   /** Redis's error reply. */
   readonly error: string;
+  /**
+   * Message-scoped markers on a Redis Cluster: this part's increments on
+   * other count shards whose undo Redis refused (a key there changed since
+   * the write), count key -> the delta that stands. Absent when all were
+   * taken back (cross-slot-counts.ts). Its dead letter carries them
+   * (STANDING_COUNTS_HEADER), so that a replay does not count them again.
+   */
+  readonly standing?: Readonly<Record<string, string>>;
 }
 
 export interface BatchResult {

@@ -38,6 +38,42 @@ export const DEAD_AT_HEADER = 'x-tally-dead-at';
  */
 export const FIRST_DEAD_AT_HEADER = 'x-tally-first-dead-at';
 
+/**
+ * On a `count-refused` dead letter (message-scoped markers on a Redis
+ * Cluster): the message's increments on other count shards that Redis
+ * refused to undo, so they stand in the counts. A JSON object, count key ->
+ * the delta that stands (a decimal string). A replay would count them a
+ * second time: `tally dead replay` keeps such a dead letter back, at any
+ * age, until the operator has subtracted each delta and replays it with
+ * --force (replay-guard.ts).
+ */
+export const STANDING_COUNTS_HEADER = 'x-tally-standing-counts';
+
+/** Count key -> the delta that stands (a decimal string). */
+export type StandingCounts = Readonly<Record<string, string>>;
+
+/**
+ * The standing counts a dead letter's headers name: null when it has none;
+ * 'unreadable' when the header is there but is not such an object (a
+ * replay must then assume the worst). Never throws on hostile headers.
+ */
+export function standingCountsOf(headers: Readonly<Record<string, unknown>> | undefined): StandingCounts | null | 'unreadable' {
+  const raw = headers?.[STANDING_COUNTS_HEADER];
+  if (raw === undefined || raw === null) return null;
+  const text = Buffer.isBuffer(raw) ? raw.toString('utf8') : raw;
+  if (typeof text !== 'string') return 'unreadable';
+  let parsed: unknown;
+  try {
+    parsed = JSON.parse(text);
+  } catch {
+    return 'unreadable';
+  }
+  if (parsed === null || typeof parsed !== 'object' || Array.isArray(parsed)) return 'unreadable';
+  const entries = Object.entries(parsed as Record<string, unknown>);
+  if (entries.length === 0 || !entries.every(([, delta]) => typeof delta === 'string' && /^-?\d{1,20}$/.test(delta))) return 'unreadable';
+  return Object.fromEntries(entries) as Record<string, string>;
+}
+
 /** Every code Tally itself writes in `x-tally-reason`. */
 export const TALLY_DEAD_REASONS: readonly string[] = Object.freeze([...BAD_MESSAGE_REASONS, COUNT_REFUSED]);
 

@@ -148,7 +148,17 @@ export {
   requirementError,
   versionAtLeast,
 } from './redis-requirements.js';
-export { BROKER_DEAD_REASONS, COUNT_REFUSED, DEAD_AT_HEADER, deadLetterReason, FIRST_DEAD_AT_HEADER, TALLY_DEAD_REASONS } from './dead-letter.js';
+export {
+  BROKER_DEAD_REASONS,
+  COUNT_REFUSED,
+  DEAD_AT_HEADER,
+  deadLetterReason,
+  FIRST_DEAD_AT_HEADER,
+  STANDING_COUNTS_HEADER,
+  standingCountsOf,
+  TALLY_DEAD_REASONS,
+  type StandingCounts,
+} from './dead-letter.js';
 export { WindowGauge } from './window-gauge.js';
 export { describeRefusal, isServerRefusal, type RedisHealthEvent } from './redis-health.js';
 export { describeShards, describeShortMaster, findShortMasters, replicationFromInfo, shortfallChanges, type ShortMaster } from './replica-shortfall.js';

@@ -154,7 +154,12 @@ export async function writeCountsAcrossSlots(deps: CrossSlotDeps): Promise<Cross
   const refusals = written.flatMap((shardWrite) => shardWrite.refusals);
   const receipts = written.map((shardWrite) => shardWrite.receipt);
 
-  if (refusals.length > 0) receipts.push(...(await undoRefusedParts(deps, groups, written, refusals, run)));
+  let standing = new Map<number, Record<string, string>>();
+  if (refusals.length > 0) {
+    const undone = await undoRefusedParts(deps, groups, written, refusals, run);
+    receipts.push(...undone.receipts);
+    standing = undone.standingByPart;
+  }
 
   let waitTimeouts = 0;
   if (settings.waitReplicas > 0) {
@@ -162,7 +167,11 @@ export async function writeCountsAcrossSlots(deps: CrossSlotDeps): Promise<Cross
     const counts = await Promise.all(receipts.map((receipt) => waitForReceipt(deps, receipt, rewrite.get(receipt))));
     waitTimeouts = counts.reduce((sum, count) => sum + count, 0);
   }
-  return { wrote: groups.length > 0, refusals: dedupeByPart(refusals), retries, waitTimeouts, shards: groups.length };
+  const reported = dedupeByPart(refusals).map((refusal) => {
+    const stands = standing.get(refusal.part);
+    return stands === undefined ? refusal : { ...refusal, standing: stands };
+  });
+  return { wrote: groups.length > 0, refusals: reported, retries, waitTimeouts, shards: groups.length };
 }
 
 /** One refusal per part (a part refused on two shards is reported once, as the scripts do for one slot). */
@@ -177,8 +186,25 @@ interface StandingCount {
   /** The increment that stands: what to subtract by hand. */
   readonly delta: string;
   readonly error: string;
+  readonly sku: string;
   /** The refused parts (batch indexes) whose counts include it. */
   readonly parts: readonly number[];
+}
+
+/** Each refused part's own share of the increments that stand: count key -> that part's delta (for its dead letter). */
+function standingByPartOf(task: BatchTask, standing: readonly StandingCount[]): Map<number, Record<string, string>> {
+  const byPart = new Map<number, Record<string, string>>();
+  for (const count of standing) {
+    for (const part of count.parts) {
+      let sum = 0n;
+      for (const [sku, delta] of task.changes[part]!) if (sku === count.sku) sum += BigInt(delta);
+      if (sum === 0n) continue;
+      let mine = byPart.get(part);
+      if (mine === undefined) byPart.set(part, (mine = {}));
+      mine[count.key] = sum.toString();
+    }
+  }
+  return byPart;
 }
 
 /**
@@ -195,7 +221,8 @@ interface StandingCount {
  * again but does not count them. So the count is at most once per part,
  * but for a failover that loses the undo receipt (the rerun undoes again),
  * and a thread that dies between the undo and the count leaves the parts
- * logged by its reruns, not counted.
+ * logged by its reruns, not counted. Each refused part's share of what
+ * stands is returned for its dead letter, by a rerun too.
  */
 async function undoRefusedParts(
   deps: CrossSlotDeps,
@@ -203,7 +230,7 @@ async function undoRefusedParts(
   written: ReadonlyArray<{ refusals: CountRefusal[] }>,
   refusals: readonly CountRefusal[],
   run: (receipt: string, keys: string[], argv: Array<string | number>) => Promise<Reply>,
-): Promise<string[]> {
+): Promise<{ receipts: string[]; standingByPart: Map<number, Record<string, string>> }> {
   const { settings, task } = deps;
   const shards = settings.virtualShards!;
   const ttl = countTtlOf(settings.countTtlS);
@@ -236,6 +263,7 @@ async function undoRefusedParts(
             key: refusal.key,
             delta: (-BigInt(refusal.delta)).toString(),
             error: refusal.error,
+            sku,
             parts: toUndo.filter((part) => task.changes[part]!.some(([changed]) => changed === sku)),
           };
         });
@@ -245,7 +273,13 @@ async function undoRefusedParts(
   });
   const undone = await Promise.all(undos);
   reportStanding(deps, refusals, undone);
-  return undone.map((undo) => undo.receipt);
+  return {
+    receipts: undone.map((undo) => undo.receipt),
+    standingByPart: standingByPartOf(
+      task,
+      undone.flatMap((undo) => undo.standing),
+    ),
+  };
 }
 
 /** One error line per batch for the increments its undos left standing, and the count of the parts this run left so. */
@@ -259,7 +293,7 @@ function reportStanding(deps: CrossSlotDeps, refusals: readonly CountRefusal[], 
       batchId: deps.task.batchId,
       parts,
       // What the dead letters' x-tally-reason names, to match this line with them.
-      refusedKeys: refusals.filter((refusal) => parts.includes(refusal.part)).map((refusal) => refusal.key),
+      refusedKeys: [...new Set(refusals.filter((refusal) => parts.includes(refusal.part)).map((refusal) => refusal.key))],
       stand: Object.fromEntries(standing.map((count) => [count.key, count.delta])),
       errors: Object.fromEntries(standing.map((count) => [count.key, count.error])),
       rerun: partsNow.size === 0,

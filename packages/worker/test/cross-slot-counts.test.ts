@@ -78,6 +78,11 @@ describe('cross-slot counts: an undo Redis refuses (a key changed between the wr
           [changingSku!, 5],
           [undoneSku!, 7],
         ],
+        // A second refused message sharing the changing SKU: each dead letter must name its own share of what stands.
+        [
+          [refusedSku, 1],
+          [changingSku!, 2],
+        ],
       ],
     };
     // One key on the other shard turns foreign just as the undo arrives.
@@ -86,7 +91,7 @@ describe('cross-slot counts: an undo Redis refuses (a key changed between the wr
       get(target, property, receiver) {
         if (property !== 'call') return Reflect.get(target, property, receiver);
         return async (command: string, args: Array<string | number>) => {
-          if (command === 'EVALSHA' && args.some((arg) => String(arg).endsWith('~undo')) && (await redis.get(changingKey)) === '5')
+          if (command === 'EVALSHA' && args.some((arg) => String(arg).endsWith('~undo')) && (await redis.get(changingKey)) === '7')
             await redis.set(changingKey, 'changed by hand');
           return target.call(command, args);
         };
@@ -100,7 +105,7 @@ describe('cross-slot counts: an undo Redis refuses (a key changed between the wr
         redis: turnsForeign,
         settings: testWorkerSettings({ redisUrl: REDIS_URL, prefix, virtualShards: SHARDS }),
         task,
-        groups: groupByCountShard(task.changes, Uint8Array.of(PART_NEW), SHARDS),
+        groups: groupByCountShard(task.changes, Uint8Array.of(PART_NEW, PART_NEW), SHARDS),
         writeCounts: WRITE_COUNTS,
         log,
         untilDone: (_step, run) => run(),
@@ -108,10 +113,14 @@ describe('cross-slot counts: an undo Redis refuses (a key changed between the wr
       });
     try {
       const result = await write();
-      expect(result.refusals.map((refusal) => refusal.part)).to.deep.equal([0]);
-      expect(undoFailures, 'one refused part has counts standing').to.deep.equal([1]);
+      expect(result.refusals.map((refusal) => refusal.part)).to.deep.equal([0, 1]);
+      expect(undoFailures, 'both refused parts have counts standing').to.deep.equal([2]);
+      expect(
+        result.refusals.map((refusal) => refusal.standing),
+        "each part's own share, for its dead letter",
+      ).to.deep.equal([{ [changingKey]: '5' }, { [changingKey]: '2' }]);
       expect(errors).to.have.length(1);
-      expect(errors[0]!.fields.stand, 'only the changed key, with the increment that stands').to.deep.equal({ [changingKey]: '5' });
+      expect(errors[0]!.fields.stand, 'only the changed key, with the increment that stands').to.deep.equal({ [changingKey]: '7' });
       expect(errors[0]!.fields.refusedKeys, "the key the dead letter's reason names").to.deep.equal([refusedKey]);
       expect(errors[0]!.message).to.include('subtract its delta');
       // A count of 0 reads the same as no key.
@@ -120,8 +129,12 @@ describe('cross-slot counts: an undo Redis refuses (a key changed between the wr
       expect(await redis.exists(receiptKey(prefix, shard, `${task.batchId}~undo`)), 'the undo receipt, for a WAIT and a rerun').to.equal(1);
 
       // A rerun under the batch id finds the receipts: nothing undone again, the standing count logged again but counted once.
-      await write();
-      expect(undoFailures).to.deep.equal([1]);
+      const rerun = await write();
+      expect(undoFailures).to.deep.equal([2]);
+      expect(
+        rerun.refusals.map((refusal) => refusal.standing),
+        'a rerun reads what stands from the receipt',
+      ).to.deep.equal([{ [changingKey]: '5' }, { [changingKey]: '2' }]);
       expect(errors).to.have.length(2);
       expect(errors[1]!.fields.rerun).to.equal(true);
       expect(Number((await redis.get(undoneKey)) ?? 0), 'not undone twice').to.equal(0);

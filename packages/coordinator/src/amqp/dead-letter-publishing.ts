@@ -7,7 +7,7 @@
  */
 import { randomUUID } from 'node:crypto';
 import type { Channel, ConfirmChannel, ConsumeMessage, Message } from 'amqplib';
-import { DEAD_AT_HEADER } from '@tally/shared';
+import { DEAD_AT_HEADER, STANDING_COUNTS_HEADER } from '@tally/shared';
 import type { ChannelLink } from '../pipeline/delivery.js';
 import type { Logger } from '../process/logger.js';
 import { copyPublishOptions } from './message-copy.js';
@@ -56,8 +56,10 @@ export class DeadLetterPublishing {
     const channel = link.channel as ConfirmChannel;
     const { properties } = message;
     const id = randomUUID();
+    // Standing counts are the daemon's word alone (replay-guard.ts): a producer's or an earlier dead letter's copy of the header goes.
+    const { [STANDING_COUNTS_HEADER]: _theirs, ...headers } = properties.headers ?? {};
     const options = copyPublishOptions(properties, {
-      ...(properties.headers ?? {}),
+      ...headers,
       ...extraHeaders,
       'x-tally-reason': reason,
       // The first attempt's time, right after the batch that marked what was counted of it (replay-guard.ts). A

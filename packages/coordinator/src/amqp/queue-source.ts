@@ -220,11 +220,11 @@ export class QueueSource implements MessageSource {
     }
   }
 
-  deadLetter(link: ChannelLink, message: ConsumeMessage, reason: string): Promise<void> {
+  deadLetter(link: ChannelLink, message: ConsumeMessage, reason: string, headers: Record<string, unknown> = {}): Promise<void> {
     const { queue, partitions = 1 } = this.options;
     // The partition queue it came from: a replay must return it there (dead-queue.ts), where its markers' copies go.
     const sourceQueue = link.partition === undefined ? queue : partitionQueue(queue, partitions, link.partition);
-    return this.deadLetters.publish(link, message, reason, sourceQueue);
+    return this.deadLetters.publish(link, message, reason, sourceQueue, headers);
   }
 
   /** Stops new deliveries; what is in flight stays acknowledgeable. Waits at most `timeoutMs` for the broker's cancel-ok. */

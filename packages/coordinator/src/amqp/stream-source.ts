@@ -395,10 +395,10 @@ export class StreamSource implements MessageSource {
     return true;
   }
 
-  deadLetter(link: ChannelLink, message: ConsumeMessage, reason: string): Promise<void> {
+  deadLetter(link: ChannelLink, message: ConsumeMessage, reason: string, headers: Record<string, unknown> = {}): Promise<void> {
     const sourceQueue = link.partition === undefined ? this.options.queue : this.streamOf(link.partition);
     const offset: unknown = message.properties.headers?.['x-stream-offset'];
-    return this.deadLetters.publish(link, message, reason, sourceQueue, typeof offset === 'number' ? { 'x-tally-source-offset': offset } : {});
+    return this.deadLetters.publish(link, message, reason, sourceQueue, typeof offset === 'number' ? { ...headers, 'x-tally-source-offset': offset } : headers);
   }
 
   /**

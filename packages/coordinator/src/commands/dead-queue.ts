@@ -23,7 +23,15 @@
  * each one (`onForced`) before its dead copy is acked.
  */
 import amqp, { type ConfirmChannel, type GetMessage, type Options } from 'amqplib';
-import { DEAD_AT_HEADER, FIRST_DEAD_AT_HEADER, partitionQueue, QueueMissingError, ReplayRefusedError, type MessageMapping } from '@tally/shared';
+import {
+  DEAD_AT_HEADER,
+  FIRST_DEAD_AT_HEADER,
+  partitionQueue,
+  QueueMissingError,
+  ReplayRefusedError,
+  STANDING_COUNTS_HEADER,
+  type MessageMapping,
+} from '@tally/shared';
 import { connectAnyNode } from '../amqp/broker-connect.js';
 import { copyPublishOptions } from '../amqp/message-copy.js';
 import { replayQueueOf, SOURCE_QUEUE_HEADER } from './replay-target.js';
@@ -120,6 +128,8 @@ export function replayProperties(message: Pick<GetMessage, 'properties'>, reason
   const headers: Record<string, unknown> = { ...(properties.headers ?? {}) };
   delete headers[REASON_HEADER];
   delete headers[SOURCE_QUEUE_HEADER];
+  // Replayed (forced): the operator has subtracted what stood. A copy refused again gets the daemon's own header anew.
+  delete headers[STANDING_COUNTS_HEADER];
   headers['x-tally-replayed-reason'] = reason;
   // A copy dead-lettered again gets a time of its own, and keeps the first: what a replay finds already counted
   // (a count-refused message's other parts) writes no new marker, so their markers date from the first time

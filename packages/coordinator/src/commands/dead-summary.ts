@@ -4,7 +4,17 @@
  * Every body and header is hostile: nothing is trusted to be a string, a
  * size, or valid JSON, and nothing from a body is printed beyond its id.
  */
-import { BROKER_DEAD_REASONS, CliUsageError, deadLetterReason, mappedIdValue, MESSAGE_LIMITS, TALLY_DEAD_REASONS, type MessageMapping } from '@tally/shared';
+import {
+  BROKER_DEAD_REASONS,
+  CliUsageError,
+  deadLetterReason,
+  mappedIdValue,
+  MESSAGE_LIMITS,
+  standingCountsOf,
+  TALLY_DEAD_REASONS,
+  type MessageMapping,
+  type StandingCounts,
+} from '@tally/shared';
 
 /** The header the daemon writes: `<code>: <detail>`. */
 export const REASON_HEADER = 'x-tally-reason';
@@ -26,6 +36,8 @@ export interface DeadLetterEntry {
   readonly reason: string;
   readonly detail: string;
   readonly bytes: number;
+  /** Counts of it that stand on another count shard (STANDING_COUNTS_HEADER), to subtract before a replay; absent when none. */
+  readonly standing?: StandingCounts | 'unreadable';
 }
 
 function text(value: unknown): string | undefined {
@@ -91,7 +103,8 @@ export function idOf(message: DeadLetterView, mapping: MessageMapping | null = n
 
 export function describeDeadLetter(message: DeadLetterView, position: number, mapping: MessageMapping | null = null): DeadLetterEntry {
   const { reason, detail } = reasonOf(message.properties.headers);
-  return { position, id: idOf(message, mapping), reason, detail, bytes: message.content.byteLength };
+  const standing = standingCountsOf(message.properties.headers);
+  return { position, id: idOf(message, mapping), reason, detail, bytes: message.content.byteLength, ...(standing === null ? {} : { standing }) };
 }
 
 /** `--reason CODE`: one of the stable reason codes (Tally's or the broker's), or `unknown`. */

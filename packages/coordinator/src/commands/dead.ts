@@ -7,7 +7,7 @@ import type { RedisClient } from '@tally/runtime';
 import { CliUsageError, layoutKey, statsKey, type OperatorCounterName, type TallyConfig } from '@tally/shared';
 import { listDeadLetters, replayDeadLetters, type ReplayReport } from './dead-queue.js';
 import { DeadLetterSummary, parseLimitFlag, parseReasonFlag } from './dead-summary.js';
-import { forcedLine, markerLifeS, refusedLine } from './replay-guard.js';
+import { forcedLine, markerLifeS, refusedLine, standingLine } from './replay-guard.js';
 
 export interface DeadFlags {
   readonly json?: boolean;
@@ -87,6 +87,8 @@ export function deadReplayWarning(report: ReplayReport): string | null {
   const life = report.markerLifeS ?? 0;
   const lines: string[] = [];
   if (report.refused.messages > 0) lines.push(refusedLine(report.refused, life));
+  const standing = standingLine(report.refused);
+  if (standing !== null) lines.push(standing);
   if (report.forced.messages > 0) lines.push(forcedLine(report.forced, life));
   if (report.withoutPartition > 0)
     lines.push(
@@ -106,7 +108,13 @@ export function deadListText(report: DeadListReport): string {
   lines.push(...table(Object.entries(report.byReason).sort(([, a], [, b]) => b - a)).map((line) => `  ${line}`));
   if (report.messages.length > 0) {
     lines.push(`first ${report.messages.length} of ${report.matching}${report.reason ? ` with reason ${report.reason}` : ''} (position, id, reason: detail):`);
-    for (const m of report.messages) lines.push(`  ${m.position}\t${m.id ?? '(no id)'}\t${m.reason}${m.detail ? `: ${m.detail}` : ''}`);
+    for (const m of report.messages) {
+      lines.push(`  ${m.position}\t${m.id ?? '(no id)'}\t${m.reason}${m.detail ? `: ${m.detail}` : ''}`);
+      if (m.standing !== undefined)
+        lines.push(
+          `  \tstanding on another count shard, to subtract before a replay: ${m.standing === 'unreadable' ? 'unreadable header' : JSON.stringify(m.standing)}`,
+        );
+    }
   }
   return lines.join('\n');
 }

@@ -31,8 +31,26 @@
  *   TTL (ceil(ttl / 2)), so that daemon's TTL was at least 2·width − 1. The
  *   smaller of the two is taken: a CLI run with another TALLY_MARKER_TTL_S
  *   than the daemons' errs on the side of refusing.
+ * - Does something of it stand outside the markers? A `count-refused`
+ *   message on a Redis Cluster with message-scoped markers counted nothing,
+ *   unless Redis refused to undo its increments on another count shard:
+ *   those stand, and its dead letter names them (STANDING_COUNTS_HEADER).
+ *   No marker covers them, so no age makes the replay safe: it is kept
+ *   back until the operator has subtracted each and replays it with
+ *   --force. A header that cannot be read is taken to name some.
  */
-import { BAD_MESSAGE_REASONS, COUNT_REFUSED, DEAD_AT_HEADER, deliveryParser, FIRST_DEAD_AT_HEADER, shardOf, type MessageMapping } from '@tally/shared';
+import {
+  BAD_MESSAGE_REASONS,
+  COUNT_REFUSED,
+  DEAD_AT_HEADER,
+  deliveryParser,
+  FIRST_DEAD_AT_HEADER,
+  shardOf,
+  STANDING_COUNTS_HEADER,
+  standingCountsOf,
+  type MessageMapping,
+  type StandingCounts,
+} from '@tally/shared';
 
 /** What a replay of a dead letter could count a second time. */
 export type Exposure = 'none' | 'whole' | 'other-parts';
@@ -163,26 +181,31 @@ export interface ReplayPolicy {
   readonly messageMapping?: MessageMapping | null;
 }
 
+/** Counts a dead letter names as standing outside any marker (see the file comment); 'unreadable': its header says some, but not which. */
+export type Standing = StandingCounts | 'unreadable';
+
 export type ReplayVerdict =
   /** Never counted, or its markers are still alive: a replay finds them. */
   | { readonly action: 'replay'; readonly exposure: Exposure; readonly ageMs: number | null }
-  /** May have been counted and its markers may have expired: kept in place. */
-  | { readonly action: 'refuse'; readonly exposure: Exposure; readonly ageMs: number | null; readonly risk: Risk | null }
+  /** May have been counted and its markers may have expired, or counts of it stand: kept in place. */
+  | { readonly action: 'refuse'; readonly exposure: Exposure; readonly ageMs: number | null; readonly risk: Risk | null; readonly standing: Standing | null }
   /** As `refuse`, but --force: replayed, and recorded as a forced replay. */
-  | { readonly action: 'force'; readonly exposure: Exposure; readonly ageMs: number | null; readonly risk: Risk | null };
+  | { readonly action: 'force'; readonly exposure: Exposure; readonly ageMs: number | null; readonly risk: Risk | null; readonly standing: Standing | null };
 
 export function replayVerdict(facts: DeadLetterFacts, reason: string, detail: string, policy: ReplayPolicy): ReplayVerdict {
   const exposure = exposureOf(reason);
   const since = exposure === 'none' ? null : mayHaveBeenCountedSince(facts, exposure);
   const ageMs = since === null ? null : Math.max(0, policy.nowMs - since);
   if (exposure === 'none') return { action: 'replay', exposure, ageMs };
+  const standing = standingCountsOf(facts.properties.headers);
   const safeForMs = policy.markerLifeS * 1000 - Math.min(CLOCK_MARGIN_MS, policy.markerLifeS * 200);
-  if (ageMs !== null && ageMs < safeForMs) return { action: 'replay', exposure, ageMs };
+  if (standing === null && ageMs !== null && ageMs < safeForMs) return { action: 'replay', exposure, ageMs };
   return {
     action: policy.force ? 'force' : 'refuse',
     exposure,
     ageMs,
     risk: riskOf(facts, exposure, detail, policy.virtualShards, policy.messageMapping ?? null),
+    standing,
   };
 }
 
@@ -211,6 +234,11 @@ export class RiskSummary {
   countRefused = 0;
   countRefusedParts = 0;
   countRefusedUnits = 0;
+  /** Dead letters naming counts that stand outside any marker, and those counts summed by key (standingLine). */
+  standingMessages = 0;
+  /** Of them, those whose header could not be read. */
+  standingUnreadable = 0;
+  readonly standing = new Map<string, bigint>();
   readonly first: RiskEntry[] = [];
 
   add(position: number, id: string | null, reason: string, verdict: ReplayVerdict & { action: 'refuse' | 'force' }): void {
@@ -221,6 +249,11 @@ export class RiskSummary {
     else {
       this.units += risk.units;
       this.changes += risk.changes;
+    }
+    if (verdict.standing !== null) {
+      this.standingMessages++;
+      if (verdict.standing === 'unreadable') this.standingUnreadable++;
+      else for (const [key, delta] of Object.entries(verdict.standing)) this.standing.set(key, (this.standing.get(key) ?? 0n) + BigInt(delta));
     }
     if (verdict.exposure === 'other-parts') {
       this.countRefused++;
@@ -247,6 +280,11 @@ export class RiskSummary {
       unknownBodies: this.unknownBodies,
       byReason: this.byReason,
       countRefused: { messages: this.countRefused, countedParts: this.countRefusedParts, countedUnits: this.countRefusedUnits },
+      standing: {
+        messages: this.standingMessages,
+        unreadable: this.standingUnreadable,
+        counts: Object.fromEntries([...this.standing].map(([key, delta]) => [key, delta.toString()])),
+      },
       first: this.first,
     };
   }
@@ -269,11 +307,38 @@ function overcountText(summary: RiskSummary): string {
   return `up to ${summary.messages} message${summary.messages === 1 ? '' : 's'} and ${summary.units} units counted twice${unknown}${refused}`;
 }
 
+/** Standing counts listed by name in a line; the JSON report has them all. */
+const STANDING_LISTED = 10;
+
+/** "INCRBY k1 -5, INCRBY k2 3 (and 4 more keys: see --json)": the subtractions that undo the standing counts. */
+function subtractionsText(summary: RiskSummary): string {
+  const listed = [...summary.standing].slice(0, STANDING_LISTED).map(([key, delta]) => `INCRBY ${key} ${(-delta).toString()}`);
+  const more = summary.standing.size - listed.length;
+  return `${listed.join(', ')}${more > 0 ? ` (and ${more} more key${more === 1 ? '' : 's'}: see --json)` : ''}`;
+}
+
+/** The line for dead letters kept back because counts of theirs stand outside any marker; null when none were. */
+export function standingLine(summary: RiskSummary): string | null {
+  if (summary.standingMessages === 0) return null;
+  const n = summary.standingMessages;
+  const unreadable =
+    summary.standingUnreadable > 0
+      ? `; ${summary.standingUnreadable} of them name theirs in an ${STANDING_COUNTS_HEADER} header that cannot be read: read it with tally dead list`
+      : '';
+  const subtract = summary.standing.size > 0 ? `: ${subtractionsText(summary)}` : '';
+  return (
+    `${n} of them ${n === 1 ? 'has' : 'have'} counts that stand on another count shard (Redis refused to undo them: undo_failures in tally stats) ` +
+    `and are kept back at any age, since no marker stops a replay from counting those again. Repair each key, subtract what stands${subtract}${unreadable}; ` +
+    `then replay them with --force`
+  );
+}
+
 /** The one line of a replay that kept dead letters back. */
 export function refusedLine(summary: RiskSummary, markerLife: number): string {
   return (
     `kept ${summary.messages} dead letter${summary.messages === 1 ? '' : 's'} in place (${byReasonText(summary.byReason)}): ` +
-    `they may have been counted and their markers may have expired (older than the ${markerLife} s marker lifetime, or of unknown age); ` +
+    `they may have been counted and their markers may have expired (older than the ${markerLife} s marker lifetime, or of unknown age)` +
+    `${summary.standingMessages > 0 ? ', or counts of theirs stand' : ''}; ` +
     `replaying them risks ${overcountText(summary)}; rerun with --force to replay them anyway`
   );
 }
@@ -283,6 +348,9 @@ export function forcedLine(summary: RiskSummary, markerLife: number): string {
   return (
     `FORCED: replayed ${summary.messages} dead letter${summary.messages === 1 ? '' : 's'} (${byReasonText(summary.byReason)}) ` +
     `whose markers may have expired (older than the ${markerLife} s marker lifetime, or of unknown age): ` +
-    `${overcountText(summary)}; recorded as forced_replays in tally stats`
+    `${overcountText(summary)}; recorded as forced_replays in tally stats` +
+    (summary.standingMessages > 0
+      ? `; ${summary.standingMessages} of them had counts standing on another count shard (${summary.standing.size > 0 ? subtractionsText(summary) : 'unreadable'}): replayed as if they were subtracted`
+      : '')
   );
 }

@@ -44,11 +44,11 @@ export class DeadLetters {
     this.badLog = new BadMessageLog(this.log);
   }
 
-  /** Sends `message` to the dead-letter queue with `reason` (its code first, e.g. `count-refused: …`), then acks it. */
-  send(channel: ChannelLink, message: ConsumeMessage, code: string, reason: string, traceparent: unknown): void {
+  /** Sends `message` to the dead-letter queue with `reason` (its code first, e.g. `count-refused: …`) and `headers` added, then acks it. */
+  send(channel: ChannelLink, message: ConsumeMessage, code: string, reason: string, traceparent: unknown, headers?: Record<string, unknown>): void {
     recordDeadLetter(this.tracer, this.queue, code, traceparent);
     this.badLog.record(code, reason, message.properties.messageId);
-    const published = retryUntilDone(() => this.publisher.deadLetter(channel, message, reason), {
+    const published = retryUntilDone(() => this.publisher.deadLetter(channel, message, reason, headers), {
       // Given up when the channel dies: the original is redelivered on the next one.
       stopWhen: () => !channel.alive,
       onAttemptFailed: ({ error, delayMs }) => this.log.warn({ err: describeError(error), delayMs }, 'dead-letter publish not confirmed; retrying'),

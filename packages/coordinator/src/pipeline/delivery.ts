@@ -40,6 +40,13 @@ export interface Delivery {
    * instead of being acked, and its replay counts only the refused part.
    */
   refusal: string | null;
+  /**
+   * Message-scoped markers on a Redis Cluster: increments of its refused
+   * parts on other count shards that Redis refused to undo (count key ->
+   * delta). Its dead letter carries them (STANDING_COUNTS_HEADER) so that
+   * the replay guard keeps it back until they are subtracted.
+   */
+  standing?: Record<string, string>;
   /** Stream source: where the message sits in its partition's log; absent for a queue. */
   readonly position?: { readonly partition: number; readonly offset: number };
 }

@@ -25,8 +25,8 @@ export interface Acker {
 
 /** Publishes a copy to the dead-letter queue (amqp/dead-letter-publishing.ts). */
 export interface DeadLetterPublisher {
-  /** Resolves once the broker confirmed the copy, with its reason in `x-tally-reason`. */
-  deadLetter(channel: ChannelLink, message: ConsumeMessage, reason: string): Promise<void>;
+  /** Resolves once the broker confirmed the copy, with its reason in `x-tally-reason` and `headers` added. */
+  deadLetter(channel: ChannelLink, message: ConsumeMessage, reason: string, headers?: Record<string, unknown>): Promise<void>;
 }
 
 /** The counters of invariant 9 (stats-recorder.ts). */

@@ -4,7 +4,7 @@
  * a duplicate or a partial duplicate; dead-lettered `count-refused` when
  * Redis refused one of its parts; its waiting copies acked as duplicates.
  */
-import { COUNT_REFUSED, PART_DONE, PART_HELD, PART_REWIND, type BatchResult, type CountRefusal } from '@tally/shared';
+import { COUNT_REFUSED, PART_DONE, PART_HELD, PART_REWIND, STANDING_COUNTS_HEADER, type BatchResult, type CountRefusal } from '@tally/shared';
 import type { Delivery } from './delivery.js';
 import type { PendingPart } from './shard-lanes.js';
 import type { AckWindow } from './ack-window.js';
@@ -56,6 +56,7 @@ export class Settlement {
     for (const refusal of result.refusals) {
       const delivery = parts[refusal.part]!.delivery;
       delivery.refusal ??= describeCountRefusal(vshard, refusal);
+      if (refusal.standing !== undefined) delivery.standing = addStanding(delivery.standing, refusal.standing);
     }
     let held = 0;
     for (let i = 0; i < parts.length; i++) {
@@ -116,7 +117,9 @@ export class Settlement {
       // counted and marked. Dead-lettered, not acked: the replay (after the
       // key is repaired) counts the refused part once and skips the others by
       // their markers (within the marker TTL).
-      this.deps.deadLetters.send(delivery.link, delivery.message, COUNT_REFUSED, `${COUNT_REFUSED}: ${delivery.refusal}`, delivery.traceparent);
+      // Some of its increments on other shards may stand (an undo Redis refused): the header keeps its replay back until they are subtracted.
+      const headers = delivery.standing === undefined ? undefined : { [STANDING_COUNTS_HEADER]: JSON.stringify(delivery.standing) };
+      this.deps.deadLetters.send(delivery.link, delivery.message, COUNT_REFUSED, `${COUNT_REFUSED}: ${delivery.refusal}`, delivery.traceparent, headers);
     } else if (delivery.position !== undefined) {
       // A stream: a part at or below its watermark was applied before (a replay after a restart, a handover or a rewind).
       counters.add(delivery.markedParts === 0 ? 'counted' : 'replayed');
@@ -133,6 +136,13 @@ export class Settlement {
       acks.finish(waiter.link, waiter.tag);
     }
   }
+}
+
+/** Standing increments of a delivery's parts, summed by key (a delivery's parts may come back in several batches). */
+function addStanding(into: Record<string, string> | undefined, more: Readonly<Record<string, string>>): Record<string, string> {
+  const sum: Record<string, string> = { ...into };
+  for (const [key, delta] of Object.entries(more)) sum[key] = (BigInt(sum[key] ?? '0') + BigInt(delta)).toString();
+  return sum;
 }
 
 /** The x-tally-reason detail of a refused part: the Redis error, then where it happened. */

@@ -9,10 +9,22 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { expect } from 'chai';
+import { Redis } from 'ioredis';
 import { generateWorkload, publishAll } from '@tally/workload';
 import { resetNamespace, startRedisCluster, type RedisCluster } from '@tally/testkit';
 import { keySlot, isCluster, scanNodes } from '@tally/runtime';
-import { countKey, FILTERED_MARKER_FORMAT, layoutKey, MESSAGE_MARKER_FORMAT, shardOf, type TallyMode } from '@tally/shared';
+import {
+  countKey,
+  FILTERED_MARKER_FORMAT,
+  layoutKey,
+  markerDigest,
+  markerShardOf,
+  MESSAGE_MARKER_FORMAT,
+  shardOf,
+  STANDING_COUNTS_HEADER,
+  type TallyMode,
+} from '@tally/shared';
+import { EXIT_REPLAY_REFUSED } from '../../src/commands/dead.js';
 import type { StatusReport } from '../../src/commands/status.js';
 import { readWatermarks } from '../../src/stream/watermark-audit.js';
 import {
@@ -142,6 +154,108 @@ describe('Redis Cluster (integration: 3 masters + 3 replicas of our own)', funct
       const final = compare(await readCounts(), new Map([...workload.truth].filter(([sku]) => sku !== poisoned)));
       expect(final.exact, `after the replay: lost ${final.missingUnits}, excess ${final.excessUnits}`).to.equal(true);
     } finally {
+      await cleanup(space);
+    }
+  });
+
+  it('two-step, message-scoped: an undo Redis refuses leaves that count standing, counted in undo_failures, and its dead letter kept back from a replay until forced', async () => {
+    const virtualShards = 16;
+    const space = testSpace('cluster-undo', { TALLY_REDIS_URL: seeds, TALLY_MODE: 'two-step', TALLY_BATCH_WAIT_MS: '10' });
+    const masterOf = slotMasters(await withRedisAt(seeds, (redis) => scanNodes(redis)[0]!.cluster('SLOTS')));
+    const shardMaster = (shard: number): number => masterOf(keySlot(`{${shard}}`));
+    // The refused SKU's shard on one master (B), the SKU whose undo is refused on another (A), and the message's marker shard off B.
+    const skus = Array.from({ length: 400 }, (_, i) => `SKU-U${i}`);
+    const refusedSku = skus[0]!;
+    const paused = shardMaster(shardOf(refusedSku, virtualShards));
+    const [changingSku, undoneSku] = skus.filter((sku) => shardMaster(shardOf(sku, virtualShards)) !== paused);
+    const id = Array.from({ length: 100 }, (_, i) => `${space.queue}-m${i}`).find(
+      (candidate) => shardMaster(markerShardOf(markerDigest(candidate), virtualShards)) !== paused,
+    )!;
+    const refusedKey = countKey(space.prefix, shardOf(refusedSku, virtualShards), refusedSku);
+    const changingKey = countKey(space.prefix, shardOf(changingSku!, virtualShards), changingSku!);
+    const undoneKey = countKey(space.prefix, shardOf(undoneSku!, virtualShards), undoneSku!);
+    const changingMaster = `redis://127.0.0.1:${shardMaster(shardOf(changingSku!, virtualShards))}`;
+    const body = {
+      id,
+      changes: [
+        { sku: refusedSku, delta: 3 },
+        { sku: changingSku!, delta: 5 },
+        { sku: undoneSku!, delta: 7 },
+      ],
+    };
+
+    // The race a real fleet loses rarely, made certain: the refused key's master holds writes back, while a hand on the
+    // other master changes the key the moment the message's increment lands there, before the undo comes.
+    const watcher = new Redis(changingMaster);
+    const hand = new Redis(changingMaster);
+    const holder = new Redis(`redis://127.0.0.1:${paused}`);
+    let daemon: DaemonProcess | null = null;
+    try {
+      await withRedisAt(seeds, (redis) => redis.set(refusedKey, 'abc'));
+      await hand.config('SET', 'notify-keyspace-events', 'K$');
+      let changed = false;
+      watcher.on('message', (_channel: string, event: string) => {
+        if (event !== 'incrby' || changed) return;
+        changed = true;
+        void hand.set(changingKey, 'changed by hand');
+      });
+      await watcher.subscribe(`__keyspace@0__:${changingKey}`);
+      daemon = await startDaemon(space.env);
+      await holder.call('CLIENT', 'PAUSE', '1500', 'WRITE');
+      // A producer's own standing-counts header is no one's word: the dead letter must carry the daemon's alone.
+      const forged = { [STANDING_COUNTS_HEADER]: JSON.stringify({ [undoneKey]: '9' }) };
+      await publishAll([{ kind: 'good', body: Buffer.from(JSON.stringify(body)), id, headers: forged }], { url: AMQP_URL, queue: space.queue });
+      await waitForReadyEmpty(space.queue);
+      const stats = await until('the dead letter', async () => {
+        const read = JSON.parse((await tallyCli(space.env, 'stats', '--json')).stdout) as Record<string, number>;
+        return read.dead_lettered === 1 ? read : undefined;
+      });
+      expect(changed, 'the hand changed the key after the write').to.equal(true);
+      expect(stats.undo_failures, 'the refused part whose counts stand, counted once').to.equal(1);
+      expect(stats.count_errors).to.equal(1);
+      const line = daemon.logs.find((l) => l.includes('could not undo the counts of a refused message'));
+      expect(line, 'one error line naming what stands').to.not.equal(undefined);
+      expect(JSON.parse(line!).stand).to.deep.equal({ [changingKey]: '5' });
+      await withRedisAt(seeds, async (redis) => {
+        expect(Number((await redis.get(undoneKey)) ?? 0), 'the other key is taken back').to.equal(0);
+        expect(await redis.get(changingKey)).to.equal('changed by hand');
+      });
+
+      const listed = JSON.parse((await tallyCli(space.env, 'dead', 'list', '--json')).stdout) as { messages: Array<{ id: string; standing?: unknown }> };
+      expect(
+        listed.messages.map((m) => [m.id, m.standing]),
+        'the dead letter names the count that stands',
+      ).to.deep.equal([[id, { [changingKey]: '5' }]]);
+      // Seconds old, well within the marker lifetime, and still kept back: no marker stops a second count of what stands.
+      const kept = await tallyCli(space.env, 'dead', 'replay', '--reason', 'count-refused');
+      expect(kept.code, kept.stderr).to.equal(EXIT_REPLAY_REFUSED);
+      expect(kept.stderr).to.include('counts that stand').and.include(`INCRBY ${changingKey} -5`).and.include('--force');
+
+      // The operator repairs the keys: the foreign values go, and the standing 5 is subtracted from what it became.
+      await withRedisAt(seeds, async (redis) => {
+        await redis.del(refusedKey);
+        await redis.set(changingKey, '5');
+        await redis.incrby(changingKey, -5);
+      });
+      const forced = await tallyCli(space.env, 'dead', 'replay', '--reason', 'count-refused', '--force');
+      expect(forced.code, forced.stderr).to.equal(0);
+      expect(forced.stderr).to.include('FORCED').and.include(`INCRBY ${changingKey} -5`);
+      await waitForReadyEmpty(space.queue);
+      const counts = await until('the replay counted', async () => {
+        const read = JSON.parse((await tallyCli(space.env, 'counts', '--json')).stdout) as Record<string, number>;
+        return read[refusedSku] === 3 ? read : undefined;
+      });
+      expect(counts, 'counted once after the repair').to.deep.include({ [refusedSku]: 3, [changingSku!]: 5, [undoneSku!]: 7 });
+      const after = JSON.parse((await tallyCli(space.env, 'stats', '--json')).stdout) as Record<string, number>;
+      expect(after.forced_replays).to.equal(1);
+      expect(after.undo_failures, 'the replay undid nothing').to.equal(1);
+    } finally {
+      await holder.call('CLIENT', 'UNPAUSE').catch(() => {});
+      await hand.config('SET', 'notify-keyspace-events', '').catch(() => {});
+      watcher.disconnect();
+      hand.disconnect();
+      holder.disconnect();
+      if (daemon !== null) await stopDaemon(daemon);
       await cleanup(space);
     }
   });
@@ -377,3 +491,9 @@ describe('Redis Cluster (integration: 3 masters + 3 replicas of our own)', funct
     expect(JSON.parse(out.stdout)).to.include({ received: 0 });
   });
 });
+
+/** Slot -> the port of its master, from CLUSTER SLOTS. */
+function slotMasters(reply: unknown): (slot: number) => number {
+  const ranges = (reply as Array<[number, number, [string, number, ...unknown[]], ...unknown[]]>).map(([from, to, [, port]]) => ({ from, to, port }));
+  return (slot) => ranges.find((range) => slot >= range.from && slot <= range.to)!.port;
+}

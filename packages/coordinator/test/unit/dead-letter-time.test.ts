@@ -8,7 +8,7 @@
 import { expect } from 'chai';
 import type { Channel, ConsumeMessage, GetMessage, Options } from 'amqplib';
 import pino from 'pino';
-import { DEAD_AT_HEADER, FIRST_DEAD_AT_HEADER } from '@tally/shared';
+import { DEAD_AT_HEADER, FIRST_DEAD_AT_HEADER, STANDING_COUNTS_HEADER } from '@tally/shared';
 import { DeadLetterPublishing } from '../../src/amqp/dead-letter-publishing.js';
 import { replayProperties } from '../../src/commands/dead-queue.js';
 import type { ChannelLink } from '../../src/pipeline/delivery.js';
@@ -87,7 +87,14 @@ describe('the dead-letter time stamp', () => {
   it('is removed from the copy a replay sends back, and carried as x-tally-first-dead-at', () => {
     const dead = {
       properties: {
-        headers: { 'x-tally-reason': 'count-refused: x', 'x-tally-source-queue': 'q.3', [DEAD_AT_HEADER]: 1_700_000_005_000, traceparent: 't' },
+        headers: {
+          'x-tally-reason': 'count-refused: x',
+          'x-tally-source-queue': 'q.3',
+          [DEAD_AT_HEADER]: 1_700_000_005_000,
+          // Forced past it: the operator subtracted what stood; a copy refused again gets the daemon's own anew.
+          [STANDING_COUNTS_HEADER]: '{"k":"5"}',
+          traceparent: 't',
+        },
         messageId: 'm-1',
         timestamp: 1_700_000_000,
         contentType: 'application/json',

@@ -1,5 +1,5 @@
 import { expect } from 'chai';
-import { shardOf } from '@tally/shared';
+import { shardOf, STANDING_COUNTS_HEADER } from '@tally/shared';
 import {
   epochMs,
   exposureOf,
@@ -12,6 +12,7 @@ import {
   replayVerdict,
   riskOf,
   RiskSummary,
+  standingLine,
   type DeadLetterFacts,
   type ReplayPolicy,
 } from '../../src/commands/replay-guard.js';
@@ -149,5 +150,38 @@ describe('replay guard (pure: may this dead letter have been counted, and may it
     expect(forcedLine(summary, 600))
       .to.match(/^FORCED/)
       .and.include('forced_replays');
+  });
+
+  it('keeps back, at any age, a dead letter naming counts that stand on another shard, and names what to subtract before --force', () => {
+    const standing = { 't:c:{5}:SKU-1': '-2', 't:c:{9}:SKU-2': '3' };
+    // Seconds old: its markers live, but no marker covers counts an undo left standing.
+    const young = facts({ 'x-tally-dead-at': NOW - 1_000, [STANDING_COUNTS_HEADER]: Buffer.from(JSON.stringify(standing)) });
+    const verdict = replayVerdict(young, 'count-refused', refusedDetail, policy());
+    expect(verdict).to.deep.include({ action: 'refuse', standing });
+    expect(replayVerdict(young, 'count-refused', refusedDetail, policy({ force: true })).action).to.equal('force');
+    // The same letter without the header replays; a bad message never counted replays whatever it carries.
+    expect(replayVerdict(facts({ 'x-tally-dead-at': NOW - 1_000 }), 'count-refused', refusedDetail, policy()).action).to.equal('replay');
+    expect(replayVerdict(young, 'malformed-json', 'x', policy()).action).to.equal('replay');
+    // A header that cannot be read is taken to name some.
+    for (const hostile of ['{', '[]', '{}', JSON.stringify({ k: 5 }), JSON.stringify({ k: '1e3' }), 42]) {
+      const v = replayVerdict(facts({ 'x-tally-dead-at': NOW - 1_000, [STANDING_COUNTS_HEADER]: hostile }), 'count-refused', refusedDetail, policy());
+      expect(v, String(hostile)).to.deep.include({ action: 'refuse', standing: 'unreadable' });
+    }
+
+    const summary = new RiskSummary();
+    if (verdict.action !== 'refuse') expect.fail('refused');
+    summary.add(0, 'm-0', 'count-refused', verdict);
+    summary.add(1, 'm-1', 'count-refused', { ...verdict, standing: { 't:c:{5}:SKU-1': '-1' } });
+    expect(summary.toJSON().standing).to.deep.equal({ messages: 2, unreadable: 0, counts: { 't:c:{5}:SKU-1': '-3', 't:c:{9}:SKU-2': '3' } });
+    expect(refusedLine(summary, 600)).to.include('or counts of theirs stand');
+    const line = standingLine(summary);
+    expect(line).to.not.equal(null);
+    expect(line!)
+      .to.include('2 of them have counts that stand')
+      .and.include('undo_failures')
+      .and.include('INCRBY t:c:{5}:SKU-1 3, INCRBY t:c:{9}:SKU-2 -3')
+      .and.include('--force');
+    expect(forcedLine(summary, 600)).to.include('INCRBY t:c:{5}:SKU-1 3');
+    expect(standingLine(new RiskSummary()), 'no line when nothing stands').to.equal(null);
   });
 });
