@@ -47,6 +47,7 @@ import {
   type SteadyFillRecord,
   type WarmupFigures,
 } from './results.js';
+import { partsPerBatch } from './daemon-metrics.js';
 import { watchDaemon } from './tally-progress.js';
 import { queueState } from './broker.js';
 
@@ -224,6 +225,7 @@ export async function runDrain(ctx: AnyBenchContext, plan: DrainPlan): Promise<D
   let startedAt: number | null = warmup === 0 ? running.consumingAt : null;
   let endedAt: number | null = null;
   let metricsReads: number | undefined;
+  let batchSize: number | null = null;
   let problem: string | undefined;
   const timeoutMs = Math.max(60_000, ((warmup + expected) / 500) * 1_000);
   const connection = await amqp.connect(ctx.amqpUrl, { clientProperties: { connection_name: 'tally-bench-watch' } });
@@ -243,6 +245,7 @@ export async function runDrain(ctx: AnyBenchContext, plan: DrainPlan): Promise<D
         },
       });
       metricsReads = watched.scrapes;
+      batchSize = partsPerBatch(warmup > 0 ? watched.warm : null, watched.done);
       endedAt = watched.doneAt;
       if (endedAt === null)
         problem = `drain stalled: the daemon reported ${JSON.stringify(watched.last)} of ${warmup + expected} deliveries; daemon said: ${running.stderr().slice(-600)}`;
@@ -343,6 +346,7 @@ export async function runDrain(ctx: AnyBenchContext, plan: DrainPlan): Promise<D
     ...(plan.variant ? { variant: plan.variant } : {}),
     ...(fill !== null ? { steady: { ...fill, layoutFound: layout?.created === false } } : {}),
     ...(metricsReads !== undefined ? { metricsReads } : {}),
+    ...(batchSize !== null ? { partsPerBatch: batchSize } : {}),
     ...(ctx.nodes.topology === 'cluster' && memoryBefore && memoryAfter && redisCpuBefore && redisCpuAfter
       ? {
           cluster: {

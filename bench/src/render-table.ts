@@ -138,7 +138,8 @@ export function renderFillTable(results: Pick<BenchResults, 'drains'>): string {
 
 /**
  * Per drain, where Redis's CPU went: the commands that took the most microseconds per message (INFO commandstats;
- * a script's own commands count both in them and in evalsha), beside the CPU itself.
+ * a script's own commands count both in them and in evalsha), beside the CPU itself and, for Tally, the mean
+ * parts per shard batch in the window (what the per-batch costs are spread over).
  */
 export function renderCommandTimeTable(results: Pick<BenchResults, 'drains'>, top = 6, topologyOf?: (drain: DrainRecord) => string): string {
   const rows = results.drains
@@ -156,11 +157,12 @@ export function renderCommandTimeTable(results: Pick<BenchResults, 'drains'>, to
         ...(topologyOf ? [topologyOf(d)] : []),
         `${d.contender}${d.variant === 'steady' ? ', steady' : ''}`,
         cell((d.redisCpuSeconds! * 1e6) / d.messages, 2),
+        d.partsPerBatch === undefined ? 'n/a' : cell(d.partsPerBatch, 0),
         [...shown, ...(rest > 0 ? [`others ${rest.toFixed(2)}`] : [])].join(', ') || 'none',
       ];
     });
   return markdownTable(
-    ['round', ...(topologyOf ? ['topology'] : []), 'drain', 'Redis CPU µs / msg', 'µs / msg by command (a script holds its commands)'],
+    ['round', ...(topologyOf ? ['topology'] : []), 'drain', 'Redis CPU µs / msg', 'parts / batch', 'µs / msg by command (a script holds its commands)'],
     rows,
   );
 }

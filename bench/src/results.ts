@@ -78,6 +78,8 @@ export interface DrainRecord {
   readonly steady?: SteadyFillRecord;
   /** Reads of the daemon's /metrics the bench made to find the window's ends (Tally only). */
   readonly metricsReads?: number;
+  /** Mean parts per shard batch the daemon sent in the window (tally_batch_size; Tally only; a part is a message with message-scoped markers). */
+  readonly partsPerBatch?: number;
   readonly correct: boolean;
   readonly problem?: string;
 }

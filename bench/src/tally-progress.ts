@@ -48,6 +48,9 @@ export interface DaemonWatch {
   readonly scrapes: number;
   /** The last progress the daemon reported, for a stall's message. */
   readonly last: DaemonProgress | null;
+  /** What the reads at warmAt and doneAt saw (the window's batches: partsPerBatch). */
+  readonly warm: DaemonProgress | null;
+  readonly done: DaemonProgress | null;
 }
 
 export async function watchDaemon(plan: DaemonWatchPlan): Promise<DaemonWatch> {
@@ -56,6 +59,7 @@ export async function watchDaemon(plan: DaemonWatchPlan): Promise<DaemonWatch> {
   const stallMs = plan.stallMs ?? 15_000;
   let scrapes = 0;
   let last: DaemonProgress | null = null;
+  let warm: DaemonProgress | null = null;
   const scrape = async (): Promise<DaemonProgress & { at: number }> => {
     scrapes++;
     const response = await fetch(plan.metricsUrl);
@@ -89,15 +93,17 @@ export async function watchDaemon(plan: DaemonWatchPlan): Promise<DaemonWatch> {
     }
   };
   let warmAt: number | null = null;
+  const stalled = (): DaemonWatch => ({ warmAt, doneAt: null, scrapes, last, warm, done: null });
   if (plan.warmup > 0) {
-    if (!(await readyAtMost(plan.expected - plan.warmup))) return { warmAt, doneAt: null, scrapes, last };
+    if (!(await readyAtMost(plan.expected - plan.warmup))) return stalled();
     warmAt = await until((p) => p.acked >= plan.warmup);
-    if (warmAt === null) return { warmAt, doneAt: null, scrapes, last };
+    if (warmAt === null) return stalled();
+    warm = last;
     await plan.onWarm?.(warmAt);
   }
-  if (!(await readyAtMost(0))) return { warmAt, doneAt: null, scrapes, last };
+  if (!(await readyAtMost(0))) return stalled();
   const doneAt = await until((p) => p.received >= plan.expected && p.inFlight === 0);
-  return { warmAt, doneAt, scrapes, last };
+  return { warmAt, doneAt, scrapes, last, warm, done: doneAt === null ? null : last };
 }
 
 export interface WatchResult {

@@ -1,7 +1,7 @@
 import { expect } from 'chai';
 import { bucketExpiresAt, bucketsToCheck, defaultBucketWidthS, subBucketsAfter, type Change } from '@tally/shared';
 import { generateWorkload } from '@tally/workload';
-import { metricValue, parseDaemonProgress } from '../src/daemon-metrics.js';
+import { metricValue, parseDaemonProgress, partsPerBatch } from '../src/daemon-metrics.js';
 import { BenchUsageError, parseBenchArgs, STEADY_CONTENDERS } from '../src/options.js';
 import { seededRandom } from '@tally/workload';
 import { evenShares, expiryBitmap, partsPerMessageByShard, steadyPopulation, subBucketCounts } from '../src/steady-population.js';
@@ -124,10 +124,21 @@ describe('the daemon progress the drains read', () => {
   ].join('\n');
 
   it('reads received and in flight, so acked = received - in flight', () => {
-    expect(parseDaemonProgress(text)).to.deep.equal({ received: 5_020, inFlight: 20, acked: 5_000 });
+    expect(parseDaemonProgress(text)).to.deep.equal({ received: 5_020, inFlight: 20, acked: 5_000, batches: null, batchParts: null });
     expect(metricValue('plain_metric 12\n', 'plain_metric')).to.equal(12);
     expect(metricValue(text, 'tally_counted_total')).to.equal(null);
     expect(() => parseDaemonProgress('')).to.throw(/tally_received_total/);
+  });
+
+  it("takes the window's mean batch from the batch-size histogram's count and sum at its two ends", () => {
+    const at = (batches: number, parts: number) =>
+      parseDaemonProgress(`${text}\ntally_batch_size_count{otel_scope_name="tally"} ${batches}\ntally_batch_size_sum{otel_scope_name="tally"} ${parts}\n`);
+    expect(at(10, 4_000)).to.include({ batches: 10, batchParts: 4_000 });
+    // The warm-up's 10 batches of 400 are not the window's 40 of 100.
+    expect(partsPerBatch(at(10, 4_000), at(50, 8_000))).to.equal(100);
+    expect(partsPerBatch(null, at(50, 8_000)), 'no warm-up: the whole drain').to.equal(160);
+    expect(partsPerBatch(at(10, 4_000), at(10, 4_000)), 'no batch in the window').to.equal(null);
+    expect(partsPerBatch(at(10, 4_000), parseDaemonProgress(text)), 'no histogram').to.equal(null);
   });
 });
 

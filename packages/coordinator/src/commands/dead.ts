@@ -122,7 +122,7 @@ export function deadListText(report: DeadListReport): string {
 export function deadReplayText(report: ReplayReport): string {
   const refused =
     report.refused.messages > 0 || report.withoutPartition > 0
-      ? ` (${[report.refused.messages > 0 ? `${report.refused.messages} of them refused for their age` : '', report.withoutPartition > 0 ? `${report.withoutPartition} naming no partition` : ''].filter(Boolean).join(', ')})`
+      ? ` (${[report.refused.messages > 0 ? `${report.refused.messages} of them refused for their age${report.refused.standingMessages > 0 ? ' or counts that stand' : ''}` : '', report.withoutPartition > 0 ? `${report.withoutPartition} naming no partition` : ''].filter(Boolean).join(', ')})`
       : '';
   const forced = report.forced.messages > 0 ? ` (${report.forced.messages} of them FORCED past their markers)` : '';
   const lines = [`replayed ${report.replayed}${forced} from ${report.deadQueue} to ${report.queue}; ${report.kept} read and kept in place${refused}`];
