@@ -35,6 +35,7 @@ import {
   testSpace,
   waitForReadyEmpty,
   AMQP_URL,
+  type DaemonProcess,
   type RefusedStart,
 } from './harness.js';
 import { brokerQueue, countsAt, metricsText, readyz, sample, waitFor } from './runtime-probes.js';
@@ -72,6 +73,7 @@ describe('Redis Sentinel (integration: 1 primary, 1 replica, 3 Sentinels; the pr
       let group: SentinelGroup | null = null;
       const maxChanges = 4;
       const maxDelta = 9;
+      let daemon: DaemonProcess | null = null;
       const space = testSpace(`sentinel-${mode}`, {
         TALLY_MODE: mode,
         TALLY_REDIS_WAIT_REPLICAS: '1',
@@ -85,7 +87,7 @@ describe('Redis Sentinel (integration: 1 primary, 1 replica, 3 Sentinels; the pr
         const old = group.nodes[0]!;
         const workload = generateWorkload({ messages: 6_000, skus: 800, seed: 26, duplicateRate: 0.02, idPrefix: space.queue, maxChanges, maxDelta });
 
-        const daemon = await startDaemon(env);
+        daemon = await startDaemon(env);
         const port = Number(JSON.parse(await daemon.waitForLog('http endpoint listening')).port);
         const before = await readyz(port);
         expect(before.code, 'ready behind the Sentinels').to.equal(200);
@@ -121,8 +123,18 @@ describe('Redis Sentinel (integration: 1 primary, 1 replica, 3 Sentinels; the pr
         await group.addReplica();
         await watching;
         await publishing;
-        await waitForReadyEmpty(space.queue);
-        await waitFor('every delivery acked', async () => (await brokerQueue(space.queue)).unacked === 0, 60_000);
+        try {
+          await waitForReadyEmpty(space.queue);
+          await waitFor('every delivery acked', async () => (await brokerQueue(space.queue)).unacked === 0, 60_000);
+        } catch (error) {
+          // A stall must say where it is: what /readyz, the broker and the daemon's last warnings said.
+          const ready = await readyz(port).catch((e: unknown) => ({ code: 0, body: { reason: String(e) } }));
+          const warnings = daemon.logs.filter((line) => !line.startsWith('{"level":30')).slice(-12);
+          throw new Error(
+            `${(error as Error).message}; /readyz ${ready.code}: ${JSON.stringify(ready.body.reason)}; ` +
+              `broker: ${JSON.stringify(await brokerQueue(space.queue))}; the daemon's last warnings:\n${warnings.join('\n')}`,
+          );
+        }
         const drainedAfterMs = Date.now() - killedAt;
 
         // The replica watch sees the new replica at its next check (every 5 s).
@@ -158,7 +170,9 @@ describe('Redis Sentinel (integration: 1 primary, 1 replica, 3 Sentinels; the pr
         const deviation = JSON.parse(
           (await tallyCli(env, 'deviation', '--crashes-per-month', '1', '--recovery', 'p100=10s', '--json')).stdout,
         ) as DeviationEstimate;
-        expect((await stopDaemon(daemon)).code, 'the daemon stops cleanly, never restarted').to.equal(0);
+        const stopped = await stopDaemon(daemon);
+        daemon = null;
+        expect(stopped.code, 'the daemon stops cleanly, never restarted').to.equal(0);
 
         const check = compare(await countsAt(`redis://127.0.0.1:${promoted}`, space.prefix), workload.truth);
         const boundUnits = deviation.boundPerMonth * maxChanges * maxDelta;
@@ -171,6 +185,7 @@ describe('Redis Sentinel (integration: 1 primary, 1 replica, 3 Sentinels; the pr
         if (mode === 'atomic') expect(check.exact, 'atomic: exact').to.equal(true);
         else expect(check.excessUnits, 'two-step: the overcount within the deviation bound of one crash').to.be.at.most(boundUnits);
       } finally {
+        if (daemon !== null) await stopDaemon(daemon);
         await group?.stop();
         await cleanup(space);
       }
