@@ -51,7 +51,8 @@ const HELP = Object.freeze({
             maxlen, unknown) is kept in place once its markers may have expired (older than
             TALLY_MARKER_TTL_S): one line on stderr names the overcount it risks, exit 3. So, at any age, is a
             count-refused one whose undo on another count shard Redis refused (undo_failures; a cluster):
-            stderr names each key and the INCRBY that subtracts what stands; do that, then --force
+            stderr names each key and the INCRBY that subtracts what stands, for a repaired value that
+            includes it; then --force
   --force   replay those too (each may be counted twice); said on stderr, counted as forced_replays
   CODE      a reason code (oversized-body, malformed-json, missing-id, count-refused, delivery-limit, ...
             see README) or "unknown"`,

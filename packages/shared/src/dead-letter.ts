@@ -70,7 +70,10 @@ export function standingCountsOf(headers: Readonly<Record<string, unknown>> | un
   }
   if (parsed === null || typeof parsed !== 'object' || Array.isArray(parsed)) return 'unreadable';
   const entries = Object.entries(parsed as Record<string, unknown>);
-  if (entries.length === 0 || !entries.every(([, delta]) => typeof delta === 'string' && /^-?\d{1,20}$/.test(delta))) return 'unreadable';
+  // Keys are printed in a command for the operator to run: printable ASCII without spaces or quotes, like Tally's count keys.
+  const wellFormed = ([key, delta]: [string, unknown]): boolean =>
+    /^[\x21\x23-\x7e]{1,1024}$/.test(key) && typeof delta === 'string' && /^-?\d{1,20}$/.test(delta);
+  if (entries.length === 0 || !entries.every(wellFormed)) return 'unreadable';
   return Object.fromEntries(entries) as Record<string, string>;
 }
 

@@ -37,7 +37,9 @@
  *   those stand, and its dead letter names them (STANDING_COUNTS_HEADER).
  *   No marker covers them, so no age makes the replay safe: it is kept
  *   back until the operator has subtracted each and replays it with
- *   --force. A header that cannot be read is taken to name some.
+ *   --force. A header that cannot be read is taken to name some. Only a
+ *   count-refused letter's is read: a letter the broker parked keeps its
+ *   producer's headers, a forged one among them.
  */
 import {
   BAD_MESSAGE_REASONS,
@@ -197,7 +199,9 @@ export function replayVerdict(facts: DeadLetterFacts, reason: string, detail: st
   const since = exposure === 'none' ? null : mayHaveBeenCountedSince(facts, exposure);
   const ageMs = since === null ? null : Math.max(0, policy.nowMs - since);
   if (exposure === 'none') return { action: 'replay', exposure, ageMs };
-  const standing = standingCountsOf(facts.properties.headers);
+  // Only the daemon writes it, and only on count-refused letters (it drops a producer's copy); a broker's letter keeps
+  // the producer's headers, so there it is no one's word.
+  const standing = reason === COUNT_REFUSED ? standingCountsOf(facts.properties.headers) : null;
   const safeForMs = policy.markerLifeS * 1000 - Math.min(CLOCK_MARGIN_MS, policy.markerLifeS * 200);
   if (standing === null && ageMs !== null && ageMs < safeForMs) return { action: 'replay', exposure, ageMs };
   return {
@@ -328,8 +332,8 @@ export function standingLine(summary: RiskSummary): string | null {
   const subtract = summary.standing.size > 0 ? `: ${subtractionsText(summary)}` : '';
   return (
     `${n} of them ${n === 1 ? 'has' : 'have'} counts that stand on another count shard (Redis refused to undo them: undo_failures in tally stats) ` +
-    `and are kept back at any age, since no marker stops a replay from counting those again. Repair each key, subtract what stands${subtract}${unreadable}; ` +
-    `then replay them with --force`
+    `and are kept back at any age, since no marker stops a replay from counting those again. Repair each key: if the value you restore includes ` +
+    `those increments, subtract them${subtract}; if it is the value from before the message, do not${unreadable}. Then replay them with --force`
   );
 }
 

@@ -194,14 +194,16 @@ describe('Redis Cluster (integration: 3 masters + 3 replicas of our own)', funct
       await withRedisAt(seeds, (redis) => redis.set(refusedKey, 'abc'));
       await hand.config('SET', 'notify-keyspace-events', 'K$');
       let changed = false;
+      // The refused key's master holds writes until the hand has changed the key (30 s at most: a loaded machine may be slow
+      // to get the write there), so the refusal, and the undo after it, come only then.
       watcher.on('message', (_channel: string, event: string) => {
         if (event !== 'incrby' || changed) return;
         changed = true;
-        void hand.set(changingKey, 'changed by hand');
+        void hand.set(changingKey, 'changed by hand').finally(() => holder.call('CLIENT', 'UNPAUSE'));
       });
       await watcher.subscribe(`__keyspace@0__:${changingKey}`);
       daemon = await startDaemon(space.env);
-      await holder.call('CLIENT', 'PAUSE', '1500', 'WRITE');
+      await holder.call('CLIENT', 'PAUSE', '30000', 'WRITE');
       // A producer's own standing-counts header is no one's word: the dead letter must carry the daemon's alone.
       const forged = { [STANDING_COUNTS_HEADER]: JSON.stringify({ [undoneKey]: '9' }) };
       await publishAll([{ kind: 'good', body: Buffer.from(JSON.stringify(body)), id, headers: forged }], { url: AMQP_URL, queue: space.queue });

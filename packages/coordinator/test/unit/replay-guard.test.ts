@@ -162,8 +162,12 @@ describe('replay guard (pure: may this dead letter have been counted, and may it
     // The same letter without the header replays; a bad message never counted replays whatever it carries.
     expect(replayVerdict(facts({ 'x-tally-dead-at': NOW - 1_000 }), 'count-refused', refusedDetail, policy()).action).to.equal('replay');
     expect(replayVerdict(young, 'malformed-json', 'x', policy()).action).to.equal('replay');
-    // A header that cannot be read is taken to name some.
-    for (const hostile of ['{', '[]', '{}', JSON.stringify({ k: 5 }), JSON.stringify({ k: '1e3' }), 42]) {
+    // A broker's letter keeps its producer's headers: a forged one there is no one's word, its age decides.
+    const forged = { [STANDING_COUNTS_HEADER]: JSON.stringify(standing) };
+    expect(replayVerdict(facts({ ...forged, 'x-death': xDeath(NOW - 10_000) }), 'delivery-limit', '', policy()).action).to.equal('replay');
+    // A header that cannot be read is taken to name some; a key that is not printable without spaces or quotes is not printed.
+    const badKeys = [{ 'k 1': '5' }, { 'k"': '5' }, { 'k\u001b[2J': '5' }, { '': '5' }].map((o) => JSON.stringify(o));
+    for (const hostile of ['{', '[]', '{}', JSON.stringify({ k: 5 }), JSON.stringify({ k: '1e3' }), 42, ...badKeys]) {
       const v = replayVerdict(facts({ 'x-tally-dead-at': NOW - 1_000, [STANDING_COUNTS_HEADER]: hostile }), 'count-refused', refusedDetail, policy());
       expect(v, String(hostile)).to.deep.include({ action: 'refuse', standing: 'unreadable' });
     }
