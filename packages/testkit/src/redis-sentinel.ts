@@ -91,7 +91,7 @@ export async function startSentinelGroup(options: SentinelGroupOptions = {}): Pr
   // Each data node logs its replication events (notice level) to a file of the group's, so a replica that does not
   // sync can say why in the test's error: refused connections, a wrong master, a sync that failed.
   const logFiles = new Map<PrivateRedis, string>();
-  const dataNode = async (replicaOf: number | null): Promise<PrivateRedis> => {
+  const dataNode = async (replicaOf: number | null, extraArgs: readonly string[] = []): Promise<PrivateRedis> => {
     const logFile = join(dir, `node-${logFiles.size}.log`);
     const node = await startPrivateRedis({
       ...data,
@@ -103,6 +103,7 @@ export async function startSentinelGroup(options: SentinelGroupOptions = {}): Pr
         logFile,
         ...(options.password === undefined ? [] : ['--masterauth', options.password]),
         ...(replicaOf === null ? [] : ['--replicaof', '127.0.0.1', String(replicaOf)]),
+        ...extraArgs,
       ],
     });
     logFiles.set(node, logFile);
@@ -151,7 +152,7 @@ export async function startSentinelGroup(options: SentinelGroupOptions = {}): Pr
         await spawnRedis({
           port,
           configFile: file,
-          args: ['--sentinel', '--loglevel', 'warning', ...tlsReplication],
+          args: ['--sentinel', '--loglevel', 'warning', '--logfile', join(dir, `sentinel-${port}.log`), ...tlsReplication],
           ...(options.sentinelPassword === undefined ? {} : { password: options.sentinelPassword }),
           ...(options.tls === undefined ? {} : { tls: options.tls }),
         }),
@@ -200,6 +201,15 @@ export async function startSentinelGroup(options: SentinelGroupOptions = {}): Pr
         await sleep(100);
       }
     };
+    /** The failover events the first Sentinel logged (sdown, elections, switches), for an error to say what they did. */
+    const sentinelEvents = async (): Promise<string> => {
+      const log = await readFile(join(dir, `sentinel-${ports[0]}.log`), 'utf8').catch(() => '');
+      const events = log
+        .split('\n')
+        .filter((line) => /[+-](sdown|odown|failover|switch-master|selected-slave|promoted-slave|slave-reconf|elected-leader|try-failover)/.test(line))
+        .slice(-12);
+      return events.length === 0 ? '' : `; Sentinel ${ports[0]} logged:\n${events.join('\n')}`;
+    };
     return {
       masterName,
       nodes,
@@ -220,7 +230,10 @@ export async function startSentinelGroup(options: SentinelGroupOptions = {}): Pr
         // Every Sentinel that answers must name the same primary first: just after a failover one of them can still
         // name the old one, and a replica pointed there never syncs.
         const current = await agreedPrimary(30_000);
-        const replica = await dataNode(current);
+        // Priority 0: the Sentinels never promote it. It joins empty, and a promotion before its first sync would lose
+        // every count the primary held. A CI run's new node ended replicating itself: the Sentinels had named it the
+        // primary before it synced (why the primary looked down to them is not known), and the retry below followed.
+        const replica = await dataNode(current, ['--replica-priority', '0']);
         nodes.push(replica);
         try {
           await synced(replica, 15_000);
@@ -229,6 +242,7 @@ export async function startSentinelGroup(options: SentinelGroupOptions = {}): Pr
           // at the primary the Sentinels agree on now and wait once more; the second error carries the node's log.
           // Detached first: REPLICAOF to the master it already names is a no-op, and a stuck handshake would stay stuck.
           const now = await agreedPrimary(15_000);
+          if (now === replica.port) throw new Error(`the Sentinels promoted the new replica ${replica.port} before it synced${await sentinelEvents()}`);
           const admin = replica.admin();
           try {
             await admin.replicaof('NO', 'ONE');
@@ -236,7 +250,9 @@ export async function startSentinelGroup(options: SentinelGroupOptions = {}): Pr
           } finally {
             admin.disconnect();
           }
-          await synced(replica, 20_000);
+          await synced(replica, 20_000).catch(async (error: Error) => {
+            throw new Error(`${error.message}${await sentinelEvents()}`);
+          });
         }
         return replica;
       },
