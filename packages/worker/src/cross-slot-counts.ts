@@ -29,13 +29,28 @@
  *   the edge of the 64-bit range) can refuse it; then those counts stand,
  *   `undo_failures` counts the parts and the error line names each key and
  *   the delta to subtract before the dead letter is replayed.
+ * - A shard whose write fails for its data (not a part refused inside the
+ *   script: a receipt key of a foreign type, say) fails the batch, which
+ *   batch isolation splits and reruns under new ids. What the other shards
+ *   wrote under this id is taken back first, so the halves count it once.
  * - Durability with TALLY_REDIS_WAIT_REPLICAS=N: before the occupation each
  *   shard's receipt is touched (EXPIRE, a write on the same connection) and
  *   WAITed for, so no marker is occupied while counts it stands for live on
  *   a master alone. A receipt that is gone there (a failover lost it, and
  *   the counts written with it in the same script) is written again.
  */
-import { receiptKey, ScriptReply, shardOf, PART_NEW, countKey, type BatchTask, type CountRefusal, type PartChanges, type WorkerSettings } from '@tally/shared';
+import {
+  classifyError,
+  receiptKey,
+  ScriptReply,
+  shardOf,
+  PART_NEW,
+  countKey,
+  type BatchTask,
+  type CountRefusal,
+  type PartChanges,
+  type WorkerSettings,
+} from '@tally/shared';
 import { onSlotConnection, type RedisClient } from '@tally/runtime';
 import { addToSum, type Sum } from './aggregate.js';
 import type { BatchLog } from './batch-log.js';
@@ -149,8 +164,15 @@ export async function writeCountsAcrossSlots(deps: CrossSlotDeps): Promise<Cross
     return { receipt, refusals: decodeRefusals(reply[2], prefix) };
   };
 
-  // Every shard at once: the writes go to their slots' masters concurrently.
-  const written = await Promise.all(groups.map(writeGroup));
+  // Every shard at once: the writes go to their slots' masters concurrently. All of them are let finish: a shard
+  // whose write failed for its data may leave others written, and those are taken back before the batch fails.
+  const settled = await Promise.allSettled(groups.map(writeGroup));
+  const failed = settled.find((outcome): outcome is PromiseRejectedResult => outcome.status === 'rejected');
+  if (failed !== undefined) {
+    if (classifyError(failed.reason) === 'data') await abandonWrittenShards(deps, groups, settled, run);
+    throw failed.reason;
+  }
+  const written = settled.map((outcome) => (outcome as PromiseFulfilledResult<{ receipt: string; refusals: CountRefusal[] }>).value);
   const refusals = written.flatMap((shardWrite) => shardWrite.refusals);
   const receipts = written.map((shardWrite) => shardWrite.receipt);
 
@@ -229,47 +251,15 @@ async function undoRefusedParts(
   groups: readonly ShardWrite[],
   written: ReadonlyArray<{ refusals: CountRefusal[] }>,
   refusals: readonly CountRefusal[],
-  run: (receipt: string, keys: string[], argv: Array<string | number>) => Promise<Reply>,
+  run: RunWrite,
 ): Promise<{ receipts: string[]; standingByPart: Map<number, Record<string, string>> }> {
-  const { settings, task } = deps;
-  const shards = settings.virtualShards!;
-  const ttl = countTtlOf(settings.countTtlS);
+  const { task } = deps;
   const refused = new Set(refusals.map((refusal) => refusal.part));
-  const undos: Array<Promise<{ receipt: string; standing: StandingCount[]; now: boolean }>> = [];
+  const undos: Array<Promise<ShardUndo>> = [];
   groups.forEach((group, index) => {
     const refusedHere = new Set(written[index]!.refusals.map((refusal) => refusal.part));
     const toUndo = group.parts.filter((part) => refused.has(part) && !refusedHere.has(part));
-    if (toUndo.length === 0) return;
-    const negated = new Map<string, Sum>();
-    for (const part of toUndo) {
-      for (const [sku, delta] of task.changes[part]!) if (shardOf(sku, shards) === group.shard) negated.set(sku, addToSum(negated.get(sku), -delta));
-    }
-    const skus = [...negated.keys()];
-    const receipt = receiptKey(settings.prefix, group.shard, `${task.batchId}~undo`);
-    const keys = [receipt, ...skus.map((sku) => countKey(settings.prefix, group.shard, sku))];
-    undos.push(
-      (async () => {
-        let reply = await run(receipt, keys, [ttl.ttlS, settings.markerTtlS, 'sums', '', ...skus.map((sku) => String(negated.get(sku)))]);
-        const now = reply[0] !== ScriptReply.WRITE_RECEIPT;
-        if (reply[0] === ScriptReply.WRITE_ISOLATE) {
-          const perSku: Array<string | number> = [ttl.ttlS, settings.markerTtlS, 'parts', skus.length];
-          skus.forEach((sku, i) => perSku.push(i + 1, 1, i + 1, String(negated.get(sku))));
-          reply = await run(receipt, keys, perSku);
-        }
-        const standing = decodeRefusals(reply[2], settings.prefix).map((refusal) => {
-          // The key names the SKU: a rerun's batch may have other new parts than the run that wrote the receipt.
-          const sku = refusal.sku;
-          return {
-            key: refusal.key,
-            delta: (-BigInt(refusal.delta)).toString(),
-            error: refusal.error,
-            sku,
-            parts: toUndo.filter((part) => task.changes[part]!.some(([changed]) => changed === sku)),
-          };
-        });
-        return { receipt, standing, now };
-      })(),
-    );
+    if (toUndo.length > 0) undos.push(undoOnShard(deps, group, toUndo, `${task.batchId}~undo`, run));
   });
   const undone = await Promise.all(undos);
   reportStanding(deps, refusals, undone);
@@ -282,8 +272,100 @@ async function undoRefusedParts(
   };
 }
 
+type RunWrite = (receipt: string, keys: string[], argv: Array<string | number>) => Promise<Reply>;
+
+/** What one shard's undo did: its receipt, the increments it could not take back, and whether this run undid (not a rerun). */
+interface ShardUndo {
+  readonly receipt: string;
+  readonly standing: StandingCount[];
+  readonly now: boolean;
+}
+
+/**
+ * Takes back `parts`' increments on one count shard: the same deltas
+ * negated, under `<receiptId>` in that shard's slot, so a rerun undoes
+ * once. An undo of increments just made is refused only by a key that
+ * changed since the write; then each SKU is undone on its own, so every
+ * other key is taken back, and the ones that stand are returned.
+ */
+function undoOnShard(deps: CrossSlotDeps, group: ShardWrite, parts: readonly number[], receiptId: string, run: RunWrite): Promise<ShardUndo> {
+  const { settings, task } = deps;
+  const shards = settings.virtualShards!;
+  const ttl = countTtlOf(settings.countTtlS);
+  const negated = new Map<string, Sum>();
+  for (const part of parts) {
+    for (const [sku, delta] of task.changes[part]!) if (shardOf(sku, shards) === group.shard) negated.set(sku, addToSum(negated.get(sku), -delta));
+  }
+  const skus = [...negated.keys()];
+  const receipt = receiptKey(settings.prefix, group.shard, receiptId);
+  const keys = [receipt, ...skus.map((sku) => countKey(settings.prefix, group.shard, sku))];
+  return (async () => {
+    let reply = await run(receipt, keys, [ttl.ttlS, settings.markerTtlS, 'sums', '', ...skus.map((sku) => String(negated.get(sku)))]);
+    const now = reply[0] !== ScriptReply.WRITE_RECEIPT;
+    if (reply[0] === ScriptReply.WRITE_ISOLATE) {
+      const perSku: Array<string | number> = [ttl.ttlS, settings.markerTtlS, 'parts', skus.length];
+      skus.forEach((sku, i) => perSku.push(i + 1, 1, i + 1, String(negated.get(sku))));
+      reply = await run(receipt, keys, perSku);
+    }
+    const standing = decodeRefusals(reply[2], settings.prefix).map((refusal) => {
+      // The key names the SKU: a rerun's batch may have other new parts than the run that wrote the receipt.
+      const sku = refusal.sku;
+      return {
+        key: refusal.key,
+        delta: (-BigInt(refusal.delta)).toString(),
+        error: refusal.error,
+        sku,
+        parts: parts.filter((part) => task.changes[part]!.some(([changed]) => changed === sku)),
+      };
+    });
+    return { receipt, standing, now };
+  })();
+}
+
+/**
+ * A count shard's write failed for its data (a receipt key holding a
+ * foreign type, an argument the script rejects): the batch fails, and batch
+ * isolation (batch-isolation.ts) reruns its halves under new ids, which
+ * write every shard again. So what the other shards wrote under this id is
+ * taken back first (`~abandon` receipts: a rerun of this id, which fails
+ * the same way, takes back nothing twice), and the isolation's "a failed
+ * run leaves nothing to undo" holds across slots too. An increment whose
+ * undo Redis refuses stands, and is logged and counted as for a refused
+ * part. Were the failing shard mended between a thread's death and the
+ * rerun of this id, the rerun would find the written shards' receipts and
+ * not write them again: a loss that needs both at once, and is not covered.
+ */
+async function abandonWrittenShards(
+  deps: CrossSlotDeps,
+  groups: readonly ShardWrite[],
+  settled: ReadonlyArray<PromiseSettledResult<{ refusals: CountRefusal[] }>>,
+  run: RunWrite,
+): Promise<void> {
+  const undos: Array<Promise<ShardUndo>> = [];
+  groups.forEach((group, index) => {
+    const outcome = settled[index]!;
+    if (outcome.status === 'rejected') return;
+    const refusedHere = new Set(outcome.value.refusals.map((refusal) => refusal.part));
+    const wrote = group.parts.filter((part) => !refusedHere.has(part));
+    if (wrote.length > 0) undos.push(undoOnShard(deps, group, wrote, `${deps.task.batchId}~abandon`, run));
+  });
+  const undone = await Promise.all(undos);
+  deps.log.warn(
+    { batchId: deps.task.batchId, shards: undone.length },
+    "a count shard refused the batch's write for its data: taking back what the other shards wrote before the batch is split",
+  );
+  reportStanding(deps, [], undone, STANDING_AFTER_ABANDON);
+}
+
+const STANDING_AFTER_REFUSAL =
+  'could not undo the counts of a refused message on another count shard (a key there changed since the write): those counts stand, an overcount tally deviation does not include. ' +
+  'Repair each key under "stand", then subtract its delta (INCRBY key -delta) before replaying the dead letter, or the replay counts it again';
+const STANDING_AFTER_ABANDON =
+  "could not take back the counts a batch wrote on one count shard before another refused the batch's write (a key there changed since the write): " +
+  'those counts stand and the batch, split, counts them again: an overcount tally deviation does not include. Repair each key under "stand", then subtract its delta (INCRBY key -delta)';
+
 /** One error line per batch for the increments its undos left standing, and the count of the parts this run left so. */
-function reportStanding(deps: CrossSlotDeps, refusals: readonly CountRefusal[], undone: ReadonlyArray<{ standing: StandingCount[]; now: boolean }>): void {
+function reportStanding(deps: CrossSlotDeps, refusals: readonly CountRefusal[], undone: readonly ShardUndo[], message = STANDING_AFTER_REFUSAL): void {
   const standing = undone.flatMap((undo) => undo.standing);
   if (standing.length === 0) return;
   const parts = [...new Set(standing.flatMap((count) => count.parts))].sort((a, b) => a - b);
@@ -298,8 +380,7 @@ function reportStanding(deps: CrossSlotDeps, refusals: readonly CountRefusal[], 
       errors: Object.fromEntries(standing.map((count) => [count.key, count.error])),
       rerun: partsNow.size === 0,
     },
-    'could not undo the counts of a refused message on another count shard (a key there changed since the write): those counts stand, an overcount tally deviation does not include. ' +
-      'Repair each key under "stand", then subtract its delta (INCRBY key -delta) before replaying the dead letter, or the replay counts it again',
+    message,
   );
   if (partsNow.size > 0) deps.onUndoFailed?.(deps.task, partsNow.size);
 }

@@ -142,4 +142,51 @@ describe('cross-slot counts: an undo Redis refuses (a key changed between the wr
       client.disconnect();
     }
   });
+
+  it("takes back the other shards' counts when one shard's write fails for its data, once, before the batch is split", async () => {
+    // Batch isolation reruns a failed batch's halves under new ids, writing every shard again: a shard written under the
+    // failed id would count twice. Here shard B's write receipt holds a foreign type, so its GET fails (WRONGTYPE).
+    const skus = Array.from({ length: 200 }, (_, i) => `abandon-${i}`);
+    const [skuA, skuA2] = skus.filter((sku) => shardOf(sku, SHARDS) === shardOf(skus[0]!, SHARDS));
+    const skuB = skus.find((sku) => shardOf(sku, SHARDS) !== shardOf(skuA!, SHARDS))!;
+    const shardA = shardOf(skuA!, SHARDS);
+    const task: BatchTask = {
+      vshard: 0,
+      batchId: randomUUID(),
+      changes: [
+        [
+          [skuA!, 4],
+          [skuB, 1],
+        ],
+        [[skuA2!, 9]],
+      ],
+    };
+    await redis.hset(receiptKey(prefix, shardOf(skuB, SHARDS), task.batchId), 'foreign', '1');
+    await redis.set(countKey(prefix, shardA, skuA!), '100');
+    const warnings: string[] = [];
+    const log: BatchLog = { warn: (_fields, message) => warnings.push(message), error() {} };
+    const write = () =>
+      writeCountsAcrossSlots({
+        redis,
+        settings: testWorkerSettings({ redisUrl: REDIS_URL, prefix, virtualShards: SHARDS }),
+        task,
+        groups: groupByCountShard(task.changes, Uint8Array.of(PART_NEW, PART_NEW), SHARDS),
+        writeCounts: WRITE_COUNTS,
+        log,
+        untilDone: (_step, run) => run(),
+      });
+    const failure = await write().then(
+      () => null,
+      (error: Error) => error,
+    );
+    expect(failure?.message, 'the data failure reaches batch isolation').to.match(/WRONGTYPE/);
+    expect(await redis.get(countKey(prefix, shardA, skuA!)), 'shard A written, then taken back').to.equal('100');
+    expect(Number((await redis.get(countKey(prefix, shardA, skuA2!))) ?? 0)).to.equal(0);
+    expect(await redis.exists(receiptKey(prefix, shardA, `${task.batchId}~abandon`)), 'taken back under a receipt of its own').to.equal(1);
+    expect(warnings.some((message) => message.includes('taking back'))).to.equal(true);
+
+    // A rerun of the same id fails the same way and takes back nothing twice.
+    await write().catch(() => {});
+    expect(await redis.get(countKey(prefix, shardA, skuA!)), 'not taken back twice').to.equal('100');
+  });
 });

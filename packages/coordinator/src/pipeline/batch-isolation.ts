@@ -10,7 +10,9 @@
  * part that still fails is reported as refused, and its message is
  * dead-lettered (`count-refused`) with the error. Such a failure comes before
  * the first write of the step that raised it (the scripts check before they
- * write), so a failed run leaves nothing to undo.
+ * write), and a batch whose counts span slots takes back what its other
+ * count shards wrote before it fails (cross-slot-counts.ts), so a failed run
+ * leaves nothing to undo.
  *
  * Each half gets an id derived from its parent's (`<id>.0`, `<id>.1`): a
  * rerun of the parent splits the same way and finds the halves' receipts.
