@@ -57,7 +57,10 @@ export type StandingCounts = Readonly<Record<string, string>>;
  * 'unreadable' when the header is there but is not such an object (a
  * replay must then assume the worst). Never throws on hostile headers.
  */
-export function standingCountsOf(headers: Readonly<Record<string, unknown>> | undefined): StandingCounts | null | 'unreadable' {
+export function standingCountsOf(reason: string, headers: Readonly<Record<string, unknown>> | undefined): StandingCounts | null | 'unreadable' {
+  // Only the daemon writes it, and only on count-refused letters (it drops a producer's copy); a broker's letter keeps
+  // the producer's headers, so there it is no one's word.
+  if (reason !== COUNT_REFUSED) return null;
   const raw = headers?.[STANDING_COUNTS_HEADER];
   if (raw === undefined || raw === null) return null;
   const text = Buffer.isBuffer(raw) ? raw.toString('utf8') : raw;
@@ -69,11 +72,20 @@ export function standingCountsOf(headers: Readonly<Record<string, unknown>> | un
     return 'unreadable';
   }
   if (parsed === null || typeof parsed !== 'object' || Array.isArray(parsed)) return 'unreadable';
-  const entries = Object.entries(parsed as Record<string, unknown>);
+  return wellFormedStanding(parsed as Record<string, unknown>) ?? 'unreadable';
+}
+
+/** Standing counts as recorded in Redis (keys.ts standingKey): null when there are none or they are not well formed. */
+export function standingCountsOfRecord(fields: Readonly<Record<string, unknown>>): StandingCounts | null {
+  return wellFormedStanding(fields);
+}
+
+function wellFormedStanding(fields: Readonly<Record<string, unknown>>): StandingCounts | null {
+  const entries = Object.entries(fields);
   // Keys are printed in a command for the operator to run: printable ASCII without spaces or quotes, like Tally's count keys.
   const wellFormed = ([key, delta]: [string, unknown]): boolean =>
     /^[\x21\x23-\x7e]{1,1024}$/.test(key) && typeof delta === 'string' && /^-?\d{1,20}$/.test(delta);
-  if (entries.length === 0 || !entries.every(wellFormed)) return 'unreadable';
+  if (entries.length === 0 || !entries.every(wellFormed)) return null;
   return Object.fromEntries(entries) as Record<string, string>;
 }
 

@@ -68,6 +68,7 @@ export {
   legacyMarkerScanPattern,
   markerScanPattern,
   receiptKey,
+  standingKey,
   skuOfCountKey,
   statsKey,
   watermarkKey,
@@ -156,6 +157,7 @@ export {
   FIRST_DEAD_AT_HEADER,
   STANDING_COUNTS_HEADER,
   standingCountsOf,
+  standingCountsOfRecord,
   TALLY_DEAD_REASONS,
   type StandingCounts,
 } from './dead-letter.js';

@@ -17,6 +17,16 @@ export function receiptKey(prefix: string, vshard: number, batchId: string): str
   return `${prefix}w:{${vshard}}:${batchId}`;
 }
 
+/**
+ * Counts a refused message left standing on other count shards (Redis
+ * refused their undo), by the message's marker digest in hex: count key ->
+ * delta. `tally dead replay` reads it to keep the message back even when
+ * its dead letter lost the header that names them.
+ */
+export function standingKey(prefix: string, digestHex: string): string {
+  return `${prefix}standing:${digestHex}`;
+}
+
 /** Stream mode: a virtual shard's watermarks, one field per partition (stream-positions.ts), in the slot of the shard's counts. */
 export function watermarkKey(prefix: string, vshard: number): string {
   return `${prefix}wm:{${vshard}}`;

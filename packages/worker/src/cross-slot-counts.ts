@@ -46,6 +46,8 @@ import {
   shardOf,
   PART_NEW,
   countKey,
+  standingKey,
+  taskDigests,
   type BatchTask,
   type CountRefusal,
   type PartChanges,
@@ -181,6 +183,7 @@ export async function writeCountsAcrossSlots(deps: CrossSlotDeps): Promise<Cross
     const undone = await undoRefusedParts(deps, groups, written, refusals, run);
     receipts.push(...undone.receipts);
     standing = undone.standingByPart;
+    if (standing.size > 0) await recordStanding(deps, standing, ttl.ttlS);
   }
 
   let waitTimeouts = 0;
@@ -194,6 +197,28 @@ export async function writeCountsAcrossSlots(deps: CrossSlotDeps): Promise<Cross
     return stands === undefined ? refusal : { ...refusal, standing: stands };
   });
   return { wrote: groups.length > 0, refusals: reported, retries, waitTimeouts, shards: groups.length };
+}
+
+/**
+ * Records each refused part's standing counts in Redis by its message's
+ * digest, for the count TTL: the dead letter's header names them too, but
+ * is lost when the message comes back before its dead copy is confirmed
+ * (a channel that dies, a daemon killed), and the message refused again
+ * then has nothing to undo and a dead letter without them. `tally dead
+ * replay` reads the record (replay-guard.ts). A rerun writes the same.
+ */
+async function recordStanding(deps: CrossSlotDeps, standing: ReadonlyMap<number, Record<string, string>>, ttlS: number): Promise<void> {
+  const digests = taskDigests(deps.task);
+  await Promise.all(
+    [...standing].map(([part, counts]) => {
+      const digest = digests[part]!;
+      const key = standingKey(deps.settings.prefix, Buffer.from(digest.buffer, digest.byteOffset, digest.byteLength).toString('hex'));
+      return deps.untilDone('record_standing', async () => {
+        await deps.redis.hset(key, counts);
+        await deps.redis.expire(key, ttlS);
+      });
+    }),
+  );
 }
 
 /** One refusal per part (a part refused on two shards is reported once, as the scripts do for one slot). */

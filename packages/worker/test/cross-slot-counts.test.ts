@@ -1,7 +1,7 @@
 import { randomUUID } from 'node:crypto';
 import { expect } from 'chai';
 import { Redis } from 'ioredis';
-import { countKey, PART_DONE, PART_NEW, receiptKey, shardOf, type BatchTask } from '@tally/shared';
+import { countKey, markerDigest, PART_DONE, PART_NEW, receiptKey, shardOf, standingKey, type BatchTask } from '@tally/shared';
 import { testWorkerSettings } from '@tally/testkit';
 import type { BatchLog } from '../src/batch-log.js';
 import { groupByCountShard, writeCountsAcrossSlots } from '../src/cross-slot-counts.js';
@@ -72,6 +72,7 @@ describe('cross-slot counts: an undo Redis refuses (a key changed between the wr
     const task: BatchTask = {
       vshard: 0,
       batchId: randomUUID(),
+      ids: [`${prefix}m1`, `${prefix}m2`],
       changes: [
         [
           [refusedSku, 3],
@@ -127,6 +128,10 @@ describe('cross-slot counts: an undo Redis refuses (a key changed between the wr
       expect(Number((await redis.get(undoneKey)) ?? 0), 'every other key on the shard is undone').to.equal(0);
       expect(await redis.get(refusedKey), 'the foreign key is never touched').to.equal('a foreign value');
       expect(await redis.exists(receiptKey(prefix, shard, `${task.batchId}~undo`)), 'the undo receipt, for a WAIT and a rerun').to.equal(1);
+      // The same shares in Redis by message digest, for a dead letter that loses its header.
+      const recorded = await Promise.all(task.ids!.map((id) => redis.hgetall(standingKey(prefix, markerDigest(id).toString('hex')))));
+      expect(recorded).to.deep.equal([{ [changingKey]: '5' }, { [changingKey]: '2' }]);
+      expect(await redis.ttl(standingKey(prefix, markerDigest(task.ids![0]!).toString('hex'))), 'kept for the count TTL').to.be.greaterThan(0);
 
       // A rerun under the batch id finds the receipts: nothing undone again, the standing count logged again but counted once.
       const rerun = await write();

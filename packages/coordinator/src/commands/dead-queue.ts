@@ -24,6 +24,7 @@
  */
 import amqp, { type ConfirmChannel, type GetMessage, type Options } from 'amqplib';
 import {
+  COUNT_REFUSED,
   DEAD_AT_HEADER,
   FIRST_DEAD_AT_HEADER,
   partitionQueue,
@@ -31,6 +32,7 @@ import {
   ReplayRefusedError,
   STANDING_COUNTS_HEADER,
   type MessageMapping,
+  type StandingCounts,
 } from '@tally/shared';
 import { connectAnyNode } from '../amqp/broker-connect.js';
 import { copyPublishOptions } from '../amqp/message-copy.js';
@@ -94,6 +96,8 @@ export interface ReplayOptions extends DeadQueueTarget {
   readonly limit: number;
   /** What may be replayed (replay-guard.ts); the time is read per message. Without it every matching dead letter is. */
   readonly policy?: Omit<ReplayPolicy, 'nowMs'> & { readonly now?: () => number };
+  /** A count-refused letter's message: the standing counts Redis records for it (replay-guard.ts), or null. */
+  readonly recordedStanding?: (id: string) => Promise<StandingCounts | null>;
   /** A forced replay's copy was confirmed: record it (the forced_replays counter) before the dead one is acked. */
   readonly onForced?: (entry: DeadLetterEntry) => Promise<void>;
   /** Test seam: runs after a copy is confirmed and before the dead one is acked. */
@@ -186,7 +190,8 @@ export async function replayDeadLetters(options: ReplayOptions): Promise<ReplayR
         kept++;
         continue;
       }
-      const verdict = policy === undefined ? null : replayVerdict(message, entry.reason, entry.detail, { ...policy, nowMs: now() });
+      const recorded = entry.reason === COUNT_REFUSED && entry.id !== null ? ((await options.recordedStanding?.(entry.id)) ?? null) : null;
+      const verdict = policy === undefined ? null : replayVerdict(message, entry.reason, entry.detail, { ...policy, nowMs: now() }, recorded);
       if (verdict?.action === 'refuse') {
         refused.add(position, entry.id, entry.reason, verdict);
         kept++;

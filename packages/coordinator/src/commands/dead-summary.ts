@@ -10,7 +10,6 @@ import {
   deadLetterReason,
   mappedIdValue,
   MESSAGE_LIMITS,
-  COUNT_REFUSED,
   standingCountsOf,
   TALLY_DEAD_REASONS,
   type MessageMapping,
@@ -105,7 +104,7 @@ export function idOf(message: DeadLetterView, mapping: MessageMapping | null = n
 export function describeDeadLetter(message: DeadLetterView, position: number, mapping: MessageMapping | null = null): DeadLetterEntry {
   const { reason, detail } = reasonOf(message.properties.headers);
   // The daemon's word on count-refused letters only (replay-guard.ts).
-  const standing = reason === COUNT_REFUSED ? standingCountsOf(message.properties.headers) : null;
+  const standing = standingCountsOf(reason, message.properties.headers);
   return { position, id: idOf(message, mapping), reason, detail, bytes: message.content.byteLength, ...(standing === null ? {} : { standing }) };
 }
 

@@ -4,7 +4,17 @@
  * dead-queue.ts, the counting in dead-summary.ts.
  */
 import type { RedisClient } from '@tally/runtime';
-import { CliUsageError, layoutKey, statsKey, type OperatorCounterName, type TallyConfig } from '@tally/shared';
+import {
+  CliUsageError,
+  COUNT_REFUSED,
+  layoutKey,
+  markerDigest,
+  standingCountsOfRecord,
+  standingKey,
+  statsKey,
+  type OperatorCounterName,
+  type TallyConfig,
+} from '@tally/shared';
 import { listDeadLetters, replayDeadLetters, type ReplayReport } from './dead-queue.js';
 import { DeadLetterSummary, parseLimitFlag, parseReasonFlag } from './dead-summary.js';
 import { forcedLine, markerLifeS, refusedLine, standingLine } from './replay-guard.js';
@@ -49,8 +59,12 @@ export async function deadList(
 /**
  * Replays the matching dead letters. Redis is read for the prefix's layout
  * (its virtual shards and marker bucket width: replay-guard.ts markerLifeS)
- * and written for the forced_replays counter, one HINCRBY per forced
- * message before its dead copy is acked.
+ * and for the standing counts recorded for each count-refused message, and
+ * written for the forced_replays counter, one HINCRBY per forced message
+ * before its dead copy is acked. A forced replay drops its message's
+ * standing record: the operator has subtracted what stood, and a record
+ * left would keep back a later dead letter of it for counts no longer
+ * there.
  */
 export async function deadReplay(
   flags: DeadFlags,
@@ -76,10 +90,16 @@ export async function deadReplay(
       virtualShards: Number.isSafeInteger(recordedShards) && recordedShards > 0 ? recordedShards : config.virtualShards,
       messageMapping: config.messageMapping ?? null,
     },
-    onForced: async () => {
+    recordedStanding: async (id) => standingCountsOfRecord(await redis.hgetall(standingKeyOf(config.prefix, id))),
+    onForced: async (entry) => {
       await redis.hincrby(statsKey(config.prefix), FORCED_REPLAYS, 1);
+      if (entry.reason === COUNT_REFUSED && entry.id !== null) await redis.del(standingKeyOf(config.prefix, entry.id));
     },
   });
+}
+
+function standingKeyOf(prefix: string, id: string): string {
+  return standingKey(prefix, markerDigest(id).toString('hex'));
 }
 
 /** The line for stderr after a replay: what was kept back for its age, or what --force replayed anyway; null when neither. */

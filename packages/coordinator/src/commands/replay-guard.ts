@@ -39,7 +39,9 @@
  *   back until the operator has subtracted each and replays it with
  *   --force. A header that cannot be read is taken to name some. Only a
  *   count-refused letter's is read: a letter the broker parked keeps its
- *   producer's headers, a forged one among them.
+ *   producer's headers, a forged one among them. Redis keeps the same
+ *   counts by the message's digest (keys.ts standingKey) for the count TTL,
+ *   for a dead letter that lost the header.
  */
 import {
   BAD_MESSAGE_REASONS,
@@ -194,14 +196,24 @@ export type ReplayVerdict =
   /** As `refuse`, but --force: replayed, and recorded as a forced replay. */
   | { readonly action: 'force'; readonly exposure: Exposure; readonly ageMs: number | null; readonly risk: Risk | null; readonly standing: Standing | null };
 
-export function replayVerdict(facts: DeadLetterFacts, reason: string, detail: string, policy: ReplayPolicy): ReplayVerdict {
+/**
+ * `recorded`: the standing counts Redis holds for the letter's message
+ * (keys.ts standingKey), which outlive a dead letter that lost its header
+ * (the message came back before its dead copy was confirmed, and was
+ * refused again with nothing left to undo).
+ */
+export function replayVerdict(
+  facts: DeadLetterFacts,
+  reason: string,
+  detail: string,
+  policy: ReplayPolicy,
+  recorded: StandingCounts | null = null,
+): ReplayVerdict {
   const exposure = exposureOf(reason);
   const since = exposure === 'none' ? null : mayHaveBeenCountedSince(facts, exposure);
   const ageMs = since === null ? null : Math.max(0, policy.nowMs - since);
   if (exposure === 'none') return { action: 'replay', exposure, ageMs };
-  // Only the daemon writes it, and only on count-refused letters (it drops a producer's copy); a broker's letter keeps
-  // the producer's headers, so there it is no one's word.
-  const standing = reason === COUNT_REFUSED ? standingCountsOf(facts.properties.headers) : null;
+  const standing = (reason === COUNT_REFUSED ? recorded : null) ?? standingCountsOf(reason, facts.properties.headers);
   const safeForMs = policy.markerLifeS * 1000 - Math.min(CLOCK_MARGIN_MS, policy.markerLifeS * 200);
   if (standing === null && ageMs !== null && ageMs < safeForMs) return { action: 'replay', exposure, ageMs };
   return {

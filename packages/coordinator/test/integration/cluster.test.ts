@@ -9,6 +9,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { expect } from 'chai';
+import amqp from 'amqplib';
 import { Redis } from 'ioredis';
 import { generateWorkload, publishAll } from '@tally/workload';
 import { resetNamespace, startRedisCluster, type RedisCluster } from '@tally/testkit';
@@ -22,6 +23,7 @@ import {
   MESSAGE_MARKER_FORMAT,
   shardOf,
   STANDING_COUNTS_HEADER,
+  standingKey,
   type TallyMode,
 } from '@tally/shared';
 import { EXIT_REPLAY_REFUSED } from '../../src/commands/dead.js';
@@ -232,6 +234,14 @@ describe('Redis Cluster (integration: 3 masters + 3 replicas of our own)', funct
       const kept = await tallyCli(space.env, 'dead', 'replay', '--reason', 'count-refused');
       expect(kept.code, kept.stderr).to.equal(EXIT_REPLAY_REFUSED);
       expect(kept.stderr).to.include('counts that stand').and.include(`INCRBY ${changingKey} -5`).and.include('--force');
+      // A dead letter can lose the header (the message came back before its dead copy was confirmed, and was refused again
+      // with nothing left to undo): Redis's record by the message's digest keeps it back all the same.
+      await stripStandingHeader(`${space.queue}.dead`);
+      const bare = await tallyCli(space.env, 'dead', 'replay', '--reason', 'count-refused');
+      expect(bare.code, bare.stderr).to.equal(EXIT_REPLAY_REFUSED);
+      expect(bare.stderr).to.include(`INCRBY ${changingKey} -5`);
+      const record = standingKey(space.prefix, markerDigest(id).toString('hex'));
+      expect(await withRedisAt(seeds, (redis) => redis.hgetall(record))).to.deep.equal({ [changingKey]: '5' });
 
       // The operator repairs the keys: the foreign values go, and the standing 5 is subtracted from what it became.
       await withRedisAt(seeds, async (redis) => {
@@ -251,6 +261,7 @@ describe('Redis Cluster (integration: 3 masters + 3 replicas of our own)', funct
       const after = JSON.parse((await tallyCli(space.env, 'stats', '--json')).stdout) as Record<string, number>;
       expect(after.forced_replays).to.equal(1);
       expect(after.undo_failures, 'the replay undid nothing').to.equal(1);
+      expect(await withRedisAt(seeds, (redis) => redis.exists(record)), 'the forced replay drops the record: what stood was subtracted').to.equal(0);
     } finally {
       await holder.call('CLIENT', 'UNPAUSE').catch(() => {});
       await hand.config('SET', 'notify-keyspace-events', '').catch(() => {});
@@ -498,4 +509,22 @@ describe('Redis Cluster (integration: 3 masters + 3 replicas of our own)', funct
 function slotMasters(reply: unknown): (slot: number) => number {
   const ranges = (reply as Array<[number, number, [string, number, ...unknown[]], ...unknown[]]>).map(([from, to, [, port]]) => ({ from, to, port }));
   return (slot) => ranges.find((range) => slot >= range.from && slot <= range.to)!.port;
+}
+
+/** Takes the dead queue's only letter and puts it back without the standing-counts header, as a copy that lost it. */
+async function stripStandingHeader(deadQueue: string): Promise<void> {
+  const connection = await amqp.connect(AMQP_URL);
+  try {
+    const channel = await connection.createConfirmChannel();
+    const letter = await channel.get(deadQueue, { noAck: false });
+    if (letter === false) throw new Error(`${deadQueue} is empty`);
+    const { [STANDING_COUNTS_HEADER]: dropped, ...headers } = letter.properties.headers ?? {};
+    expect(dropped, 'the daemon wrote the header').to.not.equal(undefined);
+    channel.sendToQueue(deadQueue, letter.content, { ...letter.properties, headers });
+    await channel.waitForConfirms();
+    channel.ack(letter);
+    await channel.close();
+  } finally {
+    await connection.close();
+  }
 }

@@ -1,5 +1,5 @@
 import { expect } from 'chai';
-import { shardOf, STANDING_COUNTS_HEADER } from '@tally/shared';
+import { shardOf, STANDING_COUNTS_HEADER, standingCountsOfRecord } from '@tally/shared';
 import {
   epochMs,
   exposureOf,
@@ -187,5 +187,23 @@ describe('replay guard (pure: may this dead letter have been counted, and may it
       .and.include('--force');
     expect(forcedLine(summary, 600)).to.include('INCRBY t:c:{5}:SKU-1 3');
     expect(standingLine(new RiskSummary()), 'no line when nothing stands').to.equal(null);
+  });
+
+  it('keeps back a dead letter that lost its header when Redis records counts that stand for its message', () => {
+    const recorded = { 't:c:{5}:SKU-1': '4' };
+    const bare = facts({ 'x-tally-dead-at': NOW - 1_000 });
+    expect(replayVerdict(bare, 'count-refused', refusedDetail, policy(), recorded)).to.deep.include({ action: 'refuse', standing: recorded });
+    // Redis's record is the daemon's word: it wins over a header that cannot be read.
+    const unreadable = facts({ 'x-tally-dead-at': NOW - 1_000, [STANDING_COUNTS_HEADER]: '{' });
+    expect(replayVerdict(unreadable, 'count-refused', refusedDetail, policy(), recorded)).to.deep.include({ standing: recorded });
+    // Read for count-refused letters only: a broker's letter of the same message is dated by its age.
+    expect(replayVerdict(facts({ 'x-death': xDeath(NOW - 10_000) }), 'delivery-limit', '', policy(), recorded).action).to.equal('replay');
+  });
+
+  it('reads a standing record only when every field is a printable key and a decimal delta', () => {
+    expect(standingCountsOfRecord({ 't:c:{5}:SKU-1': '-4' })).to.deep.equal({ 't:c:{5}:SKU-1': '-4' });
+    expect(standingCountsOfRecord({}), 'no record').to.equal(null);
+    expect(standingCountsOfRecord({ 'k 1': '4' })).to.equal(null);
+    expect(standingCountsOfRecord({ k: '4.5' })).to.equal(null);
   });
 });
