@@ -66,7 +66,8 @@ export function atomicBatchArgs(
   const digests = taskDigests(task);
   for (let i = 0; i < changes.length; i++) {
     const part = changes[i]!;
-    partArgs.push(digests[i] as Buffer, part.length);
+    // One argument per part, 'index:delta,...': the script reads it only for a duplicate or a refused part.
+    let text = '';
     for (const [sku, delta] of part) {
       let index = skuIndex.get(sku);
       if (index === undefined) {
@@ -77,9 +78,10 @@ export function atomicBatchArgs(
       if (!Number.isSafeInteger(delta)) safe = false;
       else sums[index - 1] = addToSum(sums[index - 1], delta);
       named[index - 1]!++;
-      // A string, so the script never sees a JavaScript double it would have to print back.
-      partArgs.push(index, String(delta));
+      // Decimal text, so the script never sees a JavaScript double it would have to print back.
+      text += text === '' ? `${index}:${delta}` : `,${index}:${delta}`;
     }
+    partArgs.push(digests[i] as Buffer, text);
   }
   // Built with push, not spread: a batch of 100,000 parts exceeds the arguments a call can take.
   const args: ScriptArg[] = [ATOMIC_BATCH_SHA, 2 + skuIndex.size, receiptKey(prefix, vshard, batchId), markerBaseKey(prefix, vshard)];

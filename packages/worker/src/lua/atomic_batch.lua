@@ -32,8 +32,12 @@
                                  parts name it
              ARGV[2m+12 ..]      the parts, as below
     'parts': ARGV[12 ..]         the parts
-    the parts              per part: its 16-byte digest, k, then k pairs
-                           (count key index 1..m, delta as a decimal string)
+    the parts              per part: its 16-byte digest, then its changes
+                           as one string, 'index:delta' joined by ',' (count
+                           key index 1..m, delta in decimal). One argument,
+                           not 2k: Redis turns every argument into a Lua
+                           string, and 'sums' reads a part's changes only
+                           when it is a duplicate or refused.
 
   Output:
     {flags, refusals, replayed, now}
@@ -91,16 +95,11 @@ local expiresAt = (current + 1) * width + tonumber(markerTtl)
 
 -- Which digests are done in any live bucket: one HMGET per hash and bucket, in chunks.
 local all = {}
--- Where each part's k sits in ARGV.
-local partAt = {}
-local walk = partsAt
+if #ARGV ~= partsAt + 2 * n - 1 then return redis.error_reply('TALLY_SCRIPT_ARGS the parts are not n digests and their changes') end
 for i = 1, n do
-  local digest = ARGV[walk]
-  local k = tonumber(ARGV[walk + 1])
-  if digest == nil or #digest ~= 16 or k == nil then return redis.error_reply('TALLY_SCRIPT_ARGS part ' .. i .. ' has no digest or no change count') end
+  local digest = ARGV[partsAt + 2 * i - 2]
+  if #digest ~= 16 then return redis.error_reply('TALLY_SCRIPT_ARGS part ' .. i .. ' has no 16-byte digest') end
   all[i] = digest
-  partAt[i] = walk + 1
-  walk = walk + 2 + 2 * k
 end
 local doneSet = {}
 local currentSubs = readBuckets(current, oldest, all, function(_, digest, value)
@@ -109,15 +108,23 @@ end, vouchedBuckets(ARGV[10], ARGV[11], all))
 
 local SAFE = 9007199254740991
 
--- A part's change c as numbers, or an error reply when it is not a change.
-local function changeOf(i, c)
-  local at = partAt[i] + 2 * c - 1
-  local index = tonumber(ARGV[at])
-  local delta = tonumber(ARGV[at + 1])
-  if index == nil or index < 1 or index > m or index ~= math.floor(index) or delta == nil or delta ~= math.floor(delta) or math.abs(delta) > SAFE then
-    return nil, nil, redis.error_reply('TALLY_SCRIPT_ARGS part ' .. i .. ' has a bad change: ' .. tostring(ARGV[at]) .. ' ' .. tostring(ARGV[at + 1]))
+-- Part i's changes: their count key indexes and deltas (numbers, and the
+-- decimal strings as sent), or an error reply when one is not a change.
+local function changesOf(i)
+  local text = ARGV[partsAt + 2 * i - 1]
+  local indexes, deltas, decimals = {}, {}, {}
+  if text == '' then return indexes, deltas, decimals end
+  for change in string.gmatch(text .. ',', '([^,]*),') do
+    local indexText, deltaText = string.match(change, '^(%d+):(%-?%d+)$')
+    local index, delta = tonumber(indexText), tonumber(deltaText)
+    if index == nil or index < 1 or index > m or delta == nil or math.abs(delta) > SAFE then
+      return nil, nil, nil, redis.error_reply('TALLY_SCRIPT_ARGS part ' .. i .. ' has a bad change: ' .. change)
+    end
+    indexes[#indexes + 1] = index
+    deltas[#deltas + 1] = delta
+    decimals[#decimals + 1] = deltaText
   end
-  return index, delta
+  return indexes, deltas, decimals
 end
 
 local flags = {}
@@ -149,10 +156,10 @@ local keys, keyAt, deltas, deltaAt, count, instead
 local function withoutDuplicates()
   local off, named = {}, {}
   for _, i in ipairs(duplicates) do
-    for c = 1, tonumber(ARGV[partAt[i]]) do
-      local index, delta, bad = changeOf(i, c)
-      if bad then return nil, bad end
-      local sum = (off[index] or 0) + delta
+    local indexes, changeDeltas, _, bad = changesOf(i)
+    if bad then return nil, bad end
+    for c, index in ipairs(indexes) do
+      local sum = (off[index] or 0) + changeDeltas[c]
       if math.abs(sum) > SAFE then return false end
       off[index] = sum
       named[index] = (named[index] or 0) + 1
@@ -179,9 +186,10 @@ local function fromParts()
   local sums, spillKeys, spillDeltas = {}, {}, {}
   for i = 1, n do
     if flags[i] == '0' then
-      for c = 1, tonumber(ARGV[partAt[i]]) do
-        local index, delta, bad = changeOf(i, c)
-        if bad then return bad end
+      local indexes, changeDeltas, _, bad = changesOf(i)
+      if bad then return bad end
+      for c, index in ipairs(indexes) do
+        local delta = changeDeltas[c]
         local sum = sums[index]
         if sum == nil then
           sums[index] = delta
@@ -232,14 +240,11 @@ if addAll(keys, keyAt, deltas, deltaAt, count, instead, groupRefresh) then
   local groups = {}
   for i = 1, n do
     if flags[i] == '0' then
-      local partKeys, partDeltas = {}, {}
-      for c = 1, tonumber(ARGV[partAt[i]]) do
-        local index, _, bad = changeOf(i, c)
-        if bad then return bad end
-        partKeys[c] = KEYS[2 + index]
-        partDeltas[c] = ARGV[partAt[i] + 2 * c]
-      end
-      groups[i] = {partKeys, partDeltas}
+      local indexes, _, decimals, bad = changesOf(i)
+      if bad then return bad end
+      local partKeys = {}
+      for c, index in ipairs(indexes) do partKeys[c] = KEYS[2 + index] end
+      groups[i] = {partKeys, decimals}
     end
   end
   for i = 1, n do
