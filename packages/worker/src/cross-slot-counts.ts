@@ -183,14 +183,13 @@ export async function writeCountsAcrossSlots(deps: CrossSlotDeps): Promise<Cross
     const undone = await undoRefusedParts(deps, groups, written, refusals, run);
     receipts.push(...undone.receipts);
     standing = undone.standingByPart;
-    if (standing.size > 0) await recordStanding(deps, standing, ttl.ttlS);
   }
 
-  let waitTimeouts = 0;
+  let waitTimeouts = standing.size > 0 ? await recordStanding(deps, standing, ttl.ttlS) : 0;
   if (settings.waitReplicas > 0) {
     const rewrite = new Map(groups.map((group, index) => [receipts[index]!, () => writeGroup(group)]));
     const counts = await Promise.all(receipts.map((receipt) => waitForReceipt(deps, receipt, rewrite.get(receipt))));
-    waitTimeouts = counts.reduce((sum, count) => sum + count, 0);
+    waitTimeouts += counts.reduce((sum, count) => sum + count, 0);
   }
   const reported = dedupeByPart(refusals).map((refusal) => {
     const stands = standing.get(refusal.part);
@@ -206,19 +205,45 @@ export async function writeCountsAcrossSlots(deps: CrossSlotDeps): Promise<Cross
  * (a channel that dies, a daemon killed), and the message refused again
  * then has nothing to undo and a dead letter without them. `tally dead
  * replay` reads the record (replay-guard.ts). A rerun writes the same.
+ * With WAIT, each record is written and WAITed for on its own slot's
+ * master: it has no hash tag, so on a cluster the receipts' WAITs, on
+ * other masters, do not cover it, and a failover that lost it would let a
+ * replay count what stands twice. Resolves to the WAITs that timed out.
  */
-async function recordStanding(deps: CrossSlotDeps, standing: ReadonlyMap<number, Record<string, string>>, ttlS: number): Promise<void> {
-  const digests = taskDigests(deps.task);
-  await Promise.all(
-    [...standing].map(([part, counts]) => {
+async function recordStanding(deps: CrossSlotDeps, standing: ReadonlyMap<number, Record<string, string>>, ttlS: number): Promise<number> {
+  const { redis, settings, task, log } = deps;
+  const digests = taskDigests(task);
+  const timeouts = await Promise.all(
+    [...standing].map(async ([part, counts]) => {
       const digest = digests[part]!;
-      const key = standingKey(deps.settings.prefix, Buffer.from(digest.buffer, digest.byteOffset, digest.byteLength).toString('hex'));
-      return deps.untilDone('record_standing', async () => {
-        await deps.redis.hset(key, counts);
-        await deps.redis.expire(key, ttlS);
-      });
+      const key = standingKey(settings.prefix, Buffer.from(digest.buffer, digest.byteOffset, digest.byteLength).toString('hex'));
+      if (settings.waitReplicas === 0) {
+        await deps.untilDone('record_standing', async () => {
+          await redis.hset(key, counts);
+          await redis.expire(key, ttlS);
+        });
+        return 0;
+      }
+      return waitAfterTouch(
+        redis,
+        settings,
+        task,
+        {
+          slotKey: key,
+          // The record is written again with every WAIT: the same fields, so nothing can be missing after it.
+          touch: async (connection) => {
+            const replies = await connection.pipeline().hset(key, counts).expire(key, ttlS).call('WAIT', settings.waitReplicas, settings.waitTimeoutMs).exec();
+            if (replies === null) return null;
+            return [[replies[0]![0] ?? replies[1]![0], 0], replies[2]!];
+          },
+          onMissing: () => {},
+        },
+        log,
+        deps.onWaitTimeout ?? (() => {}),
+      );
     }),
   );
+  return timeouts.reduce((sum, count) => sum + count, 0);
 }
 
 /** One refusal per part (a part refused on two shards is reported once, as the scripts do for one slot). */
@@ -379,6 +404,9 @@ async function abandonWrittenShards(
     { batchId: deps.task.batchId, shards: undone.length },
     "a count shard refused the batch's write for its data: taking back what the other shards wrote before the batch is split",
   );
+  // The split halves write every shard again under new ids: an undo a failover lost would leave those counts twice.
+  // A lost undo receipt fails the batch (BatchWritesLostError): its rerun under this id takes back again.
+  if (deps.settings.waitReplicas > 0) await Promise.all(undone.map((undo) => waitForReceipt(deps, undo.receipt, undefined)));
   reportStanding(deps, [], undone, STANDING_AFTER_ABANDON);
 }
 

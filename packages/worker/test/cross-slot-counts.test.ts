@@ -2,7 +2,8 @@ import { randomUUID } from 'node:crypto';
 import { expect } from 'chai';
 import { Redis } from 'ioredis';
 import { countKey, markerDigest, PART_DONE, PART_NEW, receiptKey, shardOf, standingKey, type BatchTask } from '@tally/shared';
-import { testWorkerSettings } from '@tally/testkit';
+import { createRedisClient, keySlot, type RedisClient } from '@tally/runtime';
+import { startRedisCluster, testWorkerSettings, type RedisCluster } from '@tally/testkit';
 import type { BatchLog } from '../src/batch-log.js';
 import { groupByCountShard, writeCountsAcrossSlots } from '../src/cross-slot-counts.js';
 import { WRITE_COUNTS } from '../src/two-step-batch.js';
@@ -193,5 +194,172 @@ describe('cross-slot counts: an undo Redis refuses (a key changed between the wr
     // A rerun of the same id fails the same way and takes back nothing twice.
     await write().catch(() => {});
     expect(await redis.get(countKey(prefix, shardA, skuA!)), 'not taken back twice').to.equal('100');
+  });
+});
+
+/**
+ * With WAIT on a Redis Cluster, what the undo paths write must reach the
+ * replicas of the master it is on: a failover that lost it would reopen
+ * the gap it closes. The standing record has no hash tag (its slot is the
+ * digest's), and an abandon fails the batch before the receipts' WAITs, so
+ * neither was covered by them. Each test watches, by MONITOR, the one
+ * master that holds the write and no receipt of the batch's own writes.
+ */
+describe('cross-slot counts with WAIT on a Redis Cluster: the undo paths wait for their own masters', function () {
+  this.timeout(120_000);
+  const SHARDS = 16;
+  let cluster: RedisCluster;
+  let client: RedisClient;
+  let masters: Array<{ port: number; ranges: Array<[number, number]> }>;
+
+  before(async () => {
+    cluster = await startRedisCluster({ masters: 3, replicasPerMaster: 1 });
+    client = createRedisClient(cluster.seedUrls[0]!, 'test-cross-slot-wait', {}, 'cluster');
+    client.on('error', () => {});
+    masters = (await cluster.masters()).map((node) => ({
+      port: node.port,
+      ranges: node.slots.map((range) => {
+        const [from, to] = range.split('-').map(Number);
+        return [from!, to ?? from!] as [number, number];
+      }),
+    }));
+  });
+  after(async () => {
+    client?.disconnect();
+    await cluster?.stop();
+  });
+
+  const masterOf = (key: string): number => {
+    const slot = keySlot(key);
+    return masters.find((master) => master.ranges.some(([from, to]) => slot >= from && slot <= to))!.port;
+  };
+  /** Everything the master at `port` runs from now on, with the client address that sent it. */
+  async function watch(port: number): Promise<{ seen: Array<{ args: string[]; source: string }>; settle(): Promise<void>; stop(): void }> {
+    const monitor = await new Redis(port, '127.0.0.1').monitor();
+    const seen: Array<{ args: string[]; source: string }> = [];
+    // Command names as the client sent them: lower-cased here (ioredis sends 'hset', a `call` 'WAIT').
+    monitor.on('monitor', (_time: string, [name, ...rest]: string[], source: string) => seen.push({ args: [name!.toLowerCase(), ...rest], source }));
+    const direct = new Redis(port, '127.0.0.1');
+    let fence = 0;
+    while (masterOf(`fence-${fence}`) !== port) fence++;
+    return {
+      seen,
+      // MONITOR streams in the order Redis ran: once our own GET shows, everything before it has.
+      async settle() {
+        await direct.get(`fence-${fence}`);
+        for (let i = 0; i < 100 && !seen.some(({ args }) => args[0] === 'get' && args[1] === `fence-${fence}`); i++)
+          await new Promise((r) => setTimeout(r, 50));
+      },
+      stop() {
+        monitor.disconnect();
+        direct.disconnect();
+      },
+    };
+  }
+  /** True when a WAIT came after the first command `matches` picked, on the same connection. */
+  const waitedAfter = (seen: ReadonlyArray<{ args: string[]; source: string }>, matches: (args: string[]) => boolean): boolean => {
+    const at = seen.findIndex(({ args }) => matches(args));
+    expect(at, 'the write reached the watched master').to.be.at.least(0);
+    return seen.slice(at + 1).some(({ args, source }) => args[0] === 'wait' && source === seen[at]!.source);
+  };
+
+  it("WAITs for a refused message's standing record on the master of its own slot", async () => {
+    const prefix = `test:standing-wait:${randomUUID()}:`;
+    const skus = Array.from({ length: 400 }, (_, i) => `sku-${i}`);
+    const refusedSku = skus[0]!;
+    const [changingSku, undoneSku] = skus.filter(
+      (sku) => shardOf(sku, SHARDS) !== shardOf(refusedSku, SHARDS) && shardOf(sku, SHARDS) === shardOf(skus[1]!, SHARDS),
+    );
+    const [refusedShard, undoneShard] = [shardOf(refusedSku, SHARDS), shardOf(changingSku!, SHARDS)];
+    const receiptMasters = new Set([masterOf(`{${refusedShard}}`), masterOf(`{${undoneShard}}`)]);
+    // A message whose standing record sits on a master none of the batch's receipts is on.
+    let n = 0;
+    const recordOf = (id: string) => standingKey(prefix, markerDigest(id).toString('hex'));
+    while (receiptMasters.has(masterOf(recordOf(`${prefix}m${n}`)))) n++;
+    const id = `${prefix}m${n}`;
+    const changingKey = countKey(prefix, undoneShard, changingSku!);
+    await client.set(countKey(prefix, refusedShard, refusedSku), 'a foreign value');
+    const task: BatchTask = {
+      vshard: 0,
+      batchId: randomUUID(),
+      ids: [id],
+      changes: [
+        [
+          [refusedSku, 3],
+          [changingSku!, 5],
+          [undoneSku!, 7],
+        ],
+      ],
+    };
+    const watched = await watch(masterOf(recordOf(id)));
+    try {
+      const result = await writeCountsAcrossSlots({
+        redis: client,
+        settings: testWorkerSettings({ redisUrl: cluster.seedUrls[0]!, prefix, virtualShards: SHARDS, waitReplicas: 1, waitTimeoutMs: 5000 }),
+        task,
+        groups: groupByCountShard(task.changes, Uint8Array.of(PART_NEW), SHARDS),
+        writeCounts: WRITE_COUNTS,
+        log: { warn() {}, error() {} },
+        // The written key turns foreign before its undo, so the undo is refused and its increment stands.
+        untilDone: async (_step, run) => {
+          if ((await client.get(changingKey)) === '5') await client.set(changingKey, 'changed by hand');
+          return run();
+        },
+      });
+      expect(result.refusals[0]?.standing, 'the increment stands').to.deep.equal({ [changingKey]: '5' });
+      expect(await client.hgetall(recordOf(id))).to.deep.equal({ [changingKey]: '5' });
+      await watched.settle();
+      expect(
+        waitedAfter(watched.seen, (args) => args[0] === 'hset' && args[1] === recordOf(id)),
+        'a WAIT after the record, on its master',
+      ).to.equal(true);
+    } finally {
+      watched.stop();
+    }
+  });
+
+  it("WAITs for an abandon's take-back on the master that took back, before the batch fails", async () => {
+    const prefix = `test:abandon-wait:${randomUUID()}:`;
+    const skus = Array.from({ length: 400 }, (_, i) => `abandon-${i}`);
+    // Shard A (written, then taken back) and shard B (its receipt of a foreign type) on different masters.
+    const skuA = skus[0]!;
+    const skuB = skus.find((sku) => masterOf(`{${shardOf(sku, SHARDS)}}`) !== masterOf(`{${shardOf(skuA, SHARDS)}}`))!;
+    const [shardA, shardB] = [shardOf(skuA, SHARDS), shardOf(skuB, SHARDS)];
+    const task: BatchTask = {
+      vshard: 0,
+      batchId: randomUUID(),
+      changes: [
+        [
+          [skuA, 4],
+          [skuB, 1],
+        ],
+      ],
+    };
+    await client.hset(receiptKey(prefix, shardB, task.batchId), 'foreign', '1');
+    const abandonReceipt = receiptKey(prefix, shardA, `${task.batchId}~abandon`);
+    const watched = await watch(masterOf(abandonReceipt));
+    try {
+      const failure = await writeCountsAcrossSlots({
+        redis: client,
+        settings: testWorkerSettings({ redisUrl: cluster.seedUrls[0]!, prefix, virtualShards: SHARDS, waitReplicas: 1, waitTimeoutMs: 5000 }),
+        task,
+        groups: groupByCountShard(task.changes, Uint8Array.of(PART_NEW), SHARDS),
+        writeCounts: WRITE_COUNTS,
+        log: { warn() {}, error() {} },
+        untilDone: (_step, run) => run(),
+      }).then(
+        () => null,
+        (error: Error) => error,
+      );
+      expect(failure?.message, 'the data failure still reaches batch isolation').to.match(/WRONGTYPE/);
+      expect(Number((await client.get(countKey(prefix, shardA, skuA))) ?? 0), 'taken back').to.equal(0);
+      await watched.settle();
+      expect(
+        waitedAfter(watched.seen, (args) => args[0] === 'evalsha' && args.includes(abandonReceipt)),
+        'a WAIT after the take-back, on its master',
+      ).to.equal(true);
+    } finally {
+      watched.stop();
+    }
   });
 });
