@@ -8,7 +8,16 @@ import { parseArgs } from 'node:util';
 import { CliUsageError, classifyRedisFailure, loadConfig, RedisRequirementError, type RedisFailure } from '@tally/shared';
 import { connectRedis, ONE_SHOT, startTracing, type RedisClient } from '@tally/runtime';
 import { countsToJson, readCounts } from './commands/counts.js';
-import { deadList, deadListText, deadReplay, deadReplayText, deadReplayWarning, deadSubcommand, EXIT_REPLAY_REFUSED } from './commands/dead.js';
+import {
+  deadList,
+  deadListText,
+  deadReplay,
+  deadReplayText,
+  deadReplayWarning,
+  deadSubcommand,
+  EXIT_REPLAY_REFUSED,
+  recordedStandingIn,
+} from './commands/dead.js';
 import { deviationEstimate, deviationText } from './commands/deviation.js';
 import { publishCommand } from './commands/publish.js';
 import { readStatsReport, statsText } from './commands/stats.js';
@@ -124,8 +133,16 @@ async function main(argv: string[]): Promise<void> {
     const subcommand = deadSubcommand(sub);
     if (values.force && subcommand !== 'replay') throw new CliUsageError('--force applies to dead replay only');
     if (subcommand === 'list') {
-      const report = await deadList(values, config);
-      out(values.json ? JSON.stringify(report) : deadListText(report));
+      // Redis for the standing counts recorded for count-refused letters; a Redis that does not answer does not stop the list.
+      const redis = await cliRedis(config.redisUrl).catch((error: unknown) => ({ unread: error instanceof Error ? error.message : String(error) }));
+      try {
+        const report = await deadList(values, config, 'unread' in redis ? redis : recordedStandingIn(redis, config.prefix));
+        out(values.json ? JSON.stringify(report) : deadListText(report));
+        if (values.json && report.standingRecordsUnread !== undefined)
+          process.stderr.write(`tally: standing counts recorded in Redis not read (${report.standingRecordsUnread})\n`);
+      } finally {
+        if (!('unread' in redis)) redis.disconnect();
+      }
       return;
     }
     // Redis for the prefix's marker layout and the forced_replays counter (commands/dead.ts).

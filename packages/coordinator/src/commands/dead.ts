@@ -13,10 +13,11 @@ import {
   standingKey,
   statsKey,
   type OperatorCounterName,
+  type StandingCounts,
   type TallyConfig,
 } from '@tally/shared';
 import { listDeadLetters, replayDeadLetters, type ReplayReport } from './dead-queue.js';
-import { DeadLetterSummary, parseLimitFlag, parseReasonFlag } from './dead-summary.js';
+import { DeadLetterSummary, parseLimitFlag, parseReasonFlag, type DeadLetterEntry } from './dead-summary.js';
 import { forcedLine, markerLifeS, refusedLine, standingLine } from './replay-guard.js';
 
 export interface DeadFlags {
@@ -41,19 +42,69 @@ export interface DeadListReport {
   readonly byReason: Record<string, number>;
   readonly reason: string | null;
   readonly matching: number;
-  readonly messages: DeadLetterSummary['messages'];
+  readonly messages: ReadonlyArray<DeadLetterEntry & { readonly standingSource?: 'header' | 'redis' }>;
+  /** Why the standing counts Redis records for count-refused messages were not read (absent: read, or none to read). */
+  readonly standingRecordsUnread?: string;
 }
 
+/** The standing counts Redis records for a message id (the worker's recordStanding), or null. */
+export type RecordedStanding = (id: string) => Promise<StandingCounts | null>;
+
+export function recordedStandingIn(redis: RedisClient, prefix: string): RecordedStanding {
+  return async (id) => standingCountsOfRecord(await redis.hgetall(standingKeyOf(prefix, id)));
+}
+
+/**
+ * Lists the dead letters. A count-refused letter whose header names no
+ * standing counts (lost with a dead copy that was never confirmed) shows
+ * what Redis records for its message, when `recorded` is given and answers:
+ * the record `dead replay` keeps it back for. `unread` says why Redis was
+ * not read, for a list that goes on without it.
+ */
 export async function deadList(
   flags: DeadFlags,
   config: Pick<TallyConfig, 'amqpUrl' | 'deadLetterQueue'> & Partial<Pick<TallyConfig, 'messageMapping'>>,
+  recorded: RecordedStanding | { readonly unread: string } | null = null,
 ): Promise<DeadListReport> {
   const reason = parseReasonFlag(flags.reason);
   const summary = await listDeadLetters(
     { url: config.amqpUrl, deadQueue: config.deadLetterQueue, messageMapping: config.messageMapping ?? null },
     new DeadLetterSummary(reason, parseLimitFlag(flags.limit, DEFAULT_LIST_LIMIT)),
   );
-  return { queue: config.deadLetterQueue, total: summary.total, byReason: summary.byReason, reason, matching: summary.matching, messages: summary.messages };
+  // Reported only when a letter needed the record: a list of bad messages does not warn about Redis.
+  let unread: string | undefined;
+  const messages = [];
+  for (const message of summary.messages) {
+    if (message.standing !== undefined && message.standing !== 'unreadable') {
+      messages.push({ ...message, standingSource: 'header' as const });
+      continue;
+    }
+    if (recorded === null || message.reason !== COUNT_REFUSED || message.id === null) {
+      messages.push(message);
+      continue;
+    }
+    if (typeof recorded !== 'function' || unread !== undefined) {
+      unread ??= typeof recorded === 'function' ? undefined : recorded.unread;
+      messages.push(message);
+      continue;
+    }
+    try {
+      const record = await recorded(message.id);
+      messages.push(record === null ? message : { ...message, standing: record, standingSource: 'redis' as const });
+    } catch (error) {
+      unread = error instanceof Error ? error.message : String(error);
+      messages.push(message);
+    }
+  }
+  return {
+    queue: config.deadLetterQueue,
+    total: summary.total,
+    byReason: summary.byReason,
+    reason,
+    matching: summary.matching,
+    messages,
+    ...(unread === undefined ? {} : { standingRecordsUnread: unread }),
+  };
 }
 
 /**
@@ -90,7 +141,7 @@ export async function deadReplay(
       virtualShards: Number.isSafeInteger(recordedShards) && recordedShards > 0 ? recordedShards : config.virtualShards,
       messageMapping: config.messageMapping ?? null,
     },
-    recordedStanding: async (id) => standingCountsOfRecord(await redis.hgetall(standingKeyOf(config.prefix, id))),
+    recordedStanding: recordedStandingIn(redis, config.prefix),
     onForced: async (entry) => {
       await redis.hincrby(statsKey(config.prefix), FORCED_REPLAYS, 1);
       if (entry.reason === COUNT_REFUSED && entry.id !== null) await redis.del(standingKeyOf(config.prefix, entry.id));
@@ -132,10 +183,12 @@ export function deadListText(report: DeadListReport): string {
       lines.push(`  ${m.position}\t${m.id ?? '(no id)'}\t${m.reason}${m.detail ? `: ${m.detail}` : ''}`);
       if (m.standing !== undefined)
         lines.push(
-          `  \tstanding on another count shard, to subtract before a replay: ${m.standing === 'unreadable' ? 'unreadable header' : JSON.stringify(m.standing)}`,
+          `  \tstanding on another count shard, to subtract before a replay: ${m.standing === 'unreadable' ? 'unreadable header' : JSON.stringify(m.standing)}${m.standingSource === 'redis' ? ' (recorded in Redis; the header has none)' : ''}`,
         );
     }
   }
+  if (report.standingRecordsUnread !== undefined)
+    lines.push(`standing counts recorded in Redis not read (${report.standingRecordsUnread}): only the letters' headers name them here`);
   return lines.join('\n');
 }
 

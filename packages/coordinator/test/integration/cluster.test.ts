@@ -237,6 +237,13 @@ describe('Redis Cluster (integration: 3 masters + 3 replicas of our own)', funct
       // A dead letter can lose the header (the message came back before its dead copy was confirmed, and was refused again
       // with nothing left to undo): Redis's record by the message's digest keeps it back all the same.
       await stripStandingHeader(`${space.queue}.dead`);
+      const relisted = JSON.parse((await tallyCli(space.env, 'dead', 'list', '--json')).stdout) as {
+        messages: Array<{ id: string; standing?: unknown; standingSource?: string }>;
+      };
+      expect(
+        relisted.messages.map((m) => [m.id, m.standing, m.standingSource]),
+        'the list shows what Redis records when the header is gone',
+      ).to.deep.equal([[id, { [changingKey]: '5' }, 'redis']]);
       const bare = await tallyCli(space.env, 'dead', 'replay', '--reason', 'count-refused');
       expect(bare.code, bare.stderr).to.equal(EXIT_REPLAY_REFUSED);
       expect(bare.stderr).to.include(`INCRBY ${changingKey} -5`);

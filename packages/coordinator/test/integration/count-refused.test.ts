@@ -90,6 +90,16 @@ describe('count refused: a foreign value in a count key (integration, both modes
           expect(message.detail).to.include(poisonKey);
           expect(message.detail).to.match(/delta -?\d+/);
         }
+        expect(report, 'Redis answered: no warning').to.not.have.property('standingRecordsUnread');
+        // Redis down: the list goes on from the broker alone, and says what it could not read.
+        const blind = await runTool(process.execPath, [CLI, 'dead', 'list', '--json', '--limit', '100000'], {
+          env: { ...process.env, ...space.env, TALLY_REDIS_URL: 'redis://127.0.0.1:1' },
+        });
+        expect(blind.code, blind.stderr).to.equal(0);
+        const blindReport = JSON.parse(blind.stdout) as { byReason: Record<string, number>; standingRecordsUnread?: string };
+        expect(blindReport.byReason).to.deep.equal({ 'count-refused': refused.length });
+        expect(blindReport.standingRecordsUnread, 'why Redis was not read').to.be.a('string').and.not.equal('');
+        expect(blind.stderr).to.include('standing counts recorded in Redis not read');
 
         // The operator repairs the key and replays.
         await redis.del(poisonKey);
