@@ -77,8 +77,13 @@ describe('faults: a Sentinel failover to a lagging replica, without WAIT against
         // The promoted primary has no replica of its own: WAIT 1 needs a new one. WAIT 0 does not, and goes without
         // (a new replica that never synced failed one CI run; harness steps a case does not need are only risk).
         if (waitReplicas > 0) await group.addReplica();
-        await waitForReadyEmpty(space.queue, 240_000);
-        await waitFor('every delivery acked', async () => (await brokerQueue(space.queue)).unacked === 0, 120_000);
+        // A stall must name its cause: the daemon's last warnings go with the timeout.
+        const named = (error: unknown) =>
+          new Error(`${error instanceof Error ? error.message : String(error)}; the daemon's last warnings:\n${fleet.lastWarnings()}`);
+        await waitForReadyEmpty(space.queue, 240_000).catch((error: unknown) => Promise.reject(named(error)));
+        await waitFor('every delivery acked', async () => (await brokerQueue(space.queue)).unacked === 0, 120_000).catch((error: unknown) =>
+          Promise.reject(named(error)),
+        );
         await fleet.stop(daemon);
 
         const check = checkCounts(await countsAt(`redis://127.0.0.1:${promoted}`, space.prefix), workload.truth, 16);

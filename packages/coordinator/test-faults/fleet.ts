@@ -42,6 +42,12 @@ export class DaemonFleet {
     return this.daemons.flatMap((daemon) => daemon.logs);
   }
 
+  /** The last warnings and errors the daemons logged (pino levels 40 and up), for a failure that must name its cause. */
+  lastWarnings(count = 12): string {
+    const lines = this.logs.filter((line) => /"level":(4|5|6)\d/.test(line)).slice(-count);
+    return lines.length === 0 ? 'no warning or error logged' : lines.map((line) => line.slice(0, 600)).join('\n');
+  }
+
   /** SIGKILL: no cleanup, no final ack, no counter flush. */
   async kill(daemon: DaemonProcess): Promise<void> {
     this.intended.set(daemon, 'kill');
