@@ -5,7 +5,7 @@ import { countKey, markerDigest, PART_DONE, PART_NEW, receiptKey, shardOf, stand
 import { createRedisClient, keySlot, type RedisClient } from '@tally/runtime';
 import { startRedisCluster, testWorkerSettings, type RedisCluster } from '@tally/testkit';
 import type { BatchLog } from '../src/batch-log.js';
-import { groupByCountShard, writeCountsAcrossSlots } from '../src/cross-slot-counts.js';
+import { groupByCountShard, writeCountsAcrossSlots, type CrossSlotDeps } from '../src/cross-slot-counts.js';
 import { WRITE_COUNTS } from '../src/two-step-batch.js';
 
 describe('cross-slot counts: grouping a message-scoped batch by count shard (pure)', () => {
@@ -256,6 +256,17 @@ describe('cross-slot counts with WAIT on a Redis Cluster: the undo paths wait fo
       },
     };
   }
+  /** One message's counts written across slots with WAIT 1, each step run through `untilDone`. */
+  const writeWithWait = (prefix: string, task: BatchTask, untilDone: CrossSlotDeps['untilDone']) =>
+    writeCountsAcrossSlots({
+      redis: client,
+      settings: testWorkerSettings({ redisUrl: cluster.seedUrls[0]!, prefix, virtualShards: SHARDS, waitReplicas: 1, waitTimeoutMs: 5000 }),
+      task,
+      groups: groupByCountShard(task.changes, Uint8Array.of(PART_NEW), SHARDS),
+      writeCounts: WRITE_COUNTS,
+      log: { warn() {}, error() {} },
+      untilDone,
+    });
   /** True when a WAIT came after the first command `matches` picked, on the same connection. */
   const waitedAfter = (seen: ReadonlyArray<{ args: string[]; source: string }>, matches: (args: string[]) => boolean): boolean => {
     const at = seen.findIndex(({ args }) => matches(args));
@@ -293,18 +304,10 @@ describe('cross-slot counts with WAIT on a Redis Cluster: the undo paths wait fo
     };
     const watched = await watch(masterOf(recordOf(id)));
     try {
-      const result = await writeCountsAcrossSlots({
-        redis: client,
-        settings: testWorkerSettings({ redisUrl: cluster.seedUrls[0]!, prefix, virtualShards: SHARDS, waitReplicas: 1, waitTimeoutMs: 5000 }),
-        task,
-        groups: groupByCountShard(task.changes, Uint8Array.of(PART_NEW), SHARDS),
-        writeCounts: WRITE_COUNTS,
-        log: { warn() {}, error() {} },
-        // The written key turns foreign before its undo, so the undo is refused and its increment stands.
-        untilDone: async (_step, run) => {
-          if ((await client.get(changingKey)) === '5') await client.set(changingKey, 'changed by hand');
-          return run();
-        },
+      // The written key turns foreign before its undo, so the undo is refused and its increment stands.
+      const result = await writeWithWait(prefix, task, async (_step, run) => {
+        if ((await client.get(changingKey)) === '5') await client.set(changingKey, 'changed by hand');
+        return run();
       });
       expect(result.refusals[0]?.standing, 'the increment stands').to.deep.equal({ [changingKey]: '5' });
       expect(await client.hgetall(recordOf(id))).to.deep.equal({ [changingKey]: '5' });
@@ -339,15 +342,7 @@ describe('cross-slot counts with WAIT on a Redis Cluster: the undo paths wait fo
     const abandonReceipt = receiptKey(prefix, shardA, `${task.batchId}~abandon`);
     const watched = await watch(masterOf(abandonReceipt));
     try {
-      const failure = await writeCountsAcrossSlots({
-        redis: client,
-        settings: testWorkerSettings({ redisUrl: cluster.seedUrls[0]!, prefix, virtualShards: SHARDS, waitReplicas: 1, waitTimeoutMs: 5000 }),
-        task,
-        groups: groupByCountShard(task.changes, Uint8Array.of(PART_NEW), SHARDS),
-        writeCounts: WRITE_COUNTS,
-        log: { warn() {}, error() {} },
-        untilDone: (_step, run) => run(),
-      }).then(
+      const failure = await writeWithWait(prefix, task, (_step, run) => run()).then(
         () => null,
         (error: Error) => error,
       );
