@@ -41,6 +41,7 @@
  */
 import {
   classifyError,
+  describeError,
   receiptKey,
   ScriptReply,
   shardOf,
@@ -211,39 +212,57 @@ export async function writeCountsAcrossSlots(deps: CrossSlotDeps): Promise<Cross
  * replay count what stands twice. Resolves to the WAITs that timed out.
  */
 async function recordStanding(deps: CrossSlotDeps, standing: ReadonlyMap<number, Record<string, string>>, ttlS: number): Promise<number> {
-  const { redis, settings, task, log } = deps;
+  const { settings, task, log } = deps;
   const digests = taskDigests(task);
   const timeouts = await Promise.all(
     [...standing].map(async ([part, counts]) => {
       const digest = digests[part]!;
       const key = standingKey(settings.prefix, Buffer.from(digest.buffer, digest.byteOffset, digest.byteLength).toString('hex'));
-      if (settings.waitReplicas === 0) {
-        await deps.untilDone('record_standing', async () => {
-          await redis.hset(key, counts);
-          await redis.expire(key, ttlS);
-        });
+      try {
+        return await writeStandingRecord(deps, key, counts, ttlS);
+      } catch (error) {
+        // The counts are written and the undo is done: failing the batch now would let isolation write them again.
+        // The record is a second copy of what the dead letter's header names, so its loss is logged, not thrown.
+        if (classifyError(error) !== 'data') throw error;
+        log.error(
+          { batchId: task.batchId, part, key, stand: counts, err: describeError(error) },
+          "could not record a refused message's standing counts in Redis (the key holds another type): its dead letter's header still names them. " +
+            'Delete the key; if the letter loses its header, subtract each delta under "stand" before replaying it',
+        );
         return 0;
       }
-      return waitAfterTouch(
-        redis,
-        settings,
-        task,
-        {
-          slotKey: key,
-          // The record is written again with every WAIT: the same fields, so nothing can be missing after it.
-          touch: async (connection) => {
-            const replies = await connection.pipeline().hset(key, counts).expire(key, ttlS).call('WAIT', settings.waitReplicas, settings.waitTimeoutMs).exec();
-            if (replies === null) return null;
-            return [[replies[0]![0] ?? replies[1]![0], 0], replies[2]!];
-          },
-          onMissing: () => {},
-        },
-        log,
-        deps.onWaitTimeout ?? (() => {}),
-      );
     }),
   );
   return timeouts.reduce((sum, count) => sum + count, 0);
+}
+
+/** One standing record written (and, with WAIT, waited for on its own slot's master); resolves to the WAITs that timed out. */
+async function writeStandingRecord(deps: CrossSlotDeps, key: string, counts: Record<string, string>, ttlS: number): Promise<number> {
+  const { redis, settings, task, log } = deps;
+  if (settings.waitReplicas === 0) {
+    await deps.untilDone('record_standing', async () => {
+      await redis.hset(key, counts);
+      await redis.expire(key, ttlS);
+    });
+    return 0;
+  }
+  return waitAfterTouch(
+    redis,
+    settings,
+    task,
+    {
+      slotKey: key,
+      // The record is written again with every WAIT: the same fields, so nothing can be missing after it.
+      touch: async (connection) => {
+        const replies = await connection.pipeline().hset(key, counts).expire(key, ttlS).call('WAIT', settings.waitReplicas, settings.waitTimeoutMs).exec();
+        if (replies === null) return null;
+        return [[replies[0]![0] ?? replies[1]![0], 0], replies[2]!];
+      },
+      onMissing: () => {},
+    },
+    log,
+    deps.onWaitTimeout ?? (() => {}),
+  );
 }
 
 /** One refusal per part (a part refused on two shards is reported once, as the scripts do for one slot). */

@@ -26,6 +26,9 @@
  *   failover to a replica that never had them). The batch fails (transient)
  *   and the coordinator reruns it under the same id: the counts are written
  *   again if their receipt went with them, not otherwise.
+ * - Redis refuses the pair (NOPERM for WAIT, a connection lost): retried
+ *   with backoff, logged and reported to readiness, as every batch step is;
+ *   only a refusal for the data gives up.
  * - WAIT answers fewer than N: a timeout. It is counted, logged and posted to
  *   the coordinator at once, and the pair is sent again; nothing is acked
  *   meanwhile, however long it takes.
@@ -38,6 +41,7 @@ import type { Redis } from 'ioredis';
 import { onSlotConnection, type RedisClient } from '@tally/runtime';
 import { describeError, markerBaseKey, markerFilterBits, retryUntilDone, watermarkKey, type BatchTask, type WorkerSettings } from '@tally/shared';
 import type { BatchLog } from './batch-log.js';
+import { reportingHealth } from './health-report.js';
 import { evalshaArgs, isNoScript, loadScript, loadScriptInto, type LuaScript } from './lua-scripts.js';
 
 /** The existence check and touch before each WAIT, its KEYS and ARGV documented in lua/confirm_markers.lua. */
@@ -180,15 +184,19 @@ export async function waitAfterTouch(
   let timeouts = 0;
   for (;;) {
     const [missing, acked] = await retryUntilDone(
-      () =>
+      reportingHealth(task.vshard, () =>
         onSlotConnection(redis, touch.slotKey, async (connection) => {
           const replies = await touch.touch(connection);
           if (replies === null) throw new Error('WAIT pipeline discarded');
           for (const [error] of replies) if (error) throw error;
           return [Number(replies[0]![1]), Number(replies[1]![1])] as const;
         }),
+      ),
       {
-        giveUp: (failureClass) => failureClass !== 'transient',
+        // As every other batch step (two-step-batch.ts untilDone): a refusal of Tally itself (NOPERM on WAIT) is
+        // retried here, visibly in the log and /readyz, not handed up as a failed batch the coordinator reruns whole.
+        // Only data gives up: what the touch writes fails the same way on every attempt.
+        giveUp: (failureClass) => failureClass === 'data',
         onAttemptFailed: ({ error, attempt, delayMs, failureClass }) =>
           log.warn({ step: 'wait', vshard: task.vshard, attempt, delayMs, failureClass, err: describeError(error) }, 'redis step failed; retrying'),
       },

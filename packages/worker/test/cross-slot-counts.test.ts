@@ -60,7 +60,11 @@ describe('cross-slot counts: an undo Redis refuses (a key changed between the wr
     redis.disconnect();
   });
 
-  it('undoes every other key, leaves the changed one standing, counts its part once and names the key and the delta to subtract', async () => {
+  /**
+   * A batch of two messages refused on one count shard, whose undo on another shard finds one key changed by hand
+   * (in `prefix`): what stands is that key's increments.
+   */
+  function refusedUndo(prefix: string) {
     // The message is refused on one count shard, so its counts on another are undone: two SKUs there, one of which changes.
     const refusedSku = 'sku-a';
     const others = Array.from({ length: 200 }, (_, i) => `sku-b${i}`).filter((sku) => shardOf(sku, SHARDS) !== shardOf(refusedSku, SHARDS));
@@ -69,7 +73,6 @@ describe('cross-slot counts: an undo Redis refuses (a key changed between the wr
     const refusedKey = countKey(prefix, shardOf(refusedSku, SHARDS), refusedSku);
     const changingKey = countKey(prefix, shard, changingSku!);
     const undoneKey = countKey(prefix, shard, undoneSku!);
-    await redis.set(refusedKey, 'a foreign value');
     const task: BatchTask = {
       vshard: 0,
       batchId: randomUUID(),
@@ -113,6 +116,12 @@ describe('cross-slot counts: an undo Redis refuses (a key changed between the wr
         untilDone: (_step, run) => run(),
         onUndoFailed: (_task, parts) => undoFailures.push(parts),
       });
+    return { task, client, errors, undoFailures, write, refusedKey, changingKey, undoneKey, shard };
+  }
+
+  it('undoes every other key, leaves the changed one standing, counts its part once and names the key and the delta to subtract', async () => {
+    const { task, client, errors, undoFailures, write, refusedKey, changingKey, undoneKey, shard } = refusedUndo(prefix);
+    await redis.set(refusedKey, 'a foreign value');
     try {
       const result = await write();
       expect(result.refusals.map((refusal) => refusal.part)).to.deep.equal([0, 1]);
@@ -144,6 +153,31 @@ describe('cross-slot counts: an undo Redis refuses (a key changed between the wr
       expect(errors).to.have.length(2);
       expect(errors[1]!.fields.rerun).to.equal(true);
       expect(Number((await redis.get(undoneKey)) ?? 0), 'not undone twice').to.equal(0);
+    } finally {
+      client.disconnect();
+    }
+  });
+
+  it('logs a standing record Redis refuses (its key holds another type) and neither fails the batch nor lets it be counted twice', async () => {
+    // Thrown, the refusal failed a batch whose counts were written and undone: isolation then wrote its halves again.
+    const recordPrefix = `${prefix}record-refused:`;
+    const { task, client, errors, undoFailures, write, refusedKey, changingKey, undoneKey } = refusedUndo(recordPrefix);
+    await redis.set(refusedKey, 'a foreign value');
+    const recordOf = (id: string) => standingKey(recordPrefix, markerDigest(id).toString('hex'));
+    await redis.set(recordOf(task.ids![1]!), 'not a hash');
+    try {
+      const result = await write();
+      expect(
+        result.refusals.map((refusal) => refusal.standing),
+        'the dead letters still name what stands',
+      ).to.deep.equal([{ [changingKey]: '5' }, { [changingKey]: '2' }]);
+      expect(undoFailures).to.deep.equal([2]);
+      const recordErrors = errors.filter((error) => error.fields.key === recordOf(task.ids![1]!));
+      expect(recordErrors, 'one error line for the record it could not write').to.have.length(1);
+      expect(recordErrors[0]!.fields.stand).to.deep.equal({ [changingKey]: '2' });
+      expect(recordErrors[0]!.message).to.include('Delete the key');
+      expect(await redis.hgetall(recordOf(task.ids![0]!)), "the other message's record is written").to.deep.equal({ [changingKey]: '5' });
+      expect(Number((await redis.get(undoneKey)) ?? 0), 'undone once').to.equal(0);
     } finally {
       client.disconnect();
     }

@@ -168,3 +168,57 @@ describe('WAIT longer than the marker TTL: the markers the batch relies on are k
     });
   }
 });
+
+/**
+ * A server that refuses Tally's WAIT (an ACL without it) is a refusal of
+ * Tally itself, as NOPERM is at every other step: retried in place, logged
+ * with its class, until the fix. Before, the WAIT alone gave up on it, and
+ * the batch went back to the coordinator as failed, to be rerun whole.
+ */
+describe('WAIT refused by the server (NOPERM): retried in place until the ACL is fixed', function () {
+  this.timeout(60_000);
+
+  for (const mode of ['two-step', 'atomic'] as const) {
+    it(`${mode}: the batch waits, logs the refusal as fatal, and returns once WAIT is allowed, its counts written once`, async () => {
+      const runId = randomBytes(4).toString('hex');
+      const prefix = `t.noperm-wait.${runId}:`;
+      const vshard = 3;
+      const task: BatchTask = { vshard, batchId: randomUUID(), ids: [`${runId}-a`], changes: [[['A', 4]]] };
+      const master = await startPrivateRedis();
+      const replica = await startPrivateRedis();
+      const admin = new Redis(master.url);
+      const replicaAdmin = new Redis(replica.url);
+      let client: RedisClient | null = null;
+      try {
+        await replicaAdmin.replicaof('127.0.0.1', String(master.port));
+        await untilReplicated(admin);
+        await admin.call('ACL', 'SETUSER', 'tally', 'on', '>pw', '~*', '+@all', '-wait');
+        const url = `redis://tally:pw@127.0.0.1:${master.port}`;
+        client = createRedisClient(url, 'test');
+        client.on('error', () => {});
+        const warnings: Array<Record<string, unknown>> = [];
+        const log: BatchLog = { warn: (fields) => warnings.push(fields), error() {} };
+        const batch = (mode === 'atomic' ? runAtomicBatch : runTwoStepBatch)(client, settingsFor(mode, prefix, url), task, log);
+        const settled = batch.then(
+          () => 'returned',
+          (error: Error) => `failed: ${error.message}`,
+        );
+        await sleep(1_500);
+        const refused = warnings.filter((fields) => fields.step === 'wait' && fields.failureClass === 'fatal');
+        expect(refused.length, 'the NOPERM is logged, as a refusal of Tally').to.be.greaterThan(0);
+        expect(String(refused[0]!.err)).to.match(/NOPERM/);
+        expect(await Promise.race([settled, sleep(0).then(() => 'waiting')]), 'nothing acked while WAIT is refused').to.equal('waiting');
+        await admin.call('ACL', 'SETUSER', 'tally', '+wait');
+        expect(await settled).to.equal('returned');
+        expect((await batch).marked[0], 'a new message').to.equal(0);
+        expect(await admin.get(countKey(prefix, vshard, 'A')), 'counted once').to.equal('4');
+      } finally {
+        client?.disconnect();
+        admin.disconnect();
+        replicaAdmin.disconnect();
+        await replica.stop();
+        await master.stop();
+      }
+    });
+  }
+});
