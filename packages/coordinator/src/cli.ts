@@ -24,7 +24,7 @@ import { readStatsReport, statsText } from './commands/stats.js';
 import { statusCommand } from './commands/status.js';
 import { streamReset, streamResetText } from './commands/stream.js';
 import { readTruth, verify } from './commands/verify.js';
-import { explainRedisFailures } from './redis/redis-probe.js';
+import { explainRedisFailures, isUnanswered, unansweredError } from './redis/redis-probe.js';
 
 /** One help text per command: `tally <command> --help` prints it. */
 const HELP = Object.freeze({
@@ -147,7 +147,7 @@ async function main(argv: string[]): Promise<void> {
     }
     // Redis for the prefix's marker layout and the forced_replays counter (commands/dead.ts).
     const redis = await cliRedis(config.redisUrl);
-    const explain = explainRedisFailures(redis);
+    const explain = explainRedisFailures(redis, config.redisUrl);
     try {
       const report = await deadReplay(values, config, redis);
       out(values.json ? JSON.stringify(report) : deadReplayText(report));
@@ -198,7 +198,7 @@ async function main(argv: string[]): Promise<void> {
       strict: true,
     });
     const redis = await cliRedis(config.redisUrl);
-    const explain = explainRedisFailures(redis);
+    const explain = explainRedisFailures(redis, config.redisUrl);
     try {
       const report = await streamReset(redis, config, values);
       out(values.json ? JSON.stringify(report) : streamResetText(report));
@@ -222,7 +222,7 @@ async function main(argv: string[]): Promise<void> {
     });
     const redis = await cliRedis(config.redisUrl);
     // A wrong password or an untrusted certificate reads as its fix, not as "Connection is closed".
-    const explain = explainRedisFailures(redis);
+    const explain = explainRedisFailures(redis, config.redisUrl);
     try {
       const estimate = await deviationEstimate(redis, config, values);
       out(values.json ? JSON.stringify(estimate) : deviationText(estimate, config.prefix));
@@ -246,7 +246,7 @@ async function main(argv: string[]): Promise<void> {
   if (values.sku && command !== 'counts') throw new CliUsageError('--sku applies to counts only');
   if (command === 'verify' && !values.truth) throw new CliUsageError('verify needs --truth FILE');
   const redis = await cliRedis(config.redisUrl);
-  const explain = explainRedisFailures(redis);
+  const explain = explainRedisFailures(redis, config.redisUrl);
   try {
     if (command === 'verify') {
       const verdict = verify(await readCounts(redis, config, []), await readTruth(values.truth!));
@@ -281,6 +281,7 @@ async function cliRedis(url: string): Promise<RedisClient> {
   try {
     return await connectRedis(url, 'tally-cli', ONE_SHOT);
   } catch (error) {
+    if (isUnanswered(error)) throw unansweredError(url);
     const problem = classifyRedisFailure(error as RedisFailure);
     throw problem === null ? error : new RedisRequirementError(problem.code, problem.message);
   }

@@ -3,6 +3,7 @@
  */
 export {
   clusterOptions,
+  COMMAND_TIMEOUT_MS,
   connectRedis,
   createRedisClient,
   detectRedisTopology,

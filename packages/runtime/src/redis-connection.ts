@@ -45,6 +45,9 @@ export type RedisClient = Redis | Cluster;
  * - commandTimeout: a server that stops answering is treated as an outage,
  *   not waited on forever.
  */
+/** How long a command waits for its reply before ioredis rejects it ("Command timed out"). */
+export const COMMAND_TIMEOUT_MS = 10_000;
+
 function connectionOptions(connectionName: string): RedisOptions {
   return {
     connectionName,
@@ -53,7 +56,7 @@ function connectionOptions(connectionName: string): RedisOptions {
     enableOfflineQueue: true,
     autoResendUnfulfilledCommands: false,
     maxRetriesPerRequest: 0,
-    commandTimeout: 10_000,
+    commandTimeout: COMMAND_TIMEOUT_MS,
     retryStrategy: (times) => backoffDelay(times, RECONNECT_BACKOFF),
   };
 }

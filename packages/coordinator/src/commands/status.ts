@@ -25,6 +25,7 @@ import { askSentinels, connectRedis, ONE_SHOT, scanNodes, type RedisClient } fro
 import { connectAnyNode } from '../amqp/broker-connect.js';
 import { listDaemons, type LiveDaemon } from '../fleet/heartbeat.js';
 import { readStreamStatus, type StreamPartitionStatus } from './stream-status.js';
+import { isUnanswered, unansweredError } from '../redis/redis-probe.js';
 
 export interface LayoutStatus {
   readonly virtual_shards: number;
@@ -331,12 +332,17 @@ export function sentinelLine(sentinel: SentinelStatus): string {
 
 /** The CLI command: one connection to each server, one attempt, then out. */
 export async function statusCommand(config: TallyConfig, json: boolean, out: (line: string) => void): Promise<void> {
-  const redis = await connectRedis(config.redisUrl, 'tally-cli', ONE_SHOT);
+  const explain = (error: unknown): unknown => (isUnanswered(error) ? unansweredError(config.redisUrl) : error);
+  const redis = await connectRedis(config.redisUrl, 'tally-cli', ONE_SHOT).catch((error: unknown) => {
+    throw explain(error);
+  });
   redis.on('error', () => {});
   try {
     // Heartbeat keys have no hash tag: on a cluster they are spread over every master.
     const report = await readStatus(scanNodes(redis), redis, config);
     out(json ? JSON.stringify(report) : statusText(report));
+  } catch (error) {
+    throw explain(error);
   } finally {
     redis.disconnect();
   }

@@ -34,6 +34,7 @@ import {
   markerBaseKey,
   plaintextPortProblem,
   receiptKey,
+  redactUrl,
   RedisRequirementError,
   requirementError,
   parseSentinelUrl,
@@ -45,7 +46,16 @@ import {
   type RedisWarning,
   type TallyConfig,
 } from '@tally/shared';
-import { askSentinels, createRedisClient, detectRedisTopology, keySlot, ONE_SHOT, whenClusterReady, type RedisClient } from '@tally/runtime';
+import {
+  askSentinels,
+  COMMAND_TIMEOUT_MS,
+  createRedisClient,
+  detectRedisTopology,
+  keySlot,
+  ONE_SHOT,
+  whenClusterReady,
+  type RedisClient,
+} from '@tally/runtime';
 
 /** What the daemon reports about its Redis (status, /readyz detail, gauges). */
 export interface RedisProbeReport {
@@ -369,13 +379,28 @@ function lowerVersion(a: string | null, b: string | null): string | null {
  * error, and turns a failure into the configuration problem behind it, if
  * there is one, so the user reads the fix instead of "Connection is closed".
  */
-export function explainRedisFailures(redis: RedisClient): (error: unknown) => unknown {
+export function explainRedisFailures(redis: RedisClient, url: string): (error: unknown) => unknown {
   let lastError: RedisFailure | null = null;
   redis.on('error', (error: RedisFailure) => {
     lastError = error;
   });
   return (error) => {
+    if (isUnanswered(error)) return unansweredError(url);
     const problem = classifyRedisFailure(error as RedisFailure) ?? classifyRedisFailure(lastError);
     return problem === null ? error : new RedisRequirementError(problem.code, problem.message);
   };
+}
+
+/** ioredis's rejection of a command the server did not answer within COMMAND_TIMEOUT_MS. */
+export function isUnanswered(error: unknown): boolean {
+  return error instanceof Error && error.message === 'Command timed out';
+}
+
+/** What a CLI user reads instead of ioredis's bare "Command timed out": which server, and what to check. */
+export function unansweredError(url: string): Error {
+  return new Error(
+    `Redis (${redactUrl(url)}) accepted the connection but did not answer within ${COMMAND_TIMEOUT_MS / 1000} s: ` +
+      'it is stopped (SIGSTOP, a debugger), busy (a long script or KEYS), or a network path drops its replies; ' +
+      'check it with redis-cli PING, then run the command again',
+  );
 }

@@ -4,6 +4,7 @@ import { join } from 'node:path';
 import { expect } from 'chai';
 import { countKey, shardOf, statsKey } from '@tally/shared';
 import { pinMarkerScope, cleanup, drainWithDaemon, testSpace, withRedis } from './harness.js';
+import { startPrivateRedis } from '@tally/testkit';
 import { tallyCli } from './fleet-helpers.js';
 
 describe('tally CLI (integration)', function () {
@@ -34,6 +35,27 @@ describe('tally CLI (integration)', function () {
       expect(stats.occupation_failures, 'every counter is present').to.equal(0);
     } finally {
       await cleanup(space);
+    }
+  });
+
+  it('a Redis that accepts the connection and never answers (SIGSTOP): each command fails naming the server and what to check', async () => {
+    // ioredis's own words were "Command timed out": no server, no cause, no next step.
+    const server = await startPrivateRedis({ password: 'cli-secret' });
+    const space = testSpace('cli-unanswered');
+    try {
+      server.signal('SIGSTOP');
+      const env = { ...space.env, TALLY_REDIS_URL: `redis://:cli-secret@127.0.0.1:${server.port}` };
+      const [counts, status] = await Promise.all([tallyCli(env, 'counts', '--json'), tallyCli(env, 'status')]);
+      for (const result of [counts, status]) {
+        expect(result.code).to.equal(1);
+        expect(result.stdout).to.equal('');
+        expect(result.stderr).to.include(`Redis (redis://:***@127.0.0.1:${server.port}) accepted the connection but did not answer within 10 s`);
+        expect(result.stderr).to.include('redis-cli PING');
+        expect(result.stderr, 'never the password').not.to.include('cli-secret');
+      }
+    } finally {
+      server.signal('SIGCONT');
+      await server.stop();
     }
   });
 
