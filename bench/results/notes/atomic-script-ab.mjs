@@ -8,6 +8,7 @@ import { readFileSync } from 'node:fs';
 import { Redis } from 'ioredis';
 import { startPrivateRedis, testWorkerSettings } from '@tally/testkit';
 import { atomicBatchArgs, ATOMIC_BATCH } from '../../../packages/worker/dist/src/atomic-batch.js';
+import { seededDraws } from './seeded-draws.mjs';
 
 const [oldPath, oldIncludePath] = process.argv.slice(2);
 if (!oldPath) throw new Error('usage: atomic-script-ab.mjs OLD.lua [OLD_MARKER_BUCKETS.lua]');
@@ -24,20 +25,7 @@ const settings = (prefix) => testWorkerSettings({ redisUrl: server.url, prefix, 
 const NEW = settings('a:'), OLD = settings('b:');
 const PARTS = 1000, BLOCK = 25, ROUNDS = Number(process.env.ROUNDS ?? 12);
 
-let seed = 1;
-const random = () => ((seed = (seed * 1103515245 + 12345) % 2147483648), seed / 2147483648);
-const weights = [];
-for (let i = 1, total = 0; i <= 3000; i++) weights.push((total += 1 / i));
-const sku = () => {
-  const x = random() * weights.at(-1);
-  let lo = 0;
-  for (let hi = weights.length - 1; lo < hi; ) {
-    const mid = (lo + hi) >> 1;
-    if (weights[mid] < x) lo = mid + 1;
-    else hi = mid;
-  }
-  return `sku-${lo}`;
-};
+const { random, sku } = seededDraws(1);
 const recent = [];
 function batch(vshard) {
   const digests = [], changes = [];

@@ -10,6 +10,7 @@ import { FILTER_BITS, markerDigest, markerShardOf, shardOf } from '@tally/shared
 import { startPrivateRedis, startRedisCluster, testWorkerSettings } from '@tally/testkit';
 import { runAtomicBatch } from '../../../packages/worker/dist/src/atomic-batch.js';
 import { runTwoStepBatch } from '../../../packages/worker/dist/src/two-step-batch.js';
+import { seededDraws } from './seeded-draws.mjs';
 
 const BATCH = Number(process.env.BATCH ?? 300), BLOCK = Number(process.env.BLOCK ?? 20), ROUNDS = Number(process.env.ROUNDS ?? 8);
 const SHARDS = 16;
@@ -41,20 +42,7 @@ const settingsOf = (topology) =>
   });
 const settings = { standalone: settingsOf('standalone'), cluster: settingsOf('cluster') };
 
-let seed = 7;
-const random = () => ((seed = (seed * 1103515245 + 12345) % 2147483648), seed / 2147483648);
-const weights = [];
-for (let i = 1, total = 0; i <= 3000; i++) weights.push((total += 1 / i));
-const sku = () => {
-  const x = random() * weights.at(-1);
-  let lo = 0;
-  for (let hi = weights.length - 1; lo < hi; ) {
-    const mid = (lo + hi) >> 1;
-    if (weights[mid] < x) lo = mid + 1;
-    else hi = mid;
-  }
-  return `sku-${lo}`;
-};
+const { random, sku } = seededDraws(7);
 const recent = [];
 let counter = 0;
 function message() {
