@@ -186,11 +186,17 @@ export async function writeCountsAcrossSlots(deps: CrossSlotDeps): Promise<Cross
     standing = undone.standingByPart;
   }
 
-  let waitTimeouts = standing.size > 0 ? await recordStanding(deps, standing, ttl.ttlS) : 0;
+  const recording = standing.size > 0 ? recordStanding(deps, standing, ttl.ttlS) : Promise.resolve(0);
+  let waitTimeouts: number;
   if (settings.waitReplicas > 0) {
     const rewrite = new Map(groups.map((group, index) => [receipts[index]!, () => writeGroup(group)]));
-    const counts = await Promise.all(receipts.map((receipt) => waitForReceipt(deps, receipt, rewrite.get(receipt))));
-    waitTimeouts += counts.reduce((sum, count) => sum + count, 0);
+    // The records' WAITs and the receipts' together: each receipt's loop touches it on every attempt, so a record
+    // waiting long on its own master (a replica down) cannot leave the receipts untouched past their TTL, to be read
+    // as lost to a failover and their counts written again.
+    const counts = await Promise.all([recording, ...receipts.map((receipt) => waitForReceipt(deps, receipt, rewrite.get(receipt)))]);
+    waitTimeouts = counts.reduce((sum, count) => sum + count, 0);
+  } else {
+    waitTimeouts = await recording;
   }
   const reported = dedupeByPart(refusals).map((refusal) => {
     const stands = standing.get(refusal.part);

@@ -355,6 +355,64 @@ describe('cross-slot counts with WAIT on a Redis Cluster: the undo paths wait fo
     }
   });
 
+  it("keeps the receipts alive while a standing record's WAIT waits long on another master: no shard is written twice", async () => {
+    // Waited one after the other, the record's WAIT (its master's replica stopped for 2.5 TTLs) let the receipts on
+    // the other masters expire; their WAITs then read them as lost to a failover and wrote their counts again.
+    const prefix = `test:standing-long-wait:${randomUUID()}:`;
+    const recordOf = (id: string) => standingKey(prefix, markerDigest(id).toString('hex'));
+    const skus = Array.from({ length: 400 }, (_, i) => `sku-${i}`);
+    const refusedSku = skus[0]!;
+    const changingSku = skus.find((sku) => shardOf(sku, SHARDS) !== shardOf(refusedSku, SHARDS))!;
+    const recordMaster = masterOf(recordOf(`${prefix}m0`));
+    const busyShards = [shardOf(refusedSku, SHARDS), shardOf(changingSku, SHARDS)];
+    const otherSku = skus.find((sku) => masterOf(`{${shardOf(sku, SHARDS)}}`) !== recordMaster && !busyShards.includes(shardOf(sku, SHARDS)))!;
+    const changingKey = countKey(prefix, shardOf(changingSku, SHARDS), changingSku);
+    const otherKey = countKey(prefix, shardOf(otherSku, SHARDS), otherSku);
+    await client.set(countKey(prefix, shardOf(refusedSku, SHARDS), refusedSku), 'a foreign value');
+    const task: BatchTask = {
+      vshard: 0,
+      batchId: randomUUID(),
+      ids: [`${prefix}m0`, `${prefix}m1`],
+      changes: [
+        [
+          [refusedSku, 3],
+          [changingSku, 5],
+        ],
+        [[otherSku, 11]],
+      ],
+    };
+    const replica = (await cluster.replicas()).find((node) => node.masterPort === recordMaster)!;
+    const rewrites: string[] = [];
+    let stopped = false;
+    try {
+      const result = await writeCountsAcrossSlots({
+        redis: client,
+        settings: testWorkerSettings({ redisUrl: cluster.seedUrls[0]!, prefix, virtualShards: SHARDS, waitReplicas: 1, waitTimeoutMs: 300, markerTtlS: 2 }),
+        task,
+        groups: groupByCountShard(task.changes, Uint8Array.of(PART_NEW, PART_NEW), SHARDS),
+        writeCounts: WRITE_COUNTS,
+        log: { warn: (_fields, message) => (message.includes('writing its counts again') ? rewrites.push(message) : undefined), error() {} },
+        untilDone: async (_step, run) => {
+          // Just before the undo: the key turns foreign (so the record is written), and the record's replica stops.
+          if (!stopped && (await client.get(changingKey)) === '5') {
+            stopped = true;
+            await client.set(changingKey, 'changed by hand');
+            process.kill(replica.pid, 'SIGSTOP');
+            setTimeout(() => process.kill(replica.pid, 'SIGCONT'), 5_000);
+          }
+          return run();
+        },
+      });
+      expect(stopped, 'the scenario ran').to.equal(true);
+      expect(result.refusals.map((refusal) => refusal.part)).to.deep.equal([0]);
+      expect(rewrites, 'no receipt read as lost').to.deep.equal([]);
+      expect(await client.get(otherKey), 'the other message counted once').to.equal('11');
+      expect(await client.hgetall(recordOf(`${prefix}m0`))).to.deep.equal({ [changingKey]: '5' });
+    } finally {
+      if (stopped) process.kill(replica.pid, 'SIGCONT');
+    }
+  });
+
   it("WAITs for an abandon's take-back on the master that took back, before the batch fails", async () => {
     const prefix = `test:abandon-wait:${randomUUID()}:`;
     const skus = Array.from({ length: 400 }, (_, i) => `abandon-${i}`);
