@@ -339,7 +339,7 @@ async function undoRefusedParts(
   const undone = await Promise.all(undos);
   reportStanding(deps, refusals, undone);
   return {
-    receipts: undone.map((undo) => undo.receipt),
+    receipts: undone.flatMap((undo) => (undo.receipt === null ? [] : [undo.receipt])),
     standingByPart: standingByPartOf(
       task,
       undone.flatMap((undo) => undo.standing),
@@ -351,7 +351,8 @@ type RunWrite = (receipt: string, keys: string[], argv: Array<string | number>) 
 
 /** What one shard's undo did: its receipt, the increments it could not take back, and whether this run undid (not a rerun). */
 interface ShardUndo {
-  readonly receipt: string;
+  /** null when the undo failed for its data and wrote nothing: no receipt to wait for. */
+  readonly receipt: string | null;
   readonly standing: StandingCount[];
   readonly now: boolean;
 }
@@ -374,8 +375,25 @@ function undoOnShard(deps: CrossSlotDeps, group: ShardWrite, parts: readonly num
   const skus = [...negated.keys()];
   const receipt = receiptKey(settings.prefix, group.shard, receiptId);
   const keys = [receipt, ...skus.map((sku) => countKey(settings.prefix, group.shard, sku))];
+  const partsOf = (sku: string) => parts.filter((part) => task.changes[part]!.some(([changed]) => changed === sku));
   return (async () => {
-    let reply = await run(receipt, keys, [ttl.ttlS, settings.markerTtlS, 'sums', '', ...skus.map((sku) => String(negated.get(sku)))]);
+    let reply: Reply;
+    try {
+      reply = await run(receipt, keys, [ttl.ttlS, settings.markerTtlS, 'sums', '', ...skus.map((sku) => String(negated.get(sku)))]);
+    } catch (error) {
+      // Refused for its data before any write (a receipt key of a foreign type): every increment here stands. It is
+      // reported as standing like any refused undo, not thrown: thrown after the writes, it sent the batch to
+      // isolation with nothing taken back, and the halves counted it all again.
+      if (classifyError(error) !== 'data') throw error;
+      const standing = skus.map((sku) => ({
+        key: countKey(settings.prefix, group.shard, sku),
+        delta: (-BigInt(negated.get(sku)!)).toString(),
+        error: describeError(error),
+        sku,
+        parts: partsOf(sku),
+      }));
+      return { receipt: null, standing, now: true };
+    }
     const now = reply[0] !== ScriptReply.WRITE_RECEIPT;
     if (reply[0] === ScriptReply.WRITE_ISOLATE) {
       const perSku: Array<string | number> = [ttl.ttlS, settings.markerTtlS, 'parts', skus.length];
@@ -390,7 +408,7 @@ function undoOnShard(deps: CrossSlotDeps, group: ShardWrite, parts: readonly num
         delta: (-BigInt(refusal.delta)).toString(),
         error: refusal.error,
         sku,
-        parts: parts.filter((part) => task.changes[part]!.some(([changed]) => changed === sku)),
+        parts: partsOf(sku),
       };
     });
     return { receipt, standing, now };
@@ -431,7 +449,8 @@ async function abandonWrittenShards(
   );
   // The split halves write every shard again under new ids: an undo a failover lost would leave those counts twice.
   // A lost undo receipt fails the batch (BatchWritesLostError): its rerun under this id takes back again.
-  if (deps.settings.waitReplicas > 0) await Promise.all(undone.map((undo) => waitForReceipt(deps, undo.receipt, undefined)));
+  if (deps.settings.waitReplicas > 0)
+    await Promise.all(undone.flatMap((undo) => (undo.receipt === null ? [] : [waitForReceipt(deps, undo.receipt, undefined)])));
   reportStanding(deps, [], undone, STANDING_AFTER_ABANDON);
 }
 

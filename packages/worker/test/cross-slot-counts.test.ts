@@ -183,6 +183,52 @@ describe('cross-slot counts: an undo Redis refuses (a key changed between the wr
     }
   });
 
+  it('an undo refused for its data before any write (a foreign undo receipt): every increment there stands, reported, and the batch goes on', async () => {
+    // Thrown, it sent a batch whose shards were all written to isolation with nothing taken back: counted twice.
+    const undoPrefix = `${prefix}undo-refused:`;
+    const refusedSku = 'sku-a';
+    const otherSku = Array.from({ length: 200 }, (_, i) => `sku-b${i}`).find((sku) => shardOf(sku, SHARDS) !== shardOf(refusedSku, SHARDS))!;
+    const shard = shardOf(otherSku, SHARDS);
+    const otherKey = countKey(undoPrefix, shard, otherSku);
+    await redis.set(countKey(undoPrefix, shardOf(refusedSku, SHARDS), refusedSku), 'a foreign value');
+    const task: BatchTask = {
+      vshard: 0,
+      batchId: randomUUID(),
+      ids: [`${undoPrefix}m1`],
+      changes: [
+        [
+          [refusedSku, 3],
+          [otherSku, 5],
+        ],
+      ],
+    };
+    await redis.hset(receiptKey(undoPrefix, shard, `${task.batchId}~undo`), 'foreign', '1');
+    const errors: Array<{ fields: Record<string, unknown>; message: string }> = [];
+    const undoFailures: number[] = [];
+    const result = await writeCountsAcrossSlots({
+      redis,
+      settings: testWorkerSettings({ redisUrl: REDIS_URL, prefix: undoPrefix, virtualShards: SHARDS }),
+      task,
+      groups: groupByCountShard(task.changes, Uint8Array.of(PART_NEW), SHARDS),
+      writeCounts: WRITE_COUNTS,
+      log: { warn() {}, error: (fields, message) => errors.push({ fields, message }) },
+      untilDone: (_step, run) => run(),
+      onUndoFailed: (_task, parts) => undoFailures.push(parts),
+    });
+    expect(result.refusals.map((refusal) => refusal.part)).to.deep.equal([0]);
+    expect(result.refusals[0]!.standing, 'the dead letter names what stands').to.deep.equal({ [otherKey]: '5' });
+    expect(await redis.get(otherKey), 'written once, not taken back, not written again').to.equal('5');
+    expect(undoFailures).to.deep.equal([1]);
+    expect(errors).to.have.length(1);
+    expect(errors[0]!.fields.stand).to.deep.equal({ [otherKey]: '5' });
+    expect(String((errors[0]!.fields.errors as Record<string, string>)[otherKey])).to.match(/WRONGTYPE/);
+    expect(await redis.hgetall(standingKey(undoPrefix, markerDigest(task.ids![0]!).toString('hex'))), 'recorded for a letter without its header').to.deep.equal(
+      {
+        [otherKey]: '5',
+      },
+    );
+  });
+
   it("takes back the other shards' counts when one shard's write fails for its data, once, before the batch is split", async () => {
     // Batch isolation reruns a failed batch's halves under new ids, writing every shard again: a shard written under the
     // failed id would count twice. Here shard B's write receipt holds a foreign type, so its GET fails (WRONGTYPE).
