@@ -18,6 +18,7 @@ import {
 } from '@tally/shared';
 import { keySlot } from './key-slot.js';
 import { askSentinels } from './sentinel-query.js';
+import { SentinelPrimaryClient } from './sentinel-primary-client.js';
 
 /** ioredis's own reconnects: quicker than the step retries, since a reconnect is cheap and nothing waits on its log. */
 export const RECONNECT_BACKOFF: BackoffOptions = Object.freeze({ baseMs: 50, capMs: 2_000 });
@@ -72,13 +73,14 @@ function connectionOptions(connectionName: string): RedisOptions {
  * cluster announces (clusterOptions). A `redis+sentinel://` URL gives a
  * standalone client that asks the Sentinels for the primary at every
  * (re)connect (sentinelOptions): the daemon, its threads and the CLI all
- * follow a failover through this one factory.
+ * follow a failover through this one factory, and a client of theirs that
+ * ioredis ends mid-failover reconnects (sentinel-primary-client.ts).
  */
 export function createRedisClient(url: string, connectionName: string, overrides?: RedisOptions): Redis;
 export function createRedisClient(url: string, connectionName: string, overrides: RedisOptions, topology: 'standalone'): Redis;
 export function createRedisClient(url: string, connectionName: string, overrides: RedisOptions, topology: RedisTopology): RedisClient;
 export function createRedisClient(url: string, connectionName: string, overrides: RedisOptions = {}, topology: RedisTopology = 'standalone'): RedisClient {
-  if (isSentinelUrl(url)) return new Redis(sentinelOptions(parseSentinelUrl(url), connectionName, overrides));
+  if (isSentinelUrl(url)) return new SentinelPrimaryClient(sentinelOptions(parseSentinelUrl(url), connectionName, overrides));
   const seeds = splitRedisUrls(url);
   if (topology === 'cluster') return new Cluster(seeds.map(seedNode), clusterOptions(seeds[0]!, connectionName, overrides));
   return new Redis(seeds[0] ?? url, { ...connectionOptions(connectionName), ...overrides });
@@ -128,7 +130,7 @@ export function sentinelOptions(target: SentinelTarget, connectionName: string, 
     ...tls,
     sentinelRetryStrategy: base.retryStrategy ?? ((times) => backoffDelay(times, RECONNECT_BACKOFF)),
     sentinelReconnectStrategy: (times) => backoffDelay(times, SENTINEL_RESUBSCRIBE_BACKOFF),
-    sentinelCommandTimeout: 2_000,
+    sentinelCommandTimeout: overrides.sentinelCommandTimeout ?? 2_000,
     failoverDetector: overrides.failoverDetector ?? true,
     reconnectOnError: (error) => (/^READONLY\b/.test(error.message) ? 1 : false),
   };

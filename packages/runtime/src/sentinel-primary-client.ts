@@ -1,0 +1,67 @@
+/**
+ * A client of the primary behind Sentinel that comes back from the one end
+ * ioredis never recovers from.
+ *
+ * ioredis ends a client for good, with no reconnect, when its connector
+ * rejects a connect. Behind Sentinel one race does that: the primary dies,
+ * the client reconnects and asks a Sentinel for the primary, and while that
+ * question is in flight the failover detector of the connection that died
+ * hears `+switch-master` and disconnects the connector, which then rejects
+ * its own connect. From there every command fails "Connection is closed."
+ * and nothing reconnects (ioredis issue 1683). A CI run under load hit it in
+ * the daemon's worker threads: four minutes of retries against a client that
+ * would never come back. The failover detector itself is worth keeping (it
+ * moves a client off an old primary that is still up), so the end is undone
+ * instead.
+ *
+ * An end the owner did not ask for is read as one more failed connect and
+ * retried with the client's own retryStrategy. The owner's ends stay ends:
+ * disconnect() (marked here) and quit() or a retryStrategy that gives up
+ * (both end through a close, which the race never does).
+ */
+import { Redis, type RedisOptions } from 'ioredis';
+
+/** Emitted with the delay before the client reconnects after an end its owner did not ask for. */
+export const REVIVING = 'reviving';
+
+export class SentinelPrimaryClient extends Redis {
+  private closedByOwner = false;
+  private closedBeforeEnd = false;
+  private revivals = 0;
+  private reviveTimer: NodeJS.Timeout | null = null;
+
+  constructor(options: RedisOptions) {
+    super(options);
+    this.on('close', () => {
+      this.closedBeforeEnd = true;
+    });
+    this.on('connecting', () => {
+      this.closedBeforeEnd = false;
+    });
+    this.on('ready', () => {
+      this.revivals = 0;
+    });
+    this.on('end', () => this.reviveUnlessOwned());
+  }
+
+  override disconnect(reconnect = false): void {
+    if (!reconnect) {
+      this.closedByOwner = true;
+      if (this.reviveTimer !== null) clearTimeout(this.reviveTimer);
+      this.reviveTimer = null;
+    }
+    super.disconnect(reconnect);
+  }
+
+  private reviveUnlessOwned(): void {
+    if (this.closedByOwner || this.closedBeforeEnd) return;
+    const delay = this.options.retryStrategy?.(++this.revivals);
+    // A one-shot client (the CLI, the probe) gives up on its first failure, as it would without this.
+    if (typeof delay !== 'number') return;
+    this.emit(REVIVING, delay);
+    this.reviveTimer = setTimeout(() => {
+      this.reviveTimer = null;
+      if (!this.closedByOwner && this.status === 'end') this.connect().catch(() => {});
+    }, delay);
+  }
+}
