@@ -70,7 +70,8 @@ local m = tonumber(ARGV[4])
 local width = tonumber(ARGV[5])
 local initialSubs = tonumber(ARGV[6])
 local layout = ARGV[7]
-if n == nil or m == nil or width == nil or initialSubs == nil or #KEYS ~= 2 + m then
+local function whole(x) return x ~= nil and x >= 0 and x == math.floor(x) end
+if not whole(n) or not whole(m) or width == nil or initialSubs == nil or #KEYS ~= 2 + m then
   return redis.error_reply('TALLY_SCRIPT_ARGS keys and part count disagree')
 end
 -- ARGV[sumAt + index] and ARGV[namedAt + index]: a count key's sum and how many changes name it ('sums').
@@ -115,10 +116,12 @@ local function changesOf(i)
   local indexes, deltas, decimals = {}, {}, {}
   if text == '' then return indexes, deltas, decimals end
   for change in string.gmatch(text .. ',', '([^,]*),') do
-    local indexText, deltaText = string.match(change, '^(%d+):(%-?%d+)$')
+    -- Canonical decimals only ('0', no leading zeros, no '-0', no '+'): the refusal path hands them to INCRBY as sent.
+    local indexText, deltaText = string.match(change, '^([1-9]%d*):(%-?%d+)$')
+    if deltaText and deltaText ~= '0' and string.match(deltaText, '^%-?0') then deltaText = nil end
     local index, delta = tonumber(indexText), tonumber(deltaText)
-    if index == nil or index < 1 or index > m or delta == nil or math.abs(delta) > SAFE then
-      return nil, nil, nil, redis.error_reply('TALLY_SCRIPT_ARGS part ' .. i .. ' has a bad change: ' .. change)
+    if index == nil or index > m or delta == nil or math.abs(delta) > SAFE then
+      return nil, nil, nil, redis.error_reply('TALLY_SCRIPT_ARGS part ' .. i .. " has a bad change: '" .. change .. "'")
     end
     indexes[#indexes + 1] = index
     deltas[#deltas + 1] = delta
