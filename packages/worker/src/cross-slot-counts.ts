@@ -423,8 +423,8 @@ function undoOnShard(deps: CrossSlotDeps, group: ShardWrite, parts: readonly num
  * taken back first (`~abandon` receipts: a rerun of this id, which fails
  * the same way, takes back nothing twice), and the isolation's "a failed
  * run leaves nothing to undo" holds across slots too. An increment whose
- * undo Redis refuses stands, and is logged and counted as for a refused
- * part. Were the failing shard mended between a thread's death and the
+ * undo Redis refuses stands, and is logged, counted and recorded by
+ * message as for a refused part. Were the failing shard mended between a thread's death and the
  * rerun of this id, the rerun would find the written shards' receipts and
  * not write them again: a loss that needs both at once, and is not covered.
  */
@@ -447,10 +447,17 @@ async function abandonWrittenShards(
     { batchId: deps.task.batchId, shards: undone.length },
     "a count shard refused the batch's write for its data: taking back what the other shards wrote before the batch is split",
   );
+  // What stands is recorded by message: a one-part run becomes a count-refused dead letter with no header (the
+  // failure is thrown, not returned), and `tally dead replay` must find the record or replay it blind.
+  const standing = standingByPartOf(
+    deps.task,
+    undone.flatMap((undo) => undo.standing),
+  );
+  const recording = standing.size > 0 ? recordStanding(deps, standing, countTtlOf(deps.settings.countTtlS).ttlS) : Promise.resolve(0);
   // The split halves write every shard again under new ids: an undo a failover lost would leave those counts twice.
   // A lost undo receipt fails the batch (BatchWritesLostError): its rerun under this id takes back again.
-  if (deps.settings.waitReplicas > 0)
-    await Promise.all(undone.flatMap((undo) => (undo.receipt === null ? [] : [waitForReceipt(deps, undo.receipt, undefined)])));
+  const waits = deps.settings.waitReplicas > 0 ? undone.flatMap((undo) => (undo.receipt === null ? [] : [waitForReceipt(deps, undo.receipt, undefined)])) : [];
+  await Promise.all([recording, ...waits]);
   reportStanding(deps, [], undone, STANDING_AFTER_ABANDON);
 }
 
@@ -488,7 +495,7 @@ function reportStanding(deps: CrossSlotDeps, refusals: readonly CountRefusal[], 
  * ordered stream per master). A receipt that is gone is written again.
  * Resolves to the WAITs that timed out.
  */
-function waitForReceipt(deps: CrossSlotDeps, receipt: string, rewrite: (() => Promise<unknown>) | undefined): Promise<number> {
+function waitForReceipt(deps: CrossSlotDeps, receipt: string, rewrite: (() => Promise<{ refusals: readonly CountRefusal[] }>) | undefined): Promise<number> {
   const { redis, settings, task, log } = deps;
   return waitAfterTouch(
     redis,
@@ -505,7 +512,16 @@ function waitForReceipt(deps: CrossSlotDeps, receipt: string, rewrite: (() => Pr
         // An undo's receipt went with the undo: the rerun under the batch's id undoes again (its receipts say what was refused).
         if (rewrite === undefined) throw new BatchWritesLostError(`the undo receipt ${receipt} (and so the undo) is`);
         log.warn({ vshard: task.vshard, receipt }, "a count shard's receipt is gone before its replicas had it (a failover lost it): writing its counts again");
-        await rewrite();
+        // The rewrite answers only for this shard, after the others' undo was decided: a part it finds refused, or a
+        // refusal of the whole write, is left to a rerun of the batch under its id, which reads every shard's receipt
+        // and undoes or takes back as for a first run (a data error passed up would send the batch to isolation, whose
+        // halves would write the other shards again).
+        const rewritten = await rewrite().catch((error: unknown) => {
+          if (classifyError(error) !== 'data') throw error;
+          throw new BatchWritesLostError(`the receipt ${receipt} (written again and refused for its data: ${describeError(error)}) is`);
+        });
+        if (rewritten.refusals.length > 0)
+          throw new BatchWritesLostError(`the receipt ${receipt} (written again, with parts Redis refused there to undo on the other shards) is`);
       },
     },
     log,

@@ -1,12 +1,13 @@
 import { randomUUID } from 'node:crypto';
 import { expect } from 'chai';
 import { Redis } from 'ioredis';
-import { countKey, markerDigest, PART_DONE, PART_NEW, receiptKey, shardOf, standingKey, type BatchTask } from '@tally/shared';
+import { classifyError, countKey, markerDigest, PART_DONE, PART_NEW, receiptKey, shardOf, standingKey, type BatchTask } from '@tally/shared';
 import { createRedisClient, keySlot, type RedisClient } from '@tally/runtime';
 import { startRedisCluster, testWorkerSettings, type RedisCluster } from '@tally/testkit';
 import type { BatchLog } from '../src/batch-log.js';
 import { groupByCountShard, writeCountsAcrossSlots, type CrossSlotDeps } from '../src/cross-slot-counts.js';
 import { WRITE_COUNTS } from '../src/two-step-batch.js';
+import { BatchWritesLostError } from '../src/replica-wait.js';
 
 describe('cross-slot counts: grouping a message-scoped batch by count shard (pure)', () => {
   const SHARDS = 16;
@@ -275,6 +276,53 @@ describe('cross-slot counts: an undo Redis refuses (a key changed between the wr
     await write().catch(() => {});
     expect(await redis.get(countKey(prefix, shardA, skuA!)), 'not taken back twice').to.equal('100');
   });
+
+  it('records what a refused take-back leaves standing by message, so the one-part dead letter is not replayed blind', async () => {
+    // A one-part run that fails for its data is dead-lettered count-refused with no standing header (the failure is
+    // thrown, not returned): the Redis record is all `tally dead replay` has.
+    const takeBackPrefix = `${prefix}take-back-refused:`;
+    const skus = Array.from({ length: 200 }, (_, i) => `abandon-${i}`);
+    const skuA = skus[0]!;
+    const skuB = skus.find((sku) => shardOf(sku, SHARDS) !== shardOf(skuA, SHARDS))!;
+    const shardA = shardOf(skuA, SHARDS);
+    const task: BatchTask = {
+      vshard: 0,
+      batchId: randomUUID(),
+      ids: [`${takeBackPrefix}m1`],
+      changes: [
+        [
+          [skuA, 4],
+          [skuB, 1],
+        ],
+      ],
+    };
+    await redis.hset(receiptKey(takeBackPrefix, shardOf(skuB, SHARDS), task.batchId), 'foreign', '1');
+    await redis.hset(receiptKey(takeBackPrefix, shardA, `${task.batchId}~abandon`), 'foreign', '1');
+    const errors: Array<{ fields: Record<string, unknown>; message: string }> = [];
+    const undoFailures: number[] = [];
+    const failure = await writeCountsAcrossSlots({
+      redis,
+      settings: testWorkerSettings({ redisUrl: REDIS_URL, prefix: takeBackPrefix, virtualShards: SHARDS }),
+      task,
+      groups: groupByCountShard(task.changes, Uint8Array.of(PART_NEW), SHARDS),
+      writeCounts: WRITE_COUNTS,
+      log: { warn() {}, error: (fields, message) => errors.push({ fields, message }) },
+      untilDone: (_step, run) => run(),
+      onUndoFailed: (_task, parts) => undoFailures.push(parts),
+    }).then(
+      () => null,
+      (error: Error) => error,
+    );
+    const keyA = countKey(takeBackPrefix, shardA, skuA);
+    expect(failure?.message, 'the data failure still reaches batch isolation').to.match(/WRONGTYPE/);
+    expect(await redis.get(keyA), 'written, and the take-back refused').to.equal('4');
+    expect(undoFailures).to.deep.equal([1]);
+    expect(errors.map((error) => error.fields.stand)).to.deep.equal([{ [keyA]: '4' }]);
+    expect(
+      await redis.hgetall(standingKey(takeBackPrefix, markerDigest(task.ids![0]!).toString('hex'))),
+      "the message's standing counts, for `tally dead replay`",
+    ).to.deep.equal({ [keyA]: '4' });
+  });
 });
 
 /**
@@ -457,6 +505,51 @@ describe('cross-slot counts with WAIT on a Redis Cluster: the undo paths wait fo
     } finally {
       if (stopped) process.kill(replica.pid, 'SIGCONT');
     }
+  });
+
+  it('a lost receipt written again with a part Redis now refuses: the batch reruns under its id and undoes it elsewhere', async () => {
+    // Before, the rewrite's refusals were dropped: the marker would be occupied with the part counted on one shard only.
+    const prefix = `test:rewrite-refused:${randomUUID()}:`;
+    const skus = Array.from({ length: 400 }, (_, i) => `sku-${i}`);
+    const skuA = skus[0]!;
+    const skuB = skus.find((sku) => shardOf(sku, SHARDS) !== shardOf(skuA, SHARDS))!;
+    const [shardA, shardB] = [shardOf(skuA, SHARDS), shardOf(skuB, SHARDS)];
+    const [keyA, keyB] = [countKey(prefix, shardA, skuA), countKey(prefix, shardB, skuB)];
+    const task: BatchTask = {
+      vshard: 0,
+      batchId: randomUUID(),
+      ids: [`${prefix}m0`],
+      changes: [
+        [
+          [skuA, 3],
+          [skuB, 5],
+        ],
+      ],
+    };
+    // Both shards written; then, as a failover would leave it, shard A has lost its receipt and its count, and its key
+    // has turned foreign: the WAIT finds the receipt gone and writes A again, which Redis refuses.
+    let written = 0;
+    const failure = await writeWithWait(prefix, task, async (step, run) => {
+      const reply = await run();
+      if (step === 'write_counts' && ++written === 2) {
+        await client.del(receiptKey(prefix, shardA, task.batchId));
+        await client.set(keyA, 'a foreign value');
+      }
+      return reply;
+    }).then(
+      () => null,
+      (error: Error) => error,
+    );
+    expect(failure, 'the batch fails to be rerun').to.be.instanceOf(BatchWritesLostError);
+    expect(classifyError(failure), 'a rerun under the same id, not an isolation that writes shard B again').to.not.equal('data');
+    expect(await client.get(keyB), 'shard B still written').to.equal('5');
+
+    const rerun = await writeWithWait(prefix, task, (_step, run) => run());
+    expect(
+      rerun.refusals.map((refusal) => refusal.part),
+      'the rerun reads the refusal from the receipt',
+    ).to.deep.equal([0]);
+    expect(Number((await client.get(keyB)) ?? 0), "the refused message's count on shard B taken back").to.equal(0);
   });
 
   it("WAITs for an abandon's take-back on the master that took back, before the batch fails", async () => {
