@@ -246,9 +246,11 @@ async function recordStanding(deps: CrossSlotDeps, standing: ReadonlyMap<number,
 async function writeStandingRecord(deps: CrossSlotDeps, key: string, counts: Record<string, string>, ttlS: number): Promise<number> {
   const { redis, settings, task, log } = deps;
   if (settings.waitReplicas === 0) {
+    // One transaction: a daemon killed between the two would leave a record no TTL ever removes.
     await deps.untilDone('record_standing', async () => {
-      await redis.hset(key, counts);
-      await redis.expire(key, ttlS);
+      const replies = await redis.multi().hset(key, counts).expire(key, ttlS).exec();
+      if (replies === null) throw new Error('the standing record transaction was discarded');
+      for (const [error] of replies) if (error) throw error;
     });
     return 0;
   }
