@@ -5,8 +5,8 @@
  * Honours the same TALLY_* variables as the daemon.
  */
 import { parseArgs } from 'node:util';
-import { CliUsageError, classifyRedisFailure, loadConfig, RedisRequirementError, type RedisFailure } from '@tally/shared';
-import { connectRedis, ONE_SHOT, startTracing, type RedisClient } from '@tally/runtime';
+import { CliUsageError, loadConfig } from '@tally/shared';
+import { startTracing } from '@tally/runtime';
 import { countsToJson, readCounts } from './commands/counts.js';
 import {
   deadList,
@@ -24,7 +24,7 @@ import { readStatsReport, statsText } from './commands/stats.js';
 import { statusCommand } from './commands/status.js';
 import { streamReset, streamResetText } from './commands/stream.js';
 import { readTruth, verify } from './commands/verify.js';
-import { explainRedisFailures, isUnanswered, unansweredError } from './redis/redis-probe.js';
+import { openCliRedis, withCliRedis } from './redis/cli-redis.js';
 
 /** One help text per command: `tally <command> --help` prints it. */
 const HELP = Object.freeze({
@@ -134,7 +134,7 @@ async function main(argv: string[]): Promise<void> {
     if (values.force && subcommand !== 'replay') throw new CliUsageError('--force applies to dead replay only');
     if (subcommand === 'list') {
       // Redis for the standing counts recorded for count-refused letters; a Redis that does not answer does not stop the list.
-      const redis = await cliRedis(config.redisUrl).catch((error: unknown) => ({ unread: error instanceof Error ? error.message : String(error) }));
+      const redis = await openCliRedis(config.redisUrl).catch((error: unknown) => ({ unread: error instanceof Error ? error.message : String(error) }));
       try {
         const report = await deadList(values, config, 'unread' in redis ? redis : recordedStandingIn(redis, config.prefix));
         out(values.json ? JSON.stringify(report) : deadListText(report));
@@ -146,19 +146,11 @@ async function main(argv: string[]): Promise<void> {
       return;
     }
     // Redis for the prefix's marker layout and the forced_replays counter (commands/dead.ts).
-    const redis = await cliRedis(config.redisUrl);
-    const explain = explainRedisFailures(redis, config.redisUrl);
-    try {
-      const report = await deadReplay(values, config, redis);
-      out(values.json ? JSON.stringify(report) : deadReplayText(report));
-      const warning = deadReplayWarning(report);
-      if (warning !== null) process.stderr.write(`tally: ${warning}\n`);
-      if (report.refused.messages > 0 || report.withoutPartition > 0) process.exitCode = EXIT_REPLAY_REFUSED;
-    } catch (error) {
-      throw explain(error);
-    } finally {
-      redis.disconnect();
-    }
+    const report = await withCliRedis(config.redisUrl, (redis) => deadReplay(values, config, redis));
+    out(values.json ? JSON.stringify(report) : deadReplayText(report));
+    const warning = deadReplayWarning(report);
+    if (warning !== null) process.stderr.write(`tally: ${warning}\n`);
+    if (report.refused.messages > 0 || report.withoutPartition > 0) process.exitCode = EXIT_REPLAY_REFUSED;
     return;
   }
   if (command === 'publish') {
@@ -197,16 +189,8 @@ async function main(argv: string[]): Promise<void> {
       options: { partition: { type: 'string' }, force: { type: 'boolean', default: false }, json: { type: 'boolean', default: false } },
       strict: true,
     });
-    const redis = await cliRedis(config.redisUrl);
-    const explain = explainRedisFailures(redis, config.redisUrl);
-    try {
-      const report = await streamReset(redis, config, values);
-      out(values.json ? JSON.stringify(report) : streamResetText(report));
-    } catch (error) {
-      throw explain(error);
-    } finally {
-      redis.disconnect();
-    }
+    const report = await withCliRedis(config.redisUrl, (redis) => streamReset(redis, config, values));
+    out(values.json ? JSON.stringify(report) : streamResetText(report));
     return;
   }
   if (command === 'status') {
@@ -220,17 +204,8 @@ async function main(argv: string[]): Promise<void> {
       options: { json: { type: 'boolean', default: false }, 'crashes-per-month': { type: 'string' }, recovery: { type: 'string' } },
       strict: true,
     });
-    const redis = await cliRedis(config.redisUrl);
-    // A wrong password or an untrusted certificate reads as its fix, not as "Connection is closed".
-    const explain = explainRedisFailures(redis, config.redisUrl);
-    try {
-      const estimate = await deviationEstimate(redis, config, values);
-      out(values.json ? JSON.stringify(estimate) : deviationText(estimate, config.prefix));
-    } catch (error) {
-      throw explain(error);
-    } finally {
-      redis.disconnect();
-    }
+    const estimate = await withCliRedis(config.redisUrl, (redis) => deviationEstimate(redis, config, values));
+    out(values.json ? JSON.stringify(estimate) : deviationText(estimate, config.prefix));
     return;
   }
   const { values } = parseArgs({
@@ -245,9 +220,7 @@ async function main(argv: string[]): Promise<void> {
   });
   if (values.sku && command !== 'counts') throw new CliUsageError('--sku applies to counts only');
   if (command === 'verify' && !values.truth) throw new CliUsageError('verify needs --truth FILE');
-  const redis = await cliRedis(config.redisUrl);
-  const explain = explainRedisFailures(redis, config.redisUrl);
-  try {
+  await withCliRedis(config.redisUrl, async (redis) => {
     if (command === 'verify') {
       const verdict = verify(await readCounts(redis, config, []), await readTruth(values.truth!));
       if (values.json) out(JSON.stringify(verdict));
@@ -265,26 +238,7 @@ async function main(argv: string[]): Promise<void> {
       const stats = await readStatsReport(redis, config);
       out(values.json ? JSON.stringify(stats) : statsText(stats));
     }
-  } catch (error) {
-    throw explain(error);
-  } finally {
-    redis.disconnect();
-  }
-}
-
-/**
- * One attempt, no endless reconnects: a CLI should fail fast and say why. The
- * topology (standalone or cluster) is detected on the seed nodes; a failure
- * to connect reads as its fix when it is a configuration problem.
- */
-async function cliRedis(url: string): Promise<RedisClient> {
-  try {
-    return await connectRedis(url, 'tally-cli', ONE_SHOT);
-  } catch (error) {
-    if (isUnanswered(error)) throw unansweredError(url);
-    const problem = classifyRedisFailure(error as RedisFailure);
-    throw problem === null ? error : new RedisRequirementError(problem.code, problem.message);
-  }
+  });
 }
 
 main(process.argv.slice(2)).catch((error: unknown) => {

@@ -21,11 +21,11 @@ import {
   type TallyConfig,
   type TallyMode,
 } from '@tally/shared';
-import { askSentinels, connectRedis, ONE_SHOT, scanNodes, type RedisClient } from '@tally/runtime';
+import { askSentinels, scanNodes, type RedisClient } from '@tally/runtime';
 import { connectAnyNode } from '../amqp/broker-connect.js';
 import { listDaemons, type LiveDaemon } from '../fleet/heartbeat.js';
 import { readStreamStatus, type StreamPartitionStatus } from './stream-status.js';
-import { isUnanswered, unansweredError } from '../redis/redis-probe.js';
+import { withCliRedis } from '../redis/cli-redis.js';
 
 export interface LayoutStatus {
   readonly virtual_shards: number;
@@ -332,18 +332,7 @@ export function sentinelLine(sentinel: SentinelStatus): string {
 
 /** The CLI command: one connection to each server, one attempt, then out. */
 export async function statusCommand(config: TallyConfig, json: boolean, out: (line: string) => void): Promise<void> {
-  const explain = (error: unknown): unknown => (isUnanswered(error) ? unansweredError(config.redisUrl) : error);
-  const redis = await connectRedis(config.redisUrl, 'tally-cli', ONE_SHOT).catch((error: unknown) => {
-    throw explain(error);
-  });
-  redis.on('error', () => {});
-  try {
-    // Heartbeat keys have no hash tag: on a cluster they are spread over every master.
-    const report = await readStatus(scanNodes(redis), redis, config);
-    out(json ? JSON.stringify(report) : statusText(report));
-  } catch (error) {
-    throw explain(error);
-  } finally {
-    redis.disconnect();
-  }
+  // Heartbeat keys have no hash tag: on a cluster they are spread over every master.
+  const report = await withCliRedis(config.redisUrl, (redis) => readStatus(scanNodes(redis), redis, config));
+  out(json ? JSON.stringify(report) : statusText(report));
 }
