@@ -186,18 +186,14 @@ export async function writeCountsAcrossSlots(deps: CrossSlotDeps): Promise<Cross
     standing = undone.standingByPart;
   }
 
-  const recording = standing.size > 0 ? recordStanding(deps, standing, ttl.ttlS) : Promise.resolve(0);
-  let waitTimeouts: number;
-  if (settings.waitReplicas > 0) {
-    const rewrite = new Map(groups.map((group, index) => [receipts[index]!, () => writeGroup(group)]));
-    // The records' WAITs and the receipts' together: each receipt's loop touches it on every attempt, so a record
-    // waiting long on its own master (a replica down) cannot leave the receipts untouched past their TTL, to be read
-    // as lost to a failover and their counts written again.
-    const counts = await Promise.all([recording, ...receipts.map((receipt) => waitForReceipt(deps, receipt, rewrite.get(receipt)))]);
-    waitTimeouts = counts.reduce((sum, count) => sum + count, 0);
-  } else {
-    waitTimeouts = await recording;
-  }
+  const rewrite = new Map(groups.map((group, index) => [receipts[index]!, () => writeGroup(group)]));
+  // The records' WAITs and the receipts' together: each receipt's loop touches it on every attempt, so a record
+  // waiting long on its own master (a replica down) cannot leave the receipts untouched past their TTL, to be read
+  // as lost to a failover and their counts written again.
+  const waitTimeouts = await allWaits((until) => [
+    standing.size > 0 ? recordStanding(deps, standing, ttl.ttlS, until) : Promise.resolve(0),
+    ...(settings.waitReplicas > 0 ? receipts.map((receipt) => waitForReceipt(deps, receipt, rewrite.get(receipt), until)) : []),
+  ]);
   const reported = dedupeByPart(refusals).map((refusal) => {
     const stands = standing.get(refusal.part);
     return stands === undefined ? refusal : { ...refusal, standing: stands };
@@ -217,7 +213,7 @@ export async function writeCountsAcrossSlots(deps: CrossSlotDeps): Promise<Cross
  * other masters, do not cover it, and a failover that lost it would let a
  * replay count what stands twice. Resolves to the WAITs that timed out.
  */
-async function recordStanding(deps: CrossSlotDeps, standing: ReadonlyMap<number, Record<string, string>>, ttlS: number): Promise<number> {
+async function recordStanding(deps: CrossSlotDeps, standing: ReadonlyMap<number, Record<string, string>>, ttlS: number, until: AbortSignal): Promise<number> {
   const { settings, task, log } = deps;
   const digests = taskDigests(task);
   const timeouts = await Promise.all(
@@ -225,7 +221,7 @@ async function recordStanding(deps: CrossSlotDeps, standing: ReadonlyMap<number,
       const digest = digests[part]!;
       const key = standingKey(settings.prefix, Buffer.from(digest.buffer, digest.byteOffset, digest.byteLength).toString('hex'));
       try {
-        return await writeStandingRecord(deps, key, counts, ttlS);
+        return await writeStandingRecord(deps, key, counts, ttlS, until);
       } catch (error) {
         // The counts are written and the undo is done: failing the batch now would let isolation write them again.
         // The record is a second copy of what the dead letter's header names, so its loss is logged, not thrown.
@@ -243,7 +239,7 @@ async function recordStanding(deps: CrossSlotDeps, standing: ReadonlyMap<number,
 }
 
 /** One standing record written (and, with WAIT, waited for on its own slot's master); resolves to the WAITs that timed out. */
-async function writeStandingRecord(deps: CrossSlotDeps, key: string, counts: Record<string, string>, ttlS: number): Promise<number> {
+async function writeStandingRecord(deps: CrossSlotDeps, key: string, counts: Record<string, string>, ttlS: number, until: AbortSignal): Promise<number> {
   const { redis, settings, task, log } = deps;
   if (settings.waitReplicas === 0) {
     // One transaction: a daemon killed between the two would leave a record no TTL ever removes.
@@ -260,6 +256,7 @@ async function writeStandingRecord(deps: CrossSlotDeps, key: string, counts: Rec
     task,
     {
       slotKey: key,
+      until,
       // The record is written again with every WAIT: the same fields, so nothing can be missing after it.
       touch: async (connection) => {
         const replies = await connection.pipeline().hset(key, counts).expire(key, ttlS).call('WAIT', settings.waitReplicas, settings.waitTimeoutMs).exec();
@@ -455,12 +452,30 @@ async function abandonWrittenShards(
     deps.task,
     undone.flatMap((undo) => undo.standing),
   );
-  const recording = standing.size > 0 ? recordStanding(deps, standing, countTtlOf(deps.settings.countTtlS).ttlS) : Promise.resolve(0);
   // The split halves write every shard again under new ids: an undo a failover lost would leave those counts twice.
   // A lost undo receipt fails the batch (BatchWritesLostError): its rerun under this id takes back again.
-  const waits = deps.settings.waitReplicas > 0 ? undone.flatMap((undo) => (undo.receipt === null ? [] : [waitForReceipt(deps, undo.receipt, undefined)])) : [];
-  await Promise.all([recording, ...waits]);
+  const ttlS = countTtlOf(deps.settings.countTtlS).ttlS;
+  await allWaits((until) => [
+    standing.size > 0 ? recordStanding(deps, standing, ttlS, until) : Promise.resolve(0),
+    ...(deps.settings.waitReplicas > 0 ? undone.flatMap((undo) => (undo.receipt === null ? [] : [waitForReceipt(deps, undo.receipt, undefined, until)])) : []),
+  ]);
   reportStanding(deps, [], undone, STANDING_AFTER_ABANDON);
+}
+
+/**
+ * A batch's concurrent WAIT loops (and standing records), summed: the WAITs
+ * that timed out. The first to fail stops the others: each would otherwise
+ * wait on, touching and logging, for a batch whose rerun waits again.
+ */
+async function allWaits(start: (until: AbortSignal) => Array<Promise<number>>): Promise<number> {
+  const stop = new AbortController();
+  try {
+    const counts = await Promise.all(start(stop.signal));
+    return counts.reduce((sum, count) => sum + count, 0);
+  } catch (error) {
+    stop.abort(error);
+    throw error;
+  }
 }
 
 const STANDING_AFTER_REFUSAL =
@@ -497,7 +512,12 @@ function reportStanding(deps: CrossSlotDeps, refusals: readonly CountRefusal[], 
  * ordered stream per master). A receipt that is gone is written again.
  * Resolves to the WAITs that timed out.
  */
-function waitForReceipt(deps: CrossSlotDeps, receipt: string, rewrite: (() => Promise<{ refusals: readonly CountRefusal[] }>) | undefined): Promise<number> {
+function waitForReceipt(
+  deps: CrossSlotDeps,
+  receipt: string,
+  rewrite: (() => Promise<{ refusals: readonly CountRefusal[] }>) | undefined,
+  until: AbortSignal,
+): Promise<number> {
   const { redis, settings, task, log } = deps;
   return waitAfterTouch(
     redis,
@@ -505,6 +525,7 @@ function waitForReceipt(deps: CrossSlotDeps, receipt: string, rewrite: (() => Pr
     task,
     {
       slotKey: receipt,
+      until,
       // EXPIRE answers 1 when the receipt is there: 'missing' is its complement.
       touch: async (connection) => {
         const replies = await connection.pipeline().expire(receipt, settings.markerTtlS).call('WAIT', settings.waitReplicas, settings.waitTimeoutMs).exec();

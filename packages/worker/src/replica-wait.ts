@@ -39,7 +39,16 @@
  */
 import type { Redis } from 'ioredis';
 import { onSlotConnection, type RedisClient } from '@tally/runtime';
-import { describeError, markerBaseKey, markerFilterBits, retryUntilDone, watermarkKey, type BatchTask, type WorkerSettings } from '@tally/shared';
+import {
+  describeError,
+  markerBaseKey,
+  markerFilterBits,
+  RETRY_STOPPED,
+  retryUntilDone,
+  watermarkKey,
+  type BatchTask,
+  type WorkerSettings,
+} from '@tally/shared';
 import type { BatchLog } from './batch-log.js';
 import { reportingHealth } from './health-report.js';
 import { evalshaArgs, isNoScript, loadScript, loadScriptInto, type LuaScript } from './lua-scripts.js';
@@ -169,6 +178,11 @@ export interface Touch {
   readonly slotKey: string;
   touch(connection: Redis): Promise<Array<[Error | null, unknown]> | null>;
   onMissing(missing: number): Promise<void> | void;
+  /**
+   * Aborted when the batch failed elsewhere (a sibling WAIT of the same batch): the loop stops after the pair in
+   * flight, with the signal's reason, instead of waiting on for a batch its rerun waits for again.
+   */
+  readonly until?: AbortSignal;
 }
 
 /** Sends `touch` until its WAIT answers enough replicas; resolves to the WAITs that timed out. */
@@ -183,7 +197,8 @@ export async function waitAfterTouch(
   const wanted = settings.waitReplicas;
   let timeouts = 0;
   for (;;) {
-    const [missing, acked] = await retryUntilDone(
+    touch.until?.throwIfAborted();
+    const reply = await retryUntilDone(
       reportingHealth(task.vshard, () =>
         onSlotConnection(redis, touch.slotKey, async (connection) => {
           const replies = await touch.touch(connection);
@@ -197,10 +212,13 @@ export async function waitAfterTouch(
         // retried here, visibly in the log and /readyz, not handed up as a failed batch the coordinator reruns whole.
         // Only data gives up: what the touch writes fails the same way on every attempt.
         giveUp: (failureClass) => failureClass === 'data',
+        stopWhen: () => touch.until?.aborted === true,
         onAttemptFailed: ({ error, attempt, delayMs, failureClass }) =>
           log.warn({ step: 'wait', vshard: task.vshard, attempt, delayMs, failureClass, err: describeError(error) }, 'redis step failed; retrying'),
       },
     );
+    if (reply === RETRY_STOPPED) touch.until!.throwIfAborted();
+    const [missing, acked] = reply as readonly [number, number];
     if (missing > 0) {
       await touch.onMissing(missing);
       continue;

@@ -552,6 +552,60 @@ describe('cross-slot counts with WAIT on a Redis Cluster: the undo paths wait fo
     expect(Number((await client.get(keyB)) ?? 0), "the refused message's count on shard B taken back").to.equal(0);
   });
 
+  it("stops the batch's other WAITs when one fails: none waits on for a batch its rerun waits for again", async () => {
+    // Before, Promise.all rejected and the other loops went on, touching and logging, each rerun adding its own.
+    const prefix = `test:wait-stops:${randomUUID()}:`;
+    const skus = Array.from({ length: 400 }, (_, i) => `sku-${i}`);
+    const skuA = skus[0]!;
+    const skuB = skus.find((sku) => masterOf(`{${shardOf(sku, SHARDS)}}`) !== masterOf(`{${shardOf(skuA, SHARDS)}}`))!;
+    const [shardA, shardB] = [shardOf(skuA, SHARDS), shardOf(skuB, SHARDS)];
+    const task: BatchTask = {
+      vshard: 0,
+      batchId: randomUUID(),
+      ids: [`${prefix}m0`],
+      changes: [
+        [
+          [skuA, 3],
+          [skuB, 5],
+        ],
+      ],
+    };
+    const replicaB = (await cluster.replicas()).find((node) => node.masterPort === masterOf(`{${shardB}}`))!;
+    const timeouts: number[] = [];
+    let written = 0;
+    let stopped = false;
+    try {
+      const failure = await writeCountsAcrossSlots({
+        redis: client,
+        settings: testWorkerSettings({ redisUrl: cluster.seedUrls[0]!, prefix, virtualShards: SHARDS, waitReplicas: 1, waitTimeoutMs: 200 }),
+        task,
+        groups: groupByCountShard(task.changes, Uint8Array.of(PART_NEW), SHARDS),
+        writeCounts: WRITE_COUNTS,
+        log: { warn: (_fields, message) => (message.includes('did not acknowledge') ? timeouts.push(Date.now()) : undefined), error() {} },
+        untilDone: async (step, run) => {
+          const reply = await run();
+          if (step === 'write_counts' && ++written === 2) {
+            // Shard B's WAIT cannot be met (its replica stopped); shard A's fails (its receipt lost, its rewrite refused).
+            process.kill(replicaB.pid, 'SIGSTOP');
+            stopped = true;
+            await client.del(receiptKey(prefix, shardA, task.batchId));
+            await client.set(countKey(prefix, shardA, skuA), 'a foreign value');
+          }
+          return reply;
+        },
+      }).then(
+        () => null,
+        (error: Error) => error,
+      );
+      expect(failure).to.be.instanceOf(BatchWritesLostError);
+      const atFailure = timeouts.length;
+      await new Promise((resolve) => setTimeout(resolve, 1_500));
+      expect(timeouts.length - atFailure, "shard B's WAIT stops after the one in flight").to.be.at.most(1);
+    } finally {
+      if (stopped) process.kill(replicaB.pid, 'SIGCONT');
+    }
+  });
+
   it("WAITs for an abandon's take-back on the master that took back, before the batch fails", async () => {
     const prefix = `test:abandon-wait:${randomUUID()}:`;
     const skus = Array.from({ length: 400 }, (_, i) => `abandon-${i}`);
