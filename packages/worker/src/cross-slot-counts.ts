@@ -169,36 +169,43 @@ export async function writeCountsAcrossSlots(deps: CrossSlotDeps): Promise<Cross
 
   // Every shard at once: the writes go to their slots' masters concurrently. All of them are let finish: a shard
   // whose write failed for its data may leave others written, and those are taken back before the batch fails.
-  const settled = await Promise.allSettled(groups.map(writeGroup));
-  const failed = settled.find((outcome): outcome is PromiseRejectedResult => outcome.status === 'rejected');
-  if (failed !== undefined) {
-    if (classifyError(failed.reason) === 'data') await abandonWrittenShards(deps, groups, settled, run);
-    throw failed.reason;
-  }
-  const written = settled.map((outcome) => (outcome as PromiseFulfilledResult<{ receipt: string; refusals: CountRefusal[] }>).value);
-  const refusals = written.flatMap((shardWrite) => shardWrite.refusals);
-  const receipts = written.map((shardWrite) => shardWrite.receipt);
+  // A receipt lives the marker TTL; one shard's write or an undo can retry longer (an OOM master), and the receipts
+  // already written must not expire meanwhile, to be read as lost by the WAIT or a rerun and written again.
+  const written = keepAlive(deps);
+  try {
+    const settled = await Promise.allSettled(groups.map(async (group) => written.add(await writeGroup(group))));
+    const failed = settled.find((outcome): outcome is PromiseRejectedResult => outcome.status === 'rejected');
+    if (failed !== undefined) {
+      if (classifyError(failed.reason) === 'data') await abandonWrittenShards(deps, groups, settled, run);
+      throw failed.reason;
+    }
+    const writes = settled.map((outcome) => (outcome as PromiseFulfilledResult<{ receipt: string; refusals: CountRefusal[] }>).value);
+    const refusals = writes.flatMap((shardWrite) => shardWrite.refusals);
+    const receipts = writes.map((shardWrite) => shardWrite.receipt);
 
-  let standing = new Map<number, Record<string, string>>();
-  if (refusals.length > 0) {
-    const undone = await undoRefusedParts(deps, groups, written, refusals, run);
-    receipts.push(...undone.receipts);
-    standing = undone.standingByPart;
-  }
+    let standing = new Map<number, Record<string, string>>();
+    if (refusals.length > 0) {
+      const undone = await undoRefusedParts(deps, groups, writes, refusals, run);
+      receipts.push(...undone.receipts);
+      standing = undone.standingByPart;
+    }
 
-  const rewrite = new Map(groups.map((group, index) => [receipts[index]!, () => writeGroup(group)]));
-  // The records' WAITs and the receipts' together: each receipt's loop touches it on every attempt, so a record
-  // waiting long on its own master (a replica down) cannot leave the receipts untouched past their TTL, to be read
-  // as lost to a failover and their counts written again.
-  const waitTimeouts = await allWaits((until) => [
-    standing.size > 0 ? recordStanding(deps, standing, ttl.ttlS, until) : Promise.resolve(0),
-    ...(settings.waitReplicas > 0 ? receipts.map((receipt) => waitForReceipt(deps, receipt, rewrite.get(receipt), until)) : []),
-  ]);
-  const reported = dedupeByPart(refusals).map((refusal) => {
-    const stands = standing.get(refusal.part);
-    return stands === undefined ? refusal : { ...refusal, standing: stands };
-  });
-  return { wrote: groups.length > 0, refusals: reported, retries, waitTimeouts, shards: groups.length };
+    const rewrite = new Map(groups.map((group, index) => [receipts[index]!, () => writeGroup(group)]));
+    // The records' WAITs and the receipts' together: each receipt's loop touches it on every attempt, so a record
+    // waiting long on its own master (a replica down) cannot leave the receipts untouched past their TTL, to be read
+    // as lost to a failover and their counts written again.
+    const waitTimeouts = await allWaits((until) => [
+      standing.size > 0 ? recordStanding(deps, standing, ttl.ttlS, until) : Promise.resolve(0),
+      ...(settings.waitReplicas > 0 ? receipts.map((receipt) => waitForReceipt(deps, receipt, rewrite.get(receipt), until)) : []),
+    ]);
+    const reported = dedupeByPart(refusals).map((refusal) => {
+      const stands = standing.get(refusal.part);
+      return stands === undefined ? refusal : { ...refusal, standing: stands };
+    });
+    return { wrote: groups.length > 0, refusals: reported, retries, waitTimeouts, shards: groups.length };
+  } finally {
+    written.stop();
+  }
 }
 
 /**
@@ -460,6 +467,30 @@ async function abandonWrittenShards(
     ...(deps.settings.waitReplicas > 0 ? undone.flatMap((undo) => (undo.receipt === null ? [] : [waitForReceipt(deps, undo.receipt, undefined, until)])) : []),
   ]);
   reportStanding(deps, [], undone, STANDING_AFTER_ABANDON);
+}
+
+/**
+ * Refreshes the TTL of the receipts added, every third of the marker TTL,
+ * until stopped. EXPIRE creates nothing: a receipt a failover lost stays
+ * lost, for the WAIT to find. A refresh that fails is not retried: the next
+ * one, or the WAIT's own touch, comes before the TTL runs out.
+ */
+function keepAlive(deps: CrossSlotDeps): { add<T extends { receipt: string }>(write: T): T; stop(): void } {
+  const { redis, settings } = deps;
+  const receipts: string[] = [];
+  const timer = setInterval(
+    () => {
+      for (const receipt of receipts) onSlotConnection(redis, receipt, (connection) => connection.expire(receipt, settings.markerTtlS)).catch(() => {});
+    },
+    Math.max(100, (settings.markerTtlS * 1000) / 3),
+  );
+  return {
+    add(write) {
+      receipts.push(write.receipt);
+      return write;
+    },
+    stop: () => clearInterval(timer),
+  };
 }
 
 /**

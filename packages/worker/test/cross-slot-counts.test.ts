@@ -552,6 +552,43 @@ describe('cross-slot counts with WAIT on a Redis Cluster: the undo paths wait fo
     expect(Number((await client.get(keyB)) ?? 0), "the refused message's count on shard B taken back").to.equal(0);
   });
 
+  it('keeps the written receipts alive while another shard retries past their TTL: none is read as lost and written twice', async () => {
+    const prefix = `test:receipts-alive:${randomUUID()}:`;
+    const skus = Array.from({ length: 400 }, (_, i) => `sku-${i}`);
+    const skuA = skus[0]!;
+    const skuB = skus.find((sku) => shardOf(sku, SHARDS) !== shardOf(skuA, SHARDS))!;
+    const [keyA, keyB] = [countKey(prefix, shardOf(skuA, SHARDS), skuA), countKey(prefix, shardOf(skuB, SHARDS), skuB)];
+    const task: BatchTask = {
+      vshard: 0,
+      batchId: randomUUID(),
+      ids: [`${prefix}m0`],
+      changes: [
+        [
+          [skuA, 3],
+          [skuB, 5],
+        ],
+      ],
+    };
+    const rewrites: string[] = [];
+    let writes = 0;
+    const result = await writeCountsAcrossSlots({
+      redis: client,
+      settings: testWorkerSettings({ redisUrl: cluster.seedUrls[0]!, prefix, virtualShards: SHARDS, waitReplicas: 1, waitTimeoutMs: 1000, markerTtlS: 2 }),
+      task,
+      groups: groupByCountShard(task.changes, Uint8Array.of(PART_NEW), SHARDS),
+      writeCounts: WRITE_COUNTS,
+      log: { warn: (_fields, message) => (message.includes('writing its counts again') ? rewrites.push(message) : undefined), error() {} },
+      untilDone: async (step, run) => {
+        // The second shard's write retries for twice the receipts' TTL (an OOM master, say) before it lands.
+        if (step === 'write_counts' && ++writes === 2) await new Promise((resolve) => setTimeout(resolve, 4_000));
+        return run();
+      },
+    });
+    expect(result.wrote).to.equal(true);
+    expect(rewrites, 'no receipt read as lost').to.deep.equal([]);
+    expect([await client.get(keyA), await client.get(keyB)], 'each shard counted once').to.deep.equal(['3', '5']);
+  });
+
   it("stops the batch's other WAITs when one fails: none waits on for a batch its rerun waits for again", async () => {
     // Before, Promise.all rejected and the other loops went on, touching and logging, each rerun adding its own.
     const prefix = `test:wait-stops:${randomUUID()}:`;
