@@ -16,10 +16,11 @@
  *
  * An end the owner did not ask for is read as one more failed connect and
  * retried with the client's own retryStrategy. The owner's ends stay ends:
- * disconnect() (marked here) and quit() or a retryStrategy that gives up
- * (both end through a close, which the race never does).
+ * disconnect() and quit() (both marked here), and a retryStrategy that
+ * gives up (it ends through a close, which the race never does).
  */
-import { Redis, type RedisOptions } from 'ioredis';
+import { Redis, type Command, type RedisOptions } from 'ioredis';
+import type { WriteableStream } from 'ioredis/built/types.js';
 
 /** Emitted with the delay before the client reconnects after an end its owner did not ask for. */
 export const REVIVING = 'reviving';
@@ -45,12 +46,20 @@ export class SentinelPrimaryClient extends Redis {
   }
 
   override disconnect(reconnect = false): void {
-    if (!reconnect) {
-      this.closedByOwner = true;
-      if (this.reviveTimer !== null) clearTimeout(this.reviveTimer);
-      this.reviveTimer = null;
-    }
+    if (!reconnect) this.ownerCloses();
     super.disconnect(reconnect);
+  }
+
+  // QUIT while a revival is pending: ioredis rejects it (the client has ended), and the revival must not follow.
+  override sendCommand(command: Command, stream?: WriteableStream): unknown {
+    if (command.name === 'quit') this.ownerCloses();
+    return super.sendCommand(command, stream);
+  }
+
+  private ownerCloses(): void {
+    this.closedByOwner = true;
+    if (this.reviveTimer !== null) clearTimeout(this.reviveTimer);
+    this.reviveTimer = null;
   }
 
   private reviveUnlessOwned(): void {
