@@ -136,6 +136,15 @@ describe('atomic_batch.lua: arguments that disagree are refused before anything 
       await expectRefusedUntouched(script.withArgv(3, '1.5'), task, `${layout}, n not whole`);
       await expectRefusedUntouched(script.withArgv(4, 1), task, `${layout}, m says 1 count key`);
       await expectRefusedUntouched(script.withArgv(4, -2), task, `${layout}, m negative`);
+      // Refused after the INCRBYs, a count TTL aborted the script with counts written and no receipt or marker.
+      for (const [k, name] of [
+        [1, 'marker TTL'],
+        [2, 'count TTL'],
+        [5, 'bucket width'],
+        [6, 'sub-buckets'],
+      ] as const) {
+        for (const bad of ['x', 0, '1.5']) await expectRefusedUntouched(script.withArgv(k, bad), task, `${layout}, ${name} ${bad}`);
+      }
       expect(script.argvLength, `${layout}: the valid call is counted in full`).to.be.greaterThan(11);
     }
   });

@@ -71,8 +71,14 @@ local width = tonumber(ARGV[5])
 local initialSubs = tonumber(ARGV[6])
 local layout = ARGV[7]
 local function whole(x) return x ~= nil and x >= 0 and x == math.floor(x) end
-if not whole(n) or not whole(m) or width == nil or initialSubs == nil or #KEYS ~= 2 + m then
+if not whole(n) or not whole(m) or #KEYS ~= 2 + m then
   return redis.error_reply('TALLY_SCRIPT_ARGS keys and part count disagree')
+end
+-- Checked before any write: an EXPIRE refused after the INCRBYs would abort the script with counts written and no
+-- receipt or marker, and batch isolation would count the parts again under new ids.
+local function positive(x) return whole(x) and x > 0 end
+if not positive(tonumber(markerTtl)) or not positive(tonumber(countTtl)) or not positive(width) or not positive(initialSubs) then
+  return redis.error_reply('TALLY_SCRIPT_ARGS a TTL, the bucket width or the sub-bucket count is not a whole number > 0')
 end
 -- ARGV[sumAt + index] and ARGV[namedAt + index]: a count key's sum and how many changes name it ('sums').
 local sumAt, namedAt, partsAt
