@@ -249,12 +249,7 @@ async function recordStanding(deps: CrossSlotDeps, standing: ReadonlyMap<number,
 async function writeStandingRecord(deps: CrossSlotDeps, key: string, counts: Record<string, string>, ttlS: number, until: AbortSignal): Promise<number> {
   const { redis, settings, task, log } = deps;
   if (settings.waitReplicas === 0) {
-    // One transaction: a daemon killed between the two would leave a record no TTL ever removes.
-    await deps.untilDone('record_standing', async () => {
-      const replies = await redis.multi().hset(key, counts).expire(key, ttlS).exec();
-      if (replies === null) throw new Error('the standing record transaction was discarded');
-      for (const [error] of replies) if (error) throw error;
-    });
+    await deps.untilDone('record_standing', () => onSlotConnection(redis, key, (connection) => connection.eval(...recordStandingArgs(key, counts, ttlS))));
     return 0;
   }
   return waitAfterTouch(
@@ -266,15 +261,32 @@ async function writeStandingRecord(deps: CrossSlotDeps, key: string, counts: Rec
       until,
       // The record is written again with every WAIT: the same fields, so nothing can be missing after it.
       touch: async (connection) => {
-        const replies = await connection.pipeline().hset(key, counts).expire(key, ttlS).call('WAIT', settings.waitReplicas, settings.waitTimeoutMs).exec();
+        const replies = await connection
+          .pipeline()
+          .eval(...recordStandingArgs(key, counts, ttlS))
+          .call('WAIT', settings.waitReplicas, settings.waitTimeoutMs)
+          .exec();
         if (replies === null) return null;
-        return [[replies[0]![0] ?? replies[1]![0], 0], replies[2]!];
+        return [[replies[0]![0], 0], replies[1]!];
       },
       onMissing: () => {},
     },
     log,
     deps.onWaitTimeout ?? (() => {}),
   );
+}
+
+/**
+ * HSET then EXPIRE in one script, so a kill between them cannot leave a
+ * record no TTL removes, and a key of another type refuses the HSET and
+ * stops the script before its EXPIRE (a MULTI would run it, and the key
+ * the error line names would expire on its own). Sent as EVAL: the path
+ * is rare, and the text is short.
+ */
+const RECORD_STANDING = "redis.call('HSET', KEYS[1], unpack(ARGV, 2))\nredis.call('EXPIRE', KEYS[1], ARGV[1])\nreturn 1";
+
+function recordStandingArgs(key: string, counts: Record<string, string>, ttlS: number): [string, number, ...Array<string | number>] {
+  return [RECORD_STANDING, 1, key, ttlS, ...Object.entries(counts).flat()];
 }
 
 /** One refusal per part (a part refused on two shards is reported once, as the scripts do for one slot). */
