@@ -19,7 +19,7 @@
  * disconnect() and quit() (both marked here), and a retryStrategy that
  * gives up (it ends through a close, which the race never does).
  */
-import { Redis, type Command, type RedisOptions } from 'ioredis';
+import { Redis, type Callback, type Command, type RedisOptions } from 'ioredis';
 import type { WriteableStream } from 'ioredis/built/types.js';
 
 /** Emitted with the delay before the client reconnects after an end its owner did not ask for. */
@@ -43,6 +43,12 @@ export class SentinelPrimaryClient extends Redis {
       this.revivals = 0;
     });
     this.on('end', () => this.reviveUnlessOwned());
+  }
+
+  // The owner's connect after its own disconnect: from here an end it did not ask for is revived again.
+  override connect(callback?: Callback<void>): Promise<void> {
+    if (this.status === 'end' || this.status === 'wait') this.closedByOwner = false;
+    return super.connect(callback);
   }
 
   override disconnect(reconnect = false): void {
