@@ -61,6 +61,24 @@ describe('cross-slot counts: an undo Redis refuses (a key changed between the wr
     redis.disconnect();
   });
 
+  /** A one-message batch written across slots here, its error lines and undo failures collected. */
+  function writer(prefix: string, task: BatchTask) {
+    const errors: Array<{ fields: Record<string, unknown>; message: string }> = [];
+    const undoFailures: number[] = [];
+    const write = () =>
+      writeCountsAcrossSlots({
+        redis,
+        settings: testWorkerSettings({ redisUrl: REDIS_URL, prefix, virtualShards: SHARDS }),
+        task,
+        groups: groupByCountShard(task.changes, Uint8Array.of(PART_NEW), SHARDS),
+        writeCounts: WRITE_COUNTS,
+        log: { warn() {}, error: (fields, message) => errors.push({ fields, message }) },
+        untilDone: (_step, run) => run(),
+        onUndoFailed: (_task, parts) => undoFailures.push(parts),
+      });
+    return { write, errors, undoFailures };
+  }
+
   /**
    * A batch of two messages refused on one count shard, whose undo on another shard finds one key changed by hand
    * (in `prefix`): what stands is that key's increments.
@@ -205,18 +223,8 @@ describe('cross-slot counts: an undo Redis refuses (a key changed between the wr
       ],
     };
     await redis.hset(receiptKey(undoPrefix, shard, `${task.batchId}~undo`), 'foreign', '1');
-    const errors: Array<{ fields: Record<string, unknown>; message: string }> = [];
-    const undoFailures: number[] = [];
-    const result = await writeCountsAcrossSlots({
-      redis,
-      settings: testWorkerSettings({ redisUrl: REDIS_URL, prefix: undoPrefix, virtualShards: SHARDS }),
-      task,
-      groups: groupByCountShard(task.changes, Uint8Array.of(PART_NEW), SHARDS),
-      writeCounts: WRITE_COUNTS,
-      log: { warn() {}, error: (fields, message) => errors.push({ fields, message }) },
-      untilDone: (_step, run) => run(),
-      onUndoFailed: (_task, parts) => undoFailures.push(parts),
-    });
+    const { write, errors, undoFailures } = writer(undoPrefix, task);
+    const result = await write();
     expect(result.refusals.map((refusal) => refusal.part)).to.deep.equal([0]);
     expect(result.refusals[0]!.standing, 'the dead letter names what stands').to.deep.equal({ [otherKey]: '5' });
     expect(await redis.get(otherKey), 'written once, not taken back, not written again').to.equal('5');
@@ -299,18 +307,8 @@ describe('cross-slot counts: an undo Redis refuses (a key changed between the wr
     };
     await redis.hset(receiptKey(takeBackPrefix, shardOf(skuB, SHARDS), task.batchId), 'foreign', '1');
     await redis.hset(receiptKey(takeBackPrefix, shardA, `${task.batchId}~abandon`), 'foreign', '1');
-    const errors: Array<{ fields: Record<string, unknown>; message: string }> = [];
-    const undoFailures: number[] = [];
-    const failure = await writeCountsAcrossSlots({
-      redis,
-      settings: testWorkerSettings({ redisUrl: REDIS_URL, prefix: takeBackPrefix, virtualShards: SHARDS }),
-      task,
-      groups: groupByCountShard(task.changes, Uint8Array.of(PART_NEW), SHARDS),
-      writeCounts: WRITE_COUNTS,
-      log: { warn() {}, error: (fields, message) => errors.push({ fields, message }) },
-      untilDone: (_step, run) => run(),
-      onUndoFailed: (_task, parts) => undoFailures.push(parts),
-    }).then(
+    const { write, errors, undoFailures } = writer(takeBackPrefix, task);
+    const failure = await write().then(
       () => null,
       (error: Error) => error,
     );
@@ -384,6 +382,26 @@ describe('cross-slot counts with WAIT on a Redis Cluster: the undo paths wait fo
         direct.disconnect();
       },
     };
+  }
+  /** One message of two SKUs on two count shards (on two masters with apartMasters): 3 on A and 5 on B unless given. */
+  function twoShardMessage(prefix: string, { apartMasters = false, deltas = [3, 5] }: { apartMasters?: boolean; deltas?: [number, number] } = {}) {
+    const skus = Array.from({ length: 400 }, (_, i) => `sku-${i}`);
+    const skuA = skus[0]!;
+    const where = (sku: string) => (apartMasters ? masterOf(`{${shardOf(sku, SHARDS)}}`) : shardOf(sku, SHARDS));
+    const skuB = skus.find((sku) => where(sku) !== where(skuA))!;
+    const [shardA, shardB] = [shardOf(skuA, SHARDS), shardOf(skuB, SHARDS)];
+    const task: BatchTask = {
+      vshard: 0,
+      batchId: randomUUID(),
+      ids: [`${prefix}m0`],
+      changes: [
+        [
+          [skuA, deltas[0]],
+          [skuB, deltas[1]],
+        ],
+      ],
+    };
+    return { task, skuA, skuB, shardA, shardB, keyA: countKey(prefix, shardA, skuA), keyB: countKey(prefix, shardB, skuB) };
   }
   /** One message's counts written across slots with WAIT 1, each step run through `untilDone`. */
   const writeWithWait = (prefix: string, task: BatchTask, untilDone: CrossSlotDeps['untilDone']) =>
@@ -511,22 +529,7 @@ describe('cross-slot counts with WAIT on a Redis Cluster: the undo paths wait fo
   it('a lost receipt written again with a part Redis now refuses: the batch reruns under its id and undoes it elsewhere', async () => {
     // Before, the rewrite's refusals were dropped: the marker would be occupied with the part counted on one shard only.
     const prefix = `test:rewrite-refused:${randomUUID()}:`;
-    const skus = Array.from({ length: 400 }, (_, i) => `sku-${i}`);
-    const skuA = skus[0]!;
-    const skuB = skus.find((sku) => shardOf(sku, SHARDS) !== shardOf(skuA, SHARDS))!;
-    const [shardA, shardB] = [shardOf(skuA, SHARDS), shardOf(skuB, SHARDS)];
-    const [keyA, keyB] = [countKey(prefix, shardA, skuA), countKey(prefix, shardB, skuB)];
-    const task: BatchTask = {
-      vshard: 0,
-      batchId: randomUUID(),
-      ids: [`${prefix}m0`],
-      changes: [
-        [
-          [skuA, 3],
-          [skuB, 5],
-        ],
-      ],
-    };
+    const { task, shardA, keyA, keyB } = twoShardMessage(prefix);
     // Both shards written; then, as a failover would leave it, shard A has lost its receipt and its count, and its key
     // has turned foreign: the WAIT finds the receipt gone and writes A again, which Redis refuses.
     let written = 0;
@@ -555,21 +558,7 @@ describe('cross-slot counts with WAIT on a Redis Cluster: the undo paths wait fo
 
   it('keeps the written receipts alive while another shard retries past their TTL: none is read as lost and written twice', async () => {
     const prefix = `test:receipts-alive:${randomUUID()}:`;
-    const skus = Array.from({ length: 400 }, (_, i) => `sku-${i}`);
-    const skuA = skus[0]!;
-    const skuB = skus.find((sku) => shardOf(sku, SHARDS) !== shardOf(skuA, SHARDS))!;
-    const [keyA, keyB] = [countKey(prefix, shardOf(skuA, SHARDS), skuA), countKey(prefix, shardOf(skuB, SHARDS), skuB)];
-    const task: BatchTask = {
-      vshard: 0,
-      batchId: randomUUID(),
-      ids: [`${prefix}m0`],
-      changes: [
-        [
-          [skuA, 3],
-          [skuB, 5],
-        ],
-      ],
-    };
+    const { task, keyA, keyB } = twoShardMessage(prefix);
     const rewrites: string[] = [];
     let writes = 0;
     const result = await writeCountsAcrossSlots({
@@ -593,21 +582,7 @@ describe('cross-slot counts with WAIT on a Redis Cluster: the undo paths wait fo
   it("stops the batch's other WAITs when one fails: none waits on for a batch its rerun waits for again", async () => {
     // Before, Promise.all rejected and the other loops went on, touching and logging, each rerun adding its own.
     const prefix = `test:wait-stops:${randomUUID()}:`;
-    const skus = Array.from({ length: 400 }, (_, i) => `sku-${i}`);
-    const skuA = skus[0]!;
-    const skuB = skus.find((sku) => masterOf(`{${shardOf(sku, SHARDS)}}`) !== masterOf(`{${shardOf(skuA, SHARDS)}}`))!;
-    const [shardA, shardB] = [shardOf(skuA, SHARDS), shardOf(skuB, SHARDS)];
-    const task: BatchTask = {
-      vshard: 0,
-      batchId: randomUUID(),
-      ids: [`${prefix}m0`],
-      changes: [
-        [
-          [skuA, 3],
-          [skuB, 5],
-        ],
-      ],
-    };
+    const { task, skuA, shardA, shardB } = twoShardMessage(prefix, { apartMasters: true });
     const replicaB = (await cluster.replicas()).find((node) => node.masterPort === masterOf(`{${shardB}}`))!;
     const timeouts: number[] = [];
     let written = 0;
@@ -646,21 +621,8 @@ describe('cross-slot counts with WAIT on a Redis Cluster: the undo paths wait fo
 
   it("WAITs for an abandon's take-back on the master that took back, before the batch fails", async () => {
     const prefix = `test:abandon-wait:${randomUUID()}:`;
-    const skus = Array.from({ length: 400 }, (_, i) => `abandon-${i}`);
     // Shard A (written, then taken back) and shard B (its receipt of a foreign type) on different masters.
-    const skuA = skus[0]!;
-    const skuB = skus.find((sku) => masterOf(`{${shardOf(sku, SHARDS)}}`) !== masterOf(`{${shardOf(skuA, SHARDS)}}`))!;
-    const [shardA, shardB] = [shardOf(skuA, SHARDS), shardOf(skuB, SHARDS)];
-    const task: BatchTask = {
-      vshard: 0,
-      batchId: randomUUID(),
-      changes: [
-        [
-          [skuA, 4],
-          [skuB, 1],
-        ],
-      ],
-    };
+    const { task, skuA, shardA, shardB } = twoShardMessage(prefix, { apartMasters: true, deltas: [4, 1] });
     await client.hset(receiptKey(prefix, shardB, task.batchId), 'foreign', '1');
     const abandonReceipt = receiptKey(prefix, shardA, `${task.batchId}~abandon`);
     const watched = await watch(masterOf(abandonReceipt));
