@@ -21,5 +21,5 @@ export {
 } from './redis-connection.js';
 export { CLUSTER_SLOT_COUNT, crc16, hashedPart, keySlot } from './key-slot.js';
 export { startTracing, traceIdsOfActiveSpan, tracingRequested, type TracingHandle } from './tracing.js';
-export { REVIVING, SentinelPrimaryClient } from './sentinel-primary-client.js';
+export { REVIVING, REVIVING_MESSAGE, SentinelPrimaryClient } from './sentinel-primary-client.js';
 export { askSentinels, SentinelReader, type SentinelAnswer, type SentinelReaderOptions } from './sentinel-query.js';

@@ -25,6 +25,9 @@ import type { WriteableStream } from 'ioredis/built/types.js';
 /** Emitted with the delay before the client reconnects after an end its owner did not ask for. */
 export const REVIVING = 'reviving';
 
+/** What the owner logs on REVIVING. */
+export const REVIVING_MESSAGE = 'redis client ended while asking the Sentinels for the primary (a failover heard mid-connect); reconnecting';
+
 export class SentinelPrimaryClient extends Redis {
   private closedByOwner = false;
   private closedBeforeEnd = false;

@@ -195,7 +195,7 @@ export async function writeCountsAcrossSlots(deps: CrossSlotDeps): Promise<Cross
     // waiting long on its own master (a replica down) cannot leave the receipts untouched past their TTL, to be read
     // as lost to a failover and their counts written again.
     const waitTimeouts = await allWaits((until) => [
-      standing.size > 0 ? recordStanding(deps, standing, ttl.ttlS, until) : Promise.resolve(0),
+      recordStanding(deps, standing, ttl.ttlS, until),
       ...(settings.waitReplicas > 0 ? receipts.map((receipt) => waitForReceipt(deps, receipt, rewrite.get(receipt), until)) : []),
     ]);
     const reported = dedupeByPart(refusals).map((refusal) => {
@@ -221,6 +221,8 @@ export async function writeCountsAcrossSlots(deps: CrossSlotDeps): Promise<Cross
  * replay count what stands twice. Resolves to the WAITs that timed out.
  */
 async function recordStanding(deps: CrossSlotDeps, standing: ReadonlyMap<number, Record<string, string>>, ttlS: number, until: AbortSignal): Promise<number> {
+  // Most batches have nothing standing: no digest is computed for them.
+  if (standing.size === 0) return 0;
   const { settings, task, log } = deps;
   const digests = taskDigests(task);
   const timeouts = await Promise.all(
@@ -442,9 +444,10 @@ function undoOnShard(deps: CrossSlotDeps, group: ShardWrite, parts: readonly num
  * the same way, takes back nothing twice), and the isolation's "a failed
  * run leaves nothing to undo" holds across slots too. An increment whose
  * undo Redis refuses stands, and is logged, counted and recorded by
- * message as for a refused part. Were the failing shard mended between a thread's death and the
- * rerun of this id, the rerun would find the written shards' receipts and
- * not write them again: a loss that needs both at once, and is not covered.
+ * message as for a refused part. Were the failing shard mended between a
+ * thread's death and the rerun of this id, the rerun would find the written
+ * shards' receipts and not write them again: a loss that needs both at
+ * once, and is not covered.
  */
 async function abandonWrittenShards(
   deps: CrossSlotDeps,
@@ -475,7 +478,7 @@ async function abandonWrittenShards(
   // A lost undo receipt fails the batch (BatchWritesLostError): its rerun under this id takes back again.
   const ttlS = countTtlOf(deps.settings.countTtlS).ttlS;
   await allWaits((until) => [
-    standing.size > 0 ? recordStanding(deps, standing, ttlS, until) : Promise.resolve(0),
+    recordStanding(deps, standing, ttlS, until),
     ...(deps.settings.waitReplicas > 0 ? undone.flatMap((undo) => (undo.receipt === null ? [] : [waitForReceipt(deps, undo.receipt, undefined, until)])) : []),
   ]);
   reportStanding(deps, [], undone, STANDING_AFTER_ABANDON);

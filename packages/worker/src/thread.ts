@@ -21,7 +21,7 @@ import {
   type WireBatchTask,
   type WorkerSettings,
 } from '@tally/shared';
-import { createRedisClient, REVIVING, startTracing, traceIdsOfActiveSpan } from '@tally/runtime';
+import { createRedisClient, REVIVING, REVIVING_MESSAGE, startTracing, traceIdsOfActiveSpan } from '@tally/runtime';
 import { runAtomicBatch } from './atomic-batch.js';
 import { runStreamBatch } from './stream-batch.js';
 import { runTwoStepBatch } from './two-step-batch.js';
@@ -36,9 +36,7 @@ const redis = createRedisClient(settings.redisUrl, 'tally-worker', {}, settings.
 // Connection errors surface through the batch steps' retries; this keeps
 // ioredis from reporting each reconnect attempt as an unhandled 'error'.
 redis.on('error', () => {});
-redis.on(REVIVING, (delayMs: number) =>
-  log.warn({ delayMs }, 'redis client ended while asking the Sentinels for the primary (a failover heard mid-connect); reconnecting'),
-);
+redis.on(REVIVING, (delayMs: number) => log.warn({ delayMs }, REVIVING_MESSAGE));
 
 // Chosen once per thread: the source and the mode are fixed for the life of the daemon. A stream has no mode.
 const runInMode = settings.source === 'stream' ? runStreamBatch : settings.mode === 'atomic' ? runAtomicBatch : runTwoStepBatch;

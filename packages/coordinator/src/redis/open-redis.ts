@@ -7,7 +7,7 @@
  */
 import type { Redis } from 'ioredis';
 import { isSentinelUrl, parseSentinelUrl, redactUrl } from '@tally/shared';
-import { createRedisClient, isCluster, nodeAddress, REVIVING, type RedisClient } from '@tally/runtime';
+import { createRedisClient, isCluster, nodeAddress, REVIVING, REVIVING_MESSAGE, type RedisClient } from '@tally/runtime';
 import type { CloseStep } from '../process/close-steps.js';
 import { checkNotInterrupted, type StartContext } from '../process/start-context.js';
 import { RedisHealth } from './redis-health.js';
@@ -39,9 +39,7 @@ export async function openRedis(context: StartContext): Promise<RedisEdge> {
   // Behind Sentinel, `node` names the primary this connection reached (it changes with a failover).
   client.on('ready', () => log.info({ redis: redactUrl(config.redisUrl), node: isCluster(client) ? undefined : nodeAddress(client) }, 'redis ready'));
   client.on('end', () => log.warn('redis connection ended'));
-  client.on(REVIVING, (delayMs: number) =>
-    log.warn({ delayMs }, 'redis client ended while asking the Sentinels for the primary (a failover heard mid-connect); reconnecting'),
-  );
+  client.on(REVIVING, (delayMs: number) => log.warn({ delayMs }, REVIVING_MESSAGE));
   closeSteps.add(closeRedisStep(client));
   const health = new RedisHealth(log);
   const replicaWatch = startReplicaWatch(client, config, log);
