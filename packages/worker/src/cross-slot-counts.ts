@@ -22,8 +22,8 @@
  *   shard already written (the overcount `tally deviation` bounds).
  * - A part Redis refuses on one shard (WRONGTYPE, an overflow) counted
  *   nothing there but may have counted on the others: its increments there
- *   are undone (the same deltas negated, under an `~undo` receipt of their
- *   own), so a refused message counts nothing anywhere and its replay
+ *   are undone (the same deltas negated, under a receipt per part:
+ *   takeBackReceiptId), so a refused message counts nothing anywhere and its replay
  *   counts it once. Counts are sums: the undo is exact. Only a key that
  *   changed between the write and the undo (turned foreign, or pushed to
  *   the edge of the 64-bit range) can refuse it; then those counts stand,
@@ -37,7 +37,11 @@
  *   shard's receipt is touched (EXPIRE, a write on the same connection) and
  *   WAITed for, so no marker is occupied while counts it stands for live on
  *   a master alone. A receipt that is gone there (a failover lost it, and
- *   the counts written with it in the same script) is written again.
+ *   the counts written with it in the same script) is written again as the
+ *   lost write was: the parts refused there stay refused, and the new
+ *   receipt says so (write_counts.lua's 'rewrite' layout). Deciding again
+ *   would count a part whose refusing key the failover lost too, after the
+ *   other shards undid it: counted twice on that shard once replayed.
  */
 import {
   classifyError,
@@ -63,6 +67,14 @@ import { evalshaArgs, runScript, type LuaScript } from './lua-scripts.js';
 import { BatchWritesLostError, waitAfterTouch, type OnWaitTimeout } from './replica-wait.js';
 
 type Reply = [string, string, unknown];
+
+/** One shard's write answered: its receipt, the parts Redis refused there, and those refusals as the script gave them. */
+interface ShardWritten {
+  readonly receipt: string;
+  readonly refusals: CountRefusal[];
+  /** As the receipt holds them: what a rewrite of this write passes to the script to reproduce it. */
+  readonly raw: unknown;
+}
 
 /** The count writes of one count shard: its SKUs' sums, and which parts they came from. */
 interface ShardWrite {
@@ -130,8 +142,12 @@ export async function writeCountsAcrossSlots(deps: CrossSlotDeps): Promise<Cross
     retries++;
   };
 
-  const run = (receipt: string, keys: string[], argv: Array<string | number>): Promise<Reply> =>
-    deps.untilDone(
+  // A receipt lives the marker TTL; one shard's write or a take-back can retry longer (an OOM master), and the
+  // receipts already written, the batch's and its take-backs', must not expire meanwhile, to be read as lost by the
+  // WAIT or a rerun and written (or taken back) again. Each is kept alive from its write on.
+  const alive = keepAlive(deps);
+  const run = async (receipt: string, keys: string[], argv: Array<string | number>): Promise<Reply> => {
+    const reply = await deps.untilDone(
       'write_counts',
       () =>
         onSlotConnection(
@@ -141,8 +157,17 @@ export async function writeCountsAcrossSlots(deps: CrossSlotDeps): Promise<Cross
         ),
       countRetry,
     );
+    if (reply[0] !== ScriptReply.WRITE_ISOLATE) alive.add(receipt);
+    return reply;
+  };
 
-  const writeGroup = async (group: ShardWrite): Promise<{ receipt: string; refusals: CountRefusal[] }> => {
+  /**
+   * One shard's write. `lost` is the answer of a first write whose receipt a failover lost, with its counts: the
+   * rewrite reproduces that write, not decides it again. The parts refused there stay refused (the foreign key that
+   * refused one may be lost too, and the others' undo of it is done), and the new receipt holds those refusals, for a
+   * rerun to read as the first run's.
+   */
+  const writeGroup = async (group: ShardWrite, lost?: ShardWritten): Promise<ShardWritten> => {
     const receipt = receiptKey(prefix, group.shard, task.batchId);
     const keys = [receipt];
     const keyIndex = new Map<string, number>();
@@ -153,50 +178,65 @@ export async function writeCountsAcrossSlots(deps: CrossSlotDeps): Promise<Cross
       argv.push(sum.toString());
     }
     argv[3] = ttl.due(keys.slice(1), Date.now());
-    let reply = await run(receipt, keys, argv);
-    if (reply[0] === ScriptReply.WRITE_ISOLATE) {
+    const byPart = (head: Array<string | number>, left: ReadonlySet<number>) => {
       // As for one slot (two-step-batch.ts): each part as its own all-or-nothing group, so only refused parts are left out.
-      const partArgv: Array<string | number> = [ttl.ttlS, markerTtlS, 'parts', task.changes.length];
       for (const i of group.parts) {
+        if (left.has(i)) continue;
         const mine = task.changes[i]!.filter(([sku]) => shardOf(sku, shards) === group.shard);
-        partArgv.push(i + 1, mine.length);
-        for (const [sku, delta] of mine) partArgv.push(keyIndex.get(sku)!, String(delta));
+        head.push(i + 1, mine.length);
+        for (const [sku, delta] of mine) head.push(keyIndex.get(sku)!, String(delta));
       }
-      reply = await run(receipt, keys, partArgv);
+      return head;
+    };
+    let reply: Reply;
+    if (lost !== undefined && lost.refusals.length > 0) {
+      const refusedThere = new Set(lost.refusals.map((refusal) => refusal.part));
+      reply = await run(receipt, keys, byPart([ttl.ttlS, markerTtlS, 'rewrite', task.changes.length, JSON.stringify(lost.raw)], refusedThere));
+    } else {
+      reply = await run(receipt, keys, argv);
+      if (reply[0] === ScriptReply.WRITE_ISOLATE) reply = await run(receipt, keys, byPart([ttl.ttlS, markerTtlS, 'parts', task.changes.length], new Set()));
     }
-    return { receipt, refusals: decodeRefusals(reply[2], prefix) };
+    return { receipt, refusals: decodeRefusals(reply[2], prefix), raw: reply[2] };
   };
 
   // Every shard at once: the writes go to their slots' masters concurrently. All of them are let finish: a shard
   // whose write failed for its data may leave others written, and those are taken back before the batch fails.
-  // A receipt lives the marker TTL; one shard's write or an undo can retry longer (an OOM master), and the receipts
-  // already written must not expire meanwhile, to be read as lost by the WAIT or a rerun and written again.
-  const written = keepAlive(deps);
   try {
-    const settled = await Promise.allSettled(groups.map(async (group) => written.add(await writeGroup(group))));
+    const settled = await Promise.allSettled(groups.map((group) => writeGroup(group)));
     const failed = settled.find((outcome): outcome is PromiseRejectedResult => outcome.status === 'rejected');
     if (failed !== undefined) {
       if (classifyError(failed.reason) === 'data') await abandonWrittenShards(deps, groups, settled, run);
       throw failed.reason;
     }
-    const writes = settled.map((outcome) => (outcome as PromiseFulfilledResult<{ receipt: string; refusals: CountRefusal[] }>).value);
+    const writes = settled.map((outcome) => (outcome as PromiseFulfilledResult<ShardWritten>).value);
     const refusals = writes.flatMap((shardWrite) => shardWrite.refusals);
-    const receipts = writes.map((shardWrite) => shardWrite.receipt);
 
     let standing = new Map<number, Record<string, string>>();
+    let takeBackReceipts: string[][] = [];
     if (refusals.length > 0) {
       const undone = await undoRefusedParts(deps, groups, writes, refusals, run);
-      receipts.push(...undone.receipts);
+      takeBackReceipts = undone.receiptsByShard;
       standing = undone.standingByPart;
     }
 
-    const rewrite = new Map(groups.map((group, index) => [receipts[index]!, () => writeGroup(group)]));
+    // A rewrite's refusals beyond the lost write's are parts the other shards counted and nobody undid: the WAIT fails
+    // the batch for a rerun to undo them.
+    const rewrites = groups.map((group, index) => {
+      const lost = writes[index]!;
+      const refusedThen = new Set(lost.refusals.map((refusal) => refusal.part));
+      return async () => (await writeGroup(group, lost)).refusals.filter((refusal) => !refusedThen.has(refusal.part));
+    });
     // The records' WAITs and the receipts' together: each receipt's loop touches it on every attempt, so a record
     // waiting long on its own master (a replica down) cannot leave the receipts untouched past their TTL, to be read
     // as lost to a failover and their counts written again.
     const waitTimeouts = await allWaits((until) => [
       recordStanding(deps, standing, ttl.ttlS, until),
-      ...(settings.waitReplicas > 0 ? receipts.map((receipt) => waitForReceipt(deps, receipt, rewrite.get(receipt), until)) : []),
+      ...(settings.waitReplicas > 0
+        ? [
+            ...writes.map((write, index) => waitForReceipts(deps, [write.receipt], rewrites[index], until)),
+            ...takeBackReceipts.map((receipts) => waitForReceipts(deps, receipts, undefined, until)),
+          ]
+        : []),
     ]);
     const reported = dedupeByPart(refusals).map((refusal) => {
       const stands = standing.get(refusal.part);
@@ -204,7 +244,7 @@ export async function writeCountsAcrossSlots(deps: CrossSlotDeps): Promise<Cross
     });
     return { wrote: groups.length > 0, refusals: reported, retries, waitTimeouts, shards: groups.length };
   } finally {
-    written.stop();
+    alive.stop();
   }
 }
 
@@ -325,9 +365,22 @@ function standingByPartOf(task: BatchTask, standing: readonly StandingCount[]): 
 }
 
 /**
+ * The receipt id under which `part` of a batch is taken back on a shard,
+ * whichever path takes it back (a refusal on another shard, an abandon):
+ * one per part, so a part is taken back once per shard whatever ran
+ * before, and a rerun can still take back a part another part's undo did
+ * not cover (one receipt per batch and shard, found by the rerun, undid
+ * nothing more: a double count when the dead letter was replayed).
+ */
+export function takeBackReceiptId(batchId: string, part: number): string {
+  return `${batchId}~undo:${part}`;
+}
+
+/**
  * A part refused on one shard is undone on every shard that counted it:
- * the same deltas negated, under the batch's `~undo` receipt in that slot
- * (so a retry undoes once). Returns the undo receipts, for the replica wait.
+ * the same deltas negated, under the part's take-back receipt in that slot
+ * (takeBackReceiptId: a retry undoes once). Returns the undo receipts by
+ * shard, for the replica wait.
  *
  * An undo of increments just made is refused only by a key that changed
  * since the write. Then each SKU is undone on its own, so every other key
@@ -347,21 +400,25 @@ async function undoRefusedParts(
   written: ReadonlyArray<{ refusals: CountRefusal[] }>,
   refusals: readonly CountRefusal[],
   run: RunWrite,
-): Promise<{ receipts: string[]; standingByPart: Map<number, Record<string, string>> }> {
-  const { task } = deps;
+): Promise<{ receiptsByShard: string[][]; standingByPart: Map<number, Record<string, string>> }> {
   const refused = new Set(refusals.map((refusal) => refusal.part));
-  const undos: Array<Promise<ShardUndo>> = [];
-  groups.forEach((group, index) => {
-    const refusedHere = new Set(written[index]!.refusals.map((refusal) => refusal.part));
-    const toUndo = group.parts.filter((part) => refused.has(part) && !refusedHere.has(part));
-    if (toUndo.length > 0) undos.push(undoOnShard(deps, group, toUndo, `${task.batchId}~undo`, run));
-  });
-  const undone = await Promise.all(undos);
+  const byShard = await Promise.all(
+    groups.map((group, index) => {
+      const refusedHere = new Set(written[index]!.refusals.map((refusal) => refusal.part));
+      return takeBackOnShard(
+        deps,
+        group,
+        group.parts.filter((part) => refused.has(part) && !refusedHere.has(part)),
+        run,
+      );
+    }),
+  );
+  const undone = byShard.flat();
   reportStanding(deps, refusals, undone);
   return {
-    receipts: undone.flatMap((undo) => (undo.receipt === null ? [] : [undo.receipt])),
+    receiptsByShard: receiptsByShardOf(byShard),
     standingByPart: standingByPartOf(
-      task,
+      deps.task,
       undone.flatMap((undo) => undo.standing),
     ),
   };
@@ -369,70 +426,74 @@ async function undoRefusedParts(
 
 type RunWrite = (receipt: string, keys: string[], argv: Array<string | number>) => Promise<Reply>;
 
-/** What one shard's undo did: its receipt, the increments it could not take back, and whether this run undid (not a rerun). */
-interface ShardUndo {
-  /** null when the undo failed for its data and wrote nothing: no receipt to wait for. */
+/** What one part's take-back on one shard did: its receipt, the increments it could not take back, and whether this run took back (not a rerun). */
+interface TakeBack {
+  /** null when the take-back failed for its data and wrote nothing: no receipt to wait for. */
   readonly receipt: string | null;
   readonly standing: StandingCount[];
   readonly now: boolean;
 }
 
+/** Each shard's take-back receipts (its writes went through): one WAIT loop per shard covers them. */
+function receiptsByShardOf(byShard: ReadonlyArray<readonly TakeBack[]>): string[][] {
+  return byShard
+    .map((takeBacks) => takeBacks.flatMap((takeBack) => (takeBack.receipt === null ? [] : [takeBack.receipt])))
+    .filter((receipts) => receipts.length > 0);
+}
+
+/** `parts` taken back on one count shard, each under its own receipt (takeBackReceiptId). */
+function takeBackOnShard(deps: CrossSlotDeps, group: ShardWrite, parts: readonly number[], run: RunWrite): Promise<TakeBack[]> {
+  return Promise.all(parts.map((part) => takeBackPart(deps, group, part, run)));
+}
+
 /**
- * Takes back `parts`' increments on one count shard: the same deltas
- * negated, under `<receiptId>` in that shard's slot, so a rerun undoes
- * once. An undo of increments just made is refused only by a key that
- * changed since the write; then each SKU is undone on its own, so every
- * other key is taken back, and the ones that stand are returned.
+ * Takes back `part`'s increments on one count shard: the same deltas
+ * negated, under the part's receipt in that shard's slot, so a rerun or
+ * another path takes back once. An undo of increments just made is refused
+ * only by a key that changed since the write; then each SKU is undone on
+ * its own, so every other key is taken back, and the ones that stand are
+ * returned.
  */
-function undoOnShard(deps: CrossSlotDeps, group: ShardWrite, parts: readonly number[], receiptId: string, run: RunWrite): Promise<ShardUndo> {
+async function takeBackPart(deps: CrossSlotDeps, group: ShardWrite, part: number, run: RunWrite): Promise<TakeBack> {
   const { settings, task } = deps;
   const shards = settings.virtualShards!;
   const ttl = countTtlOf(settings.countTtlS);
   const negated = new Map<string, Sum>();
-  for (const part of parts) {
-    for (const [sku, delta] of task.changes[part]!) if (shardOf(sku, shards) === group.shard) negated.set(sku, addToSum(negated.get(sku), -delta));
-  }
+  for (const [sku, delta] of task.changes[part]!) if (shardOf(sku, shards) === group.shard) negated.set(sku, addToSum(negated.get(sku), -delta));
   const skus = [...negated.keys()];
-  const receipt = receiptKey(settings.prefix, group.shard, receiptId);
+  const receipt = receiptKey(settings.prefix, group.shard, takeBackReceiptId(task.batchId, part));
   const keys = [receipt, ...skus.map((sku) => countKey(settings.prefix, group.shard, sku))];
-  const partsOf = (sku: string) => parts.filter((part) => task.changes[part]!.some(([changed]) => changed === sku));
-  return (async () => {
-    let reply: Reply;
-    try {
-      reply = await run(receipt, keys, [ttl.ttlS, settings.markerTtlS, 'sums', '', ...skus.map((sku) => String(negated.get(sku)))]);
-    } catch (error) {
-      // Refused for its data before any write (a receipt key of a foreign type): every increment here stands. It is
-      // reported as standing like any refused undo, not thrown: thrown after the writes, it sent the batch to
-      // isolation with nothing taken back, and the halves counted it all again.
-      if (classifyError(error) !== 'data') throw error;
-      const standing = skus.map((sku) => ({
-        key: countKey(settings.prefix, group.shard, sku),
-        delta: (-BigInt(negated.get(sku)!)).toString(),
-        error: describeError(error),
-        sku,
-        parts: partsOf(sku),
-      }));
-      return { receipt: null, standing, now: true };
-    }
-    const now = reply[0] !== ScriptReply.WRITE_RECEIPT;
-    if (reply[0] === ScriptReply.WRITE_ISOLATE) {
-      const perSku: Array<string | number> = [ttl.ttlS, settings.markerTtlS, 'parts', skus.length];
-      skus.forEach((sku, i) => perSku.push(i + 1, 1, i + 1, String(negated.get(sku))));
-      reply = await run(receipt, keys, perSku);
-    }
-    const standing = decodeRefusals(reply[2], settings.prefix).map((refusal) => {
-      // The key names the SKU: a rerun's batch may have other new parts than the run that wrote the receipt.
-      const sku = refusal.sku;
-      return {
-        key: refusal.key,
-        delta: (-BigInt(refusal.delta)).toString(),
-        error: refusal.error,
-        sku,
-        parts: partsOf(sku),
-      };
-    });
-    return { receipt, standing, now };
-  })();
+  let reply: Reply;
+  try {
+    reply = await run(receipt, keys, [ttl.ttlS, settings.markerTtlS, 'sums', '', ...skus.map((sku) => String(negated.get(sku)))]);
+  } catch (error) {
+    // Refused for its data before any write (a receipt key of a foreign type): every increment here stands. It is
+    // reported as standing like any refused undo, not thrown: thrown after the writes, it sent the batch to
+    // isolation with nothing taken back, and the halves counted it all again.
+    if (classifyError(error) !== 'data') throw error;
+    const standing = skus.map((sku) => ({
+      key: countKey(settings.prefix, group.shard, sku),
+      delta: (-BigInt(negated.get(sku)!)).toString(),
+      error: describeError(error),
+      sku,
+      parts: [part],
+    }));
+    return { receipt: null, standing, now: true };
+  }
+  const now = reply[0] !== ScriptReply.WRITE_RECEIPT;
+  if (reply[0] === ScriptReply.WRITE_ISOLATE) {
+    const perSku: Array<string | number> = [ttl.ttlS, settings.markerTtlS, 'parts', skus.length];
+    skus.forEach((sku, i) => perSku.push(i + 1, 1, i + 1, String(negated.get(sku))));
+    reply = await run(receipt, keys, perSku);
+  }
+  const standing = decodeRefusals(reply[2], settings.prefix).map((refusal) => ({
+    key: refusal.key,
+    delta: (-BigInt(refusal.delta)).toString(),
+    error: refusal.error,
+    sku: refusal.sku,
+    parts: [part],
+  }));
+  return { receipt, standing, now };
 }
 
 /**
@@ -440,8 +501,9 @@ function undoOnShard(deps: CrossSlotDeps, group: ShardWrite, parts: readonly num
  * foreign type, an argument the script rejects): the batch fails, and batch
  * isolation (batch-isolation.ts) reruns its halves under new ids, which
  * write every shard again. So what the other shards wrote under this id is
- * taken back first (`~abandon` receipts: a rerun of this id, which fails
- * the same way, takes back nothing twice), and the isolation's "a failed
+ * taken back first (under each part's take-back receipt: a rerun of this
+ * id, which fails the same way, takes back nothing twice, nor a part a
+ * refusal elsewhere already undid), and the isolation's "a failed
  * run leaves nothing to undo" holds across slots too. An increment whose
  * undo Redis refuses stands, and is logged, counted and recorded by
  * message as for a refused part. Were the failing shard mended between a
@@ -455,17 +517,22 @@ async function abandonWrittenShards(
   settled: ReadonlyArray<PromiseSettledResult<{ refusals: CountRefusal[] }>>,
   run: RunWrite,
 ): Promise<void> {
-  const undos: Array<Promise<ShardUndo>> = [];
-  groups.forEach((group, index) => {
-    const outcome = settled[index]!;
-    if (outcome.status === 'rejected') return;
-    const refusedHere = new Set(outcome.value.refusals.map((refusal) => refusal.part));
-    const wrote = group.parts.filter((part) => !refusedHere.has(part));
-    if (wrote.length > 0) undos.push(undoOnShard(deps, group, wrote, `${deps.task.batchId}~abandon`, run));
-  });
-  const undone = await Promise.all(undos);
+  const byShard = await Promise.all(
+    groups.map((group, index) => {
+      const outcome = settled[index]!;
+      if (outcome.status === 'rejected') return [];
+      const refusedHere = new Set(outcome.value.refusals.map((refusal) => refusal.part));
+      return takeBackOnShard(
+        deps,
+        group,
+        group.parts.filter((part) => !refusedHere.has(part)),
+        run,
+      );
+    }),
+  );
+  const undone = byShard.flat();
   deps.log.warn(
-    { batchId: deps.task.batchId, shards: undone.length },
+    { batchId: deps.task.batchId, shards: byShard.filter((takeBacks) => takeBacks.length > 0).length },
     "a count shard refused the batch's write for its data: taking back what the other shards wrote before the batch is split",
   );
   // What stands is recorded by message: a one-part run becomes a count-refused dead letter with no header (the
@@ -479,7 +546,7 @@ async function abandonWrittenShards(
   const ttlS = countTtlOf(deps.settings.countTtlS).ttlS;
   await allWaits((until) => [
     recordStanding(deps, standing, ttlS, until),
-    ...(deps.settings.waitReplicas > 0 ? undone.flatMap((undo) => (undo.receipt === null ? [] : [waitForReceipt(deps, undo.receipt, undefined, until)])) : []),
+    ...(deps.settings.waitReplicas > 0 ? receiptsByShardOf(byShard).map((receipts) => waitForReceipts(deps, receipts, undefined, until)) : []),
   ]);
   reportStanding(deps, [], undone, STANDING_AFTER_ABANDON);
 }
@@ -490,9 +557,9 @@ async function abandonWrittenShards(
  * lost, for the WAIT to find. A refresh that fails is not retried: the next
  * one, or the WAIT's own touch, comes before the TTL runs out.
  */
-function keepAlive(deps: CrossSlotDeps): { add<T extends { receipt: string }>(write: T): T; stop(): void } {
+function keepAlive(deps: CrossSlotDeps): { add(receipt: string): void; stop(): void } {
   const { redis, settings } = deps;
-  const receipts: string[] = [];
+  const receipts = new Set<string>();
   const timer = setInterval(
     () => {
       for (const receipt of receipts) onSlotConnection(redis, receipt, (connection) => connection.expire(receipt, settings.markerTtlS)).catch(() => {});
@@ -500,10 +567,7 @@ function keepAlive(deps: CrossSlotDeps): { add<T extends { receipt: string }>(wr
     Math.max(100, (settings.markerTtlS * 1000) / 3),
   );
   return {
-    add(write) {
-      receipts.push(write.receipt);
-      return write;
-    },
+    add: (receipt) => receipts.add(receipt),
     stop: () => clearInterval(timer),
   };
 }
@@ -531,8 +595,14 @@ const STANDING_AFTER_ABANDON =
   "could not take back the counts a batch wrote on one count shard before another refused the batch's write (a key there changed since the write): " +
   'those counts stand and the batch, split, counts them again: an overcount tally deviation does not include. Repair each key under "stand", then subtract its delta (INCRBY key -delta)';
 
+function sumByKey(standing: readonly StandingCount[]): Map<string, string> {
+  const sums = new Map<string, bigint>();
+  for (const count of standing) sums.set(count.key, (sums.get(count.key) ?? 0n) + BigInt(count.delta));
+  return new Map([...sums].map(([key, sum]) => [key, sum.toString()]));
+}
+
 /** One error line per batch for the increments its undos left standing, and the count of the parts this run left so. */
-function reportStanding(deps: CrossSlotDeps, refusals: readonly CountRefusal[], undone: readonly ShardUndo[], message = STANDING_AFTER_REFUSAL): void {
+function reportStanding(deps: CrossSlotDeps, refusals: readonly CountRefusal[], undone: readonly TakeBack[], message = STANDING_AFTER_REFUSAL): void {
   const standing = undone.flatMap((undo) => undo.standing);
   if (standing.length === 0) return;
   const parts = [...new Set(standing.flatMap((count) => count.parts))].sort((a, b) => a - b);
@@ -543,7 +613,8 @@ function reportStanding(deps: CrossSlotDeps, refusals: readonly CountRefusal[], 
       parts,
       // What the dead letters' x-tally-reason names, to match this line with them.
       refusedKeys: [...new Set(refusals.filter((refusal) => parts.includes(refusal.part)).map((refusal) => refusal.key))],
-      stand: Object.fromEntries(standing.map((count) => [count.key, count.delta])),
+      // By key: each part is taken back on its own, so two parts' increments of one key stand as two counts.
+      stand: Object.fromEntries(sumByKey(standing)),
       errors: Object.fromEntries(standing.map((count) => [count.key, count.error])),
       rerun: partsNow.size === 0,
     },
@@ -553,15 +624,17 @@ function reportStanding(deps: CrossSlotDeps, refusals: readonly CountRefusal[], 
 }
 
 /**
- * Touches `receipt` and WAITs on its slot's master until the replicas have
- * it, and so everything its script wrote before it (replication is one
- * ordered stream per master). A receipt that is gone is written again.
+ * Touches `receipts` (one slot's: a shard's write receipt, or its take-back
+ * receipts) and WAITs on its master until the replicas have them, and so
+ * everything their scripts wrote before them (replication is one ordered
+ * stream per master). A write receipt that is gone is written again; a
+ * take-back receipt that is gone fails the batch for a rerun under its id.
  * Resolves to the WAITs that timed out.
  */
-function waitForReceipt(
+function waitForReceipts(
   deps: CrossSlotDeps,
-  receipt: string,
-  rewrite: (() => Promise<{ refusals: readonly CountRefusal[] }>) | undefined,
+  receipts: readonly string[],
+  rewrite: (() => Promise<readonly CountRefusal[]>) | undefined,
   until: AbortSignal,
 ): Promise<number> {
   const { redis, settings, task, log } = deps;
@@ -570,26 +643,34 @@ function waitForReceipt(
     settings,
     task,
     {
-      slotKey: receipt,
+      slotKey: receipts[0]!,
       until,
-      // EXPIRE answers 1 when the receipt is there: 'missing' is its complement.
+      // EXPIRE answers 1 for a receipt that is there: 'missing' counts the others.
       touch: async (connection) => {
-        const replies = await connection.pipeline().expire(receipt, settings.markerTtlS).call('WAIT', settings.waitReplicas, settings.waitTimeoutMs).exec();
-        return replies?.map(([error, value], i) => [error, i === 0 ? 1 - Number(value) : value] as [Error | null, unknown]) ?? null;
+        const pipeline = connection.pipeline();
+        for (const receipt of receipts) pipeline.expire(receipt, settings.markerTtlS);
+        const replies = await pipeline.call('WAIT', settings.waitReplicas, settings.waitTimeoutMs).exec();
+        if (replies === null) return null;
+        const touched = replies.slice(0, -1);
+        const failed = touched.find(([error]) => error !== null);
+        const missing = touched.filter(([, value]) => Number(value) === 0).length;
+        return [failed ?? [null, missing], replies[replies.length - 1]!];
       },
       onMissing: async () => {
-        // An undo's receipt went with the undo: the rerun under the batch's id undoes again (its receipts say what was refused).
-        if (rewrite === undefined) throw new BatchWritesLostError(`the undo receipt ${receipt} (and so the undo) is`);
+        // A take-back's receipt went with the take-back: the rerun under the batch's id takes back again (the write
+        // receipts say what was refused).
+        if (rewrite === undefined) throw new BatchWritesLostError(`a take-back receipt of ${receipts.join(', ')} (and so the take-back) is`);
+        const [receipt] = receipts;
         log.warn({ vshard: task.vshard, receipt }, "a count shard's receipt is gone before its replicas had it (a failover lost it): writing its counts again");
-        // The rewrite answers only for this shard, after the others' undo was decided: a part it finds refused, or a
-        // refusal of the whole write, is left to a rerun of the batch under its id, which reads every shard's receipt
-        // and undoes or takes back as for a first run (a data error passed up would send the batch to isolation, whose
-        // halves would write the other shards again).
-        const rewritten = await rewrite().catch((error: unknown) => {
+        // The rewrite answers only for this shard, after the others' undo was decided: a part it newly finds refused,
+        // or a refusal of the whole write, is left to a rerun of the batch under its id, which reads every shard's
+        // receipt and undoes or takes back as for a first run (a data error passed up would send the batch to
+        // isolation, whose halves would write the other shards again).
+        const newlyRefused = await rewrite().catch((error: unknown) => {
           if (classifyError(error) !== 'data') throw error;
           throw new BatchWritesLostError(`the receipt ${receipt} (written again and refused for its data: ${describeError(error)}) is`);
         });
-        if (rewritten.refusals.length > 0)
+        if (newlyRefused.length > 0)
           throw new BatchWritesLostError(`the receipt ${receipt} (written again, with parts Redis refused there to undo on the other shards) is`);
       },
     },

@@ -5,7 +5,7 @@ import { classifyError, countKey, markerDigest, PART_DONE, PART_NEW, receiptKey,
 import { createRedisClient, keySlot, type RedisClient } from '@tally/runtime';
 import { startRedisCluster, testWorkerSettings, type RedisCluster } from '@tally/testkit';
 import type { BatchLog } from '../src/batch-log.js';
-import { groupByCountShard, writeCountsAcrossSlots, type CrossSlotDeps } from '../src/cross-slot-counts.js';
+import { groupByCountShard, takeBackReceiptId, writeCountsAcrossSlots, type CrossSlotDeps } from '../src/cross-slot-counts.js';
 import { WRITE_COUNTS } from '../src/two-step-batch.js';
 import { BatchWritesLostError } from '../src/replica-wait.js';
 
@@ -115,7 +115,7 @@ describe('cross-slot counts: an undo Redis refuses (a key changed between the wr
       get(target, property, receiver) {
         if (property !== 'call') return Reflect.get(target, property, receiver);
         return async (command: string, args: Array<string | number>) => {
-          if (command === 'EVALSHA' && args.some((arg) => String(arg).endsWith('~undo')) && (await redis.get(changingKey)) === '7')
+          if (command === 'EVALSHA' && args.some((arg) => String(arg).includes('~undo:')) && (await redis.get(changingKey)) === '7')
             await redis.set(changingKey, 'changed by hand');
           return target.call(command, args);
         };
@@ -156,7 +156,10 @@ describe('cross-slot counts: an undo Redis refuses (a key changed between the wr
       // A count of 0 reads the same as no key.
       expect(Number((await redis.get(undoneKey)) ?? 0), 'every other key on the shard is undone').to.equal(0);
       expect(await redis.get(refusedKey), 'the foreign key is never touched').to.equal('a foreign value');
-      expect(await redis.exists(receiptKey(prefix, shard, `${task.batchId}~undo`)), 'the undo receipt, for a WAIT and a rerun').to.equal(1);
+      expect(
+        await redis.exists(receiptKey(prefix, shard, takeBackReceiptId(task.batchId, 0)), receiptKey(prefix, shard, takeBackReceiptId(task.batchId, 1))),
+        "each part's undo receipt, for a WAIT and a rerun",
+      ).to.equal(2);
       // The same shares in Redis by message digest, for a dead letter that loses its header.
       const recorded = await Promise.all(task.ids!.map((id) => redis.hgetall(standingKey(prefix, markerDigest(id).toString('hex')))));
       expect(recorded).to.deep.equal([{ [changingKey]: '5' }, { [changingKey]: '2' }]);
@@ -222,7 +225,7 @@ describe('cross-slot counts: an undo Redis refuses (a key changed between the wr
         ],
       ],
     };
-    await redis.hset(receiptKey(undoPrefix, shard, `${task.batchId}~undo`), 'foreign', '1');
+    await redis.hset(receiptKey(undoPrefix, shard, takeBackReceiptId(task.batchId, 0)), 'foreign', '1');
     const { write, errors, undoFailures } = writer(undoPrefix, task);
     const result = await write();
     expect(result.refusals.map((refusal) => refusal.part)).to.deep.equal([0]);
@@ -278,7 +281,7 @@ describe('cross-slot counts: an undo Redis refuses (a key changed between the wr
     expect(failure?.message, 'the data failure reaches batch isolation').to.match(/WRONGTYPE/);
     expect(await redis.get(countKey(prefix, shardA, skuA!)), 'shard A written, then taken back').to.equal('100');
     expect(Number((await redis.get(countKey(prefix, shardA, skuA2!))) ?? 0)).to.equal(0);
-    expect(await redis.exists(receiptKey(prefix, shardA, `${task.batchId}~abandon`)), 'taken back under a receipt of its own').to.equal(1);
+    expect(await redis.exists(receiptKey(prefix, shardA, takeBackReceiptId(task.batchId, 0))), 'taken back under a receipt of its own').to.equal(1);
     expect(warnings.some((message) => message.includes('taking back'))).to.equal(true);
 
     // A rerun of the same id fails the same way and takes back nothing twice.
@@ -306,7 +309,7 @@ describe('cross-slot counts: an undo Redis refuses (a key changed between the wr
       ],
     };
     await redis.hset(receiptKey(takeBackPrefix, shardOf(skuB, SHARDS), task.batchId), 'foreign', '1');
-    await redis.hset(receiptKey(takeBackPrefix, shardA, `${task.batchId}~abandon`), 'foreign', '1');
+    await redis.hset(receiptKey(takeBackPrefix, shardA, takeBackReceiptId(task.batchId, 0)), 'foreign', '1');
     const { write, errors, undoFailures } = writer(takeBackPrefix, task);
     const failure = await write().then(
       () => null,
@@ -624,7 +627,7 @@ describe('cross-slot counts with WAIT on a Redis Cluster: the undo paths wait fo
     // Shard A (written, then taken back) and shard B (its receipt of a foreign type) on different masters.
     const { task, skuA, shardA, shardB } = twoShardMessage(prefix, { apartMasters: true, deltas: [4, 1] });
     await client.hset(receiptKey(prefix, shardB, task.batchId), 'foreign', '1');
-    const abandonReceipt = receiptKey(prefix, shardA, `${task.batchId}~abandon`);
+    const abandonReceipt = receiptKey(prefix, shardA, takeBackReceiptId(task.batchId, 0));
     const watched = await watch(masterOf(abandonReceipt));
     try {
       const failure = await writeWithWait(prefix, task, (_step, run) => run()).then(
@@ -641,5 +644,228 @@ describe('cross-slot counts with WAIT on a Redis Cluster: the undo paths wait fo
     } finally {
       watched.stop();
     }
+  });
+
+  /** `count` distinct count shards, with two SKUs on each. */
+  function shardsWithTwoSkus(count: number): Array<{ shard: number; skus: [string, string] }> {
+    const byShard = new Map<number, string[]>();
+    for (const sku of Array.from({ length: 400 }, (_, i) => `sku-${i}`)) byShard.set(shardOf(sku, SHARDS), [...(byShard.get(shardOf(sku, SHARDS)) ?? []), sku]);
+    return [...byShard]
+      .filter(([, skus]) => skus.length >= 2)
+      .slice(0, count)
+      .map(([shard, [first, second]]) => ({ shard, skus: [first!, second!] }));
+  }
+  /** A batch of several messages (every part new) written across slots with WAIT 1, each step run through `untilDone`. */
+  const writeBatchWithWait = (prefix: string, task: BatchTask, untilDone: CrossSlotDeps['untilDone']) =>
+    writeCountsAcrossSlots({
+      redis: client,
+      settings: testWorkerSettings({ redisUrl: cluster.seedUrls[0]!, prefix, virtualShards: SHARDS, waitReplicas: 1, waitTimeoutMs: 5000 }),
+      task,
+      groups: groupByCountShard(task.changes, new Uint8Array(task.changes.length).fill(PART_NEW), SHARDS),
+      writeCounts: WRITE_COUNTS,
+      log: { warn() {}, error() {} },
+      untilDone,
+    });
+  const count = async (key: string): Promise<number> => Number((await client.get(key)) ?? 0);
+
+  it('a receipt lost with the foreign key that refused its part: the rewrite counts nothing there, the rerun nothing twice', async () => {
+    // Before, the rewrite wrote the shard's whole sums again: the refused part, dead-lettered, counted 3 on A.
+    const prefix = `test:rewrite-lost-refusal:${randomUUID()}:`;
+    const { task, shardA, shardB, keyA, keyB } = twoShardMessage(prefix);
+    const receiptA = receiptKey(prefix, shardA, task.batchId);
+    await client.set(keyA, 'a foreign value');
+    // Part 0 refused on A, counted on B, then undone there; then a failover loses A's receipt and the foreign key with it.
+    let lost = false;
+    const outcome = await writeWithWait(prefix, task, async (step, run) => {
+      const reply = await run();
+      if (step === 'write_counts' && !lost && (await client.exists(receiptKey(prefix, shardB, task.batchId))) === 1 && (await count(keyB)) === 0) {
+        lost = true;
+        await client.del(receiptA);
+        await client.del(keyA);
+      }
+      return reply;
+    }).then(
+      (result) => result,
+      (error: Error) => error,
+    );
+    expect(lost, 'the scenario ran').to.equal(true);
+    expect(await client.get(keyA), 'the refused part not counted on A by the rewrite').to.equal(null);
+    if (outcome instanceof Error) expect(outcome, 'if the batch fails, it is to be rerun').to.be.instanceOf(BatchWritesLostError);
+    const result = outcome instanceof Error ? await writeWithWait(prefix, task, (_step, run) => run()) : outcome;
+    expect(
+      result.refusals.map((refusal) => refusal.part),
+      'the message is refused',
+    ).to.deep.equal([0]);
+    expect(await count(keyB), 'undone on B').to.equal(0);
+    expect(await client.exists(receiptA), "A's receipt written again").to.equal(1);
+
+    // A rerun under the id (a replay of the dead letter must find nothing of the message standing).
+    const rerun = await writeWithWait(prefix, task, (_step, run) => run());
+    expect(
+      rerun.refusals.map((refusal) => refusal.part),
+      "the refusal read from A's new receipt",
+    ).to.deep.equal([0]);
+    expect([await count(keyA), await count(keyB)], 'nothing counted on either shard').to.deep.equal([0, 0]);
+  });
+
+  it('a rewrite that finds refused a part the first run counted: the rerun takes it back on the other shard', async () => {
+    // Before, shard B's one `~undo` receipt, written for part 1, made the rerun skip part 0's undo: b1 stood, counted twice on replay.
+    const prefix = `test:rewrite-newly-refused:${randomUUID()}:`;
+    const [A, B] = shardsWithTwoSkus(2);
+    const [a1, a2] = A!.skus;
+    const [b1, b2] = B!.skus;
+    const [keyA1, keyA2, keyB1, keyB2] = [
+      countKey(prefix, A!.shard, a1),
+      countKey(prefix, A!.shard, a2),
+      countKey(prefix, B!.shard, b1),
+      countKey(prefix, B!.shard, b2),
+    ];
+    const task: BatchTask = {
+      vshard: 0,
+      batchId: randomUUID(),
+      ids: [`${prefix}m0`, `${prefix}m1`],
+      changes: [
+        [
+          [a1, 3],
+          [b1, 5],
+        ],
+        [
+          [a2, 7],
+          [b2, 11],
+        ],
+      ],
+    };
+    await client.set(keyA2, 'a foreign value');
+    // Part 1 refused on A and undone on B; then a failover loses A's write (receipt and a1's count), and a1 turns foreign.
+    let lost = false;
+    const failure = await writeBatchWithWait(prefix, task, async (step, run) => {
+      const reply = await run();
+      if (step === 'write_counts' && !lost && (await client.exists(receiptKey(prefix, B!.shard, task.batchId))) === 1 && (await count(keyB2)) === 0) {
+        lost = true;
+        await client.del(receiptKey(prefix, A!.shard, task.batchId));
+        await client.set(keyA1, 'a foreign value');
+      }
+      return reply;
+    }).then(
+      () => null,
+      (error: Error) => error,
+    );
+    expect(lost, 'the scenario ran').to.equal(true);
+    expect(failure, 'the rewrite finds part 0 refused: the batch is rerun').to.be.instanceOf(BatchWritesLostError);
+
+    const rerun = await writeBatchWithWait(prefix, task, (_step, run) => run());
+    expect(rerun.refusals.map((refusal) => refusal.part).sort(), 'both messages refused').to.deep.equal([0, 1]);
+    expect([await count(keyB1), await count(keyB2)], 'both parts taken back on B, each once').to.deep.equal([0, 0]);
+    await writeBatchWithWait(prefix, task, (_step, run) => run());
+    expect([await count(keyB1), await count(keyB2)], 'a second rerun takes back nothing twice').to.deep.equal([0, 0]);
+    expect([await client.get(keyA1), await client.get(keyA2)]).to.deep.equal(['a foreign value', 'a foreign value']);
+  });
+
+  it('a lost receipt turned foreign before its rewrite: the rerun abandons the batch, taking back each part once', async () => {
+    // Before, the abandon's `~abandon` receipt did not know part 1 was already undone on B: taken back twice, b2 = -11.
+    const prefix = `test:rewrite-foreign-receipt:${randomUUID()}:`;
+    const [A, B, C] = shardsWithTwoSkus(3);
+    const [a1] = A!.skus;
+    const [b1, b2] = B!.skus;
+    const [c1] = C!.skus;
+    const [keyA1, keyB1, keyB2, keyC1] = [
+      countKey(prefix, A!.shard, a1),
+      countKey(prefix, B!.shard, b1),
+      countKey(prefix, B!.shard, b2),
+      countKey(prefix, C!.shard, c1),
+    ];
+    const task: BatchTask = {
+      vshard: 0,
+      batchId: randomUUID(),
+      ids: [`${prefix}m0`, `${prefix}m1`],
+      changes: [
+        [
+          [a1, 3],
+          [b1, 5],
+        ],
+        [
+          [c1, 7],
+          [b2, 11],
+        ],
+      ],
+    };
+    const receiptA = receiptKey(prefix, A!.shard, task.batchId);
+    await client.set(keyC1, 'a foreign value');
+    // Part 1 refused on C and undone on B; then a failover loses A's receipt (and a1's count), and the receipt's key turns
+    // foreign after the touch found it missing, just before the rewrite: the rewrite is refused for its data.
+    let phase: 'writing' | 'lost' | 'rewriting' = 'writing';
+    const failure = await writeBatchWithWait(prefix, task, async (step, run) => {
+      if (step === 'write_counts' && phase === 'lost') {
+        phase = 'rewriting';
+        await client.hset(receiptA, 'foreign', '1');
+      }
+      const reply = await run();
+      if (
+        step === 'write_counts' &&
+        phase === 'writing' &&
+        (await client.exists(receiptKey(prefix, B!.shard, task.batchId))) === 1 &&
+        (await count(keyB2)) === 0
+      ) {
+        phase = 'lost';
+        await client.del(receiptA);
+        await client.del(keyA1);
+      }
+      return reply;
+    }).then(
+      () => null,
+      (error: Error) => error,
+    );
+    expect(phase, 'the scenario ran').to.equal('rewriting');
+    expect(failure, 'the rewrite refused for its data: the batch is rerun under its id').to.be.instanceOf(BatchWritesLostError);
+
+    const rerun = await writeBatchWithWait(prefix, task, (_step, run) => run()).then(
+      () => null,
+      (error: Error) => error,
+    );
+    expect(rerun?.message, "the rerun fails for A's receipt").to.match(/WRONGTYPE/);
+    expect(classifyError(rerun), 'and reaches batch isolation').to.equal('data');
+    expect([await count(keyB1), await count(keyB2)], 'what B wrote taken back, each part once').to.deep.equal([0, 0]);
+    expect(await client.get(keyA1), 'lost with the receipt, not written again').to.equal(null);
+    expect(await client.get(keyC1)).to.equal('a foreign value');
+  });
+
+  it("keeps a take-back's receipt alive while a sibling take-back retries past its TTL: no part is taken back twice", async () => {
+    // Before, only the write receipts were kept alive: B's expired while C's take-back retried, the WAIT read it as lost
+    // to a failover, and the rerun took part 0 back on B again (b = -5).
+    const prefix = `test:take-backs-alive:${randomUUID()}:`;
+    const [A, B, C] = shardsWithTwoSkus(3);
+    const [a, b, c] = [A!.skus[0], B!.skus[0], C!.skus[0]];
+    const [keyA, keyB, keyC] = [countKey(prefix, A!.shard, a), countKey(prefix, B!.shard, b), countKey(prefix, C!.shard, c)];
+    const task: BatchTask = {
+      vshard: 0,
+      batchId: randomUUID(),
+      ids: [`${prefix}m0`],
+      changes: [
+        [
+          [a, 3],
+          [b, 5],
+          [c, 7],
+        ],
+      ],
+    };
+    await client.set(keyA, 'a foreign value');
+    let calls = 0;
+    const result = await writeCountsAcrossSlots({
+      redis: client,
+      settings: testWorkerSettings({ redisUrl: cluster.seedUrls[0]!, prefix, virtualShards: SHARDS, waitReplicas: 1, waitTimeoutMs: 1000, markerTtlS: 2 }),
+      task,
+      groups: groupByCountShard(task.changes, Uint8Array.of(PART_NEW), SHARDS),
+      writeCounts: WRITE_COUNTS,
+      log: { warn() {}, error() {} },
+      untilDone: async (step, run) => {
+        // Calls 1-3 are the three shards' writes, 4 A's again part by part (refused), 5 and 6 the take-backs on B and C:
+        // the second take-back retries for twice the receipts' TTL (an OOM master, say) before it lands.
+        if (step === 'write_counts' && ++calls === 6) await new Promise((resolve) => setTimeout(resolve, 4_000));
+        return run();
+      },
+    });
+    expect(calls, 'the scenario ran').to.be.at.least(6);
+    expect(result.refusals.map((refusal) => refusal.part)).to.deep.equal([0]);
+    expect([await count(keyB), await count(keyC)], 'taken back once on each shard').to.deep.equal([0, 0]);
   });
 });

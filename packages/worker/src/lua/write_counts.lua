@@ -9,7 +9,7 @@
     KEYS[2..m+1]  its count keys
     ARGV[1]       the TTL a count key gets, seconds
     ARGV[2]       receipt TTL, seconds (the marker TTL)
-    ARGV[3]       layout of the rest: 'sums' or 'parts'
+    ARGV[3]       layout of the rest: 'sums', 'parts' or 'rewrite'
     'sums':  ARGV[4]       refresh: one character per count key, '1' when its
                            TTL is to be set even if it exists (a new key
                            always gets it)
@@ -19,6 +19,12 @@
                            key gets its TTL)
              ARGV[5..]     per new part: its batch index (1..N), k, then k
                            pairs (count key index 1..m, delta)
+    'rewrite': a lost receipt written again (cross-slot-counts.ts): as
+             'parts', with ARGV[5] the lost receipt's refusals (JSON, as the
+             receipt held them) and the parts from ARGV[6]. The parts they
+             name are not written again, and the new receipt holds them
+             too, so the rewrite reproduces the lost write: a part refused
+             there stays refused, whatever the keys hold now.
     Deltas are decimal strings (64-bit integers, never Lua doubles).
 
   Output:
@@ -33,7 +39,8 @@
                     refused part (the first change Redis refused in it)
 
   Errors:
-    TALLY_SCRIPT_ARGS  an unknown layout; nothing was written
+    TALLY_SCRIPT_ARGS  an unknown layout, or a prior refusal that names no
+                       part; nothing was written
     OOM                (the #!lua line) Redis is out of memory; nothing was
                        written
 ]]
@@ -60,12 +67,23 @@ if layout == 'sums' then
   return {'written', '', {}}
 end
 
-if layout ~= 'parts' then return redis.error_reply('TALLY_SCRIPT_ARGS unknown layout ' .. tostring(layout)) end
+if layout ~= 'parts' and layout ~= 'rewrite' then return redis.error_reply('TALLY_SCRIPT_ARGS unknown layout ' .. tostring(layout)) end
 local n = tonumber(ARGV[4])
 local flags = {}
 for i = 1, n do flags[i] = '0' end
 local refusals = {}
 local pos = 5
+if layout == 'rewrite' then
+  for _, refusal in ipairs(cjson.decode(ARGV[5])) do
+    local part = tonumber(refusal[1])
+    if not part or part < 1 or part > n or part % 1 ~= 0 then
+      return redis.error_reply('TALLY_SCRIPT_ARGS a prior refusal names part ' .. tostring(refusal[1]) .. ' of ' .. n)
+    end
+    flags[part] = '1'
+    refusals[#refusals + 1] = refusal
+  end
+  pos = 6
+end
 while pos <= #ARGV do
   local part = tonumber(ARGV[pos])
   local k = tonumber(ARGV[pos + 1])
