@@ -74,6 +74,8 @@ interface ShardWritten {
   readonly refusals: CountRefusal[];
   /** As the receipt holds them: what a rewrite of this write passes to the script to reproduce it. */
   readonly raw: unknown;
+  /** The receipt was there: an earlier run of the batch wrote this shard. */
+  readonly found: boolean;
 }
 
 /** The count writes of one count shard: its SKUs' sums, and which parts they came from. */
@@ -196,7 +198,7 @@ export async function writeCountsAcrossSlots(deps: CrossSlotDeps): Promise<Cross
       reply = await run(receipt, keys, argv);
       if (reply[0] === ScriptReply.WRITE_ISOLATE) reply = await run(receipt, keys, byPart([ttl.ttlS, markerTtlS, 'parts', task.changes.length], new Set()));
     }
-    return { receipt, refusals: decodeRefusals(reply[2], prefix), raw: reply[2] };
+    return { receipt, refusals: decodeRefusals(reply[2], prefix), raw: reply[2], found: reply[0] === ScriptReply.WRITE_RECEIPT };
   };
 
   // Every shard at once: the writes go to their slots' masters concurrently. All of them are let finish: a shard
@@ -210,6 +212,7 @@ export async function writeCountsAcrossSlots(deps: CrossSlotDeps): Promise<Cross
     }
     const writes = settled.map((outcome) => (outcome as PromiseFulfilledResult<ShardWritten>).value);
     const refusals = writes.flatMap((shardWrite) => shardWrite.refusals);
+    if (writes.some((shardWrite) => shardWrite.found)) refusals.push(...(await refusalsTakenBackBefore(deps, groups, writes, refusals)));
 
     let standing = new Map<number, Record<string, string>>();
     let takeBackReceipts: string[][] = [];
@@ -377,6 +380,60 @@ export function takeBackReceiptId(batchId: string, part: number): string {
 }
 
 /**
+ * A rerun's check, for the parts an earlier run of the batch took back on a
+ * shard whose receipt this run found, while no receipt refuses them now:
+ * their refusal went with a receipt a failover lost (and the key that
+ * refused them with it), or the shard whose data failure made the earlier
+ * run abandon was mended since. Counted as this run found them, they would
+ * be counted where the receipt was written again and not where they were
+ * taken back: a loss. They stay refused instead, with the take-back as the
+ * reason: taken back on every shard (the take-backs done are found, not
+ * done again) and dead-lettered, so their replay counts them once. Only a
+ * rerun pays for it: one EXISTS per part on each shard whose receipt it found.
+ */
+async function refusalsTakenBackBefore(
+  deps: CrossSlotDeps,
+  groups: readonly ShardWrite[],
+  writes: readonly ShardWritten[],
+  refusals: readonly CountRefusal[],
+): Promise<CountRefusal[]> {
+  const { redis, settings, task } = deps;
+  const refused = new Set(refusals.map((refusal) => refusal.part));
+  const takenBack = new Map<number, number>();
+  await Promise.all(
+    groups.map(async (group, index) => {
+      if (!writes[index]!.found) return;
+      const candidates = group.parts.filter((part) => !refused.has(part));
+      if (candidates.length === 0) return;
+      const receipts = candidates.map((part) => receiptKey(settings.prefix, group.shard, takeBackReceiptId(task.batchId, part)));
+      const exists = await deps.untilDone('find_take_backs', () =>
+        onSlotConnection(redis, receipts[0]!, async (connection) => {
+          const pipeline = connection.pipeline();
+          for (const receipt of receipts) pipeline.exists(receipt);
+          const replies = (await pipeline.exec()) ?? [];
+          for (const [error] of replies) if (error) throw error;
+          return replies.map(([, value]) => Number(value) === 1);
+        }),
+      );
+      candidates.forEach((part, i) => {
+        if (exists[i] === true) takenBack.set(part, group.shard);
+      });
+    }),
+  );
+  return [...takenBack]
+    .sort(([a], [b]) => a - b)
+    .map(([part, shard]) => ({
+      part,
+      key: '',
+      sku: '',
+      delta: '0',
+      error:
+        `TALLY_TAKEN_BACK an earlier run of this batch took this message back on count shard ${shard}, and no receipt refuses it now ` +
+        '(its refusal was lost with a receipt in a failover, or a failing shard was mended since): refused for good, so that its replay counts it once',
+    }));
+}
+
+/**
  * A part refused on one shard is undone on every shard that counted it:
  * the same deltas negated, under the part's take-back receipt in that slot
  * (takeBackReceiptId: a retry undoes once). Returns the undo receipts by
@@ -508,8 +565,8 @@ async function takeBackPart(deps: CrossSlotDeps, group: ShardWrite, part: number
  * undo Redis refuses stands, and is logged, counted and recorded by
  * message as for a refused part. Were the failing shard mended between a
  * thread's death and the rerun of this id, the rerun would find the written
- * shards' receipts and not write them again: a loss that needs both at
- * once, and is not covered.
+ * shards' receipts, their counts taken back: refusalsTakenBackBefore keeps
+ * those parts refused, dead-lettered for a replay that counts them once.
  */
 async function abandonWrittenShards(
   deps: CrossSlotDeps,

@@ -325,6 +325,75 @@ describe('cross-slot counts: an undo Redis refuses (a key changed between the wr
       "the message's standing counts, for `tally dead replay`",
     ).to.deep.equal({ [keyA]: '4' });
   });
+
+  /** One message of +3 on shard A and +5 on shard B, in `prefix`. */
+  function oneMessageOnTwoShards(prefix: string) {
+    const skus = Array.from({ length: 200 }, (_, i) => `taken-back-${i}`);
+    const skuA = skus[0]!;
+    const skuB = skus.find((sku) => shardOf(sku, SHARDS) !== shardOf(skuA, SHARDS))!;
+    const [shardA, shardB] = [shardOf(skuA, SHARDS), shardOf(skuB, SHARDS)];
+    const task: BatchTask = {
+      vshard: 0,
+      batchId: randomUUID(),
+      ids: [`${prefix}m0`],
+      changes: [
+        [
+          [skuA, 3],
+          [skuB, 5],
+        ],
+      ],
+    };
+    return { task, shardA, shardB, keyA: countKey(prefix, shardA, skuA), keyB: countKey(prefix, shardB, skuB) };
+  }
+  const count = async (key: string): Promise<number> => Number((await redis.get(key)) ?? 0);
+
+  it('a rerun that finds a part taken back but refused by no receipt now (the refusal lost in a failover) keeps it refused', async () => {
+    // Before, the rerun counted the part on A again (its refusing key lost with the receipt) and found B's receipt,
+    // under which the part had been taken back: the message marked counted with its 5 on B gone.
+    const takenPrefix = `${prefix}taken-back-lost:`;
+    const { task, shardA, keyA, keyB } = oneMessageOnTwoShards(takenPrefix);
+    await redis.set(keyA, 'a foreign value');
+    const first = await writer(takenPrefix, task).write();
+    expect(first.refusals.map((refusal) => refusal.part)).to.deep.equal([0]);
+    expect(await count(keyB), 'undone on B').to.equal(0);
+    // The thread dies before the occupation; a failover then loses A's receipt and the foreign key (never WAITed for).
+    await redis.del(receiptKey(takenPrefix, shardA, task.batchId), keyA);
+
+    const { write, errors } = writer(takenPrefix, task);
+    const rerun = await write();
+    expect(
+      rerun.refusals.map((refusal) => [refusal.part, refusal.error.split(' ')[0]]),
+      'still refused, with the take-back as its reason',
+    ).to.deep.equal([[0, 'TALLY_TAKEN_BACK']]);
+    expect([await count(keyA), await count(keyB)], 'counted nowhere: its replay counts it once').to.deep.equal([0, 0]);
+    expect(errors, 'nothing stands').to.deep.equal([]);
+    const again = await write();
+    expect(again.refusals.map((refusal) => refusal.part)).to.deep.equal([0]);
+    expect([await count(keyA), await count(keyB)], 'a second rerun changes nothing').to.deep.equal([0, 0]);
+  });
+
+  it('a rerun after an abandon whose failing shard was mended since keeps the taken-back part refused', async () => {
+    // Before, the rerun found A's receipt (its counts taken back by the abandon) and wrote B: the message marked counted
+    // with its 3 on A gone.
+    const mendedPrefix = `${prefix}taken-back-mended:`;
+    const { task, shardB, keyA, keyB } = oneMessageOnTwoShards(mendedPrefix);
+    const receiptB = receiptKey(mendedPrefix, shardB, task.batchId);
+    await redis.hset(receiptB, 'foreign', '1');
+    const failure = await writer(mendedPrefix, task)
+      .write()
+      .then(
+        () => null,
+        (error: Error) => error,
+      );
+    expect(failure?.message).to.match(/WRONGTYPE/);
+    expect(await count(keyA), 'taken back on A').to.equal(0);
+    // The thread dies before the failure reaches the coordinator, which reruns the id; meanwhile B's key is mended.
+    await redis.del(receiptB);
+
+    const rerun = await writer(mendedPrefix, task).write();
+    expect(rerun.refusals.map((refusal) => refusal.part)).to.deep.equal([0]);
+    expect([await count(keyA), await count(keyB)], 'counted nowhere: its replay counts it once').to.deep.equal([0, 0]);
+  });
 });
 
 /**
