@@ -146,10 +146,12 @@ export async function writeCountsAcrossSlots(deps: CrossSlotDeps): Promise<Cross
 
   // A receipt lives the marker TTL; one shard's write or a take-back can retry longer (an OOM master), and the
   // receipts already written, the batch's and its take-backs', must not expire meanwhile, to be read as lost by the
-  // WAIT or a rerun and written (or taken back) again. Each is kept alive from its write on.
+  // WAIT or a rerun and written (or taken back) again. Each is kept alive from its first attempt on: one that landed
+  // with its reply lost must not expire while the attempts after it are refused (EXPIRE creates nothing).
   const alive = keepAlive(deps);
   const run = async (receipt: string, keys: string[], argv: Array<string | number>): Promise<Reply> => {
-    const reply = await deps.untilDone(
+    alive.add(receipt);
+    return deps.untilDone(
       'write_counts',
       () =>
         onSlotConnection(
@@ -159,8 +161,6 @@ export async function writeCountsAcrossSlots(deps: CrossSlotDeps): Promise<Cross
         ),
       countRetry,
     );
-    if (reply[0] !== ScriptReply.WRITE_ISOLATE) alive.add(receipt);
-    return reply;
   };
 
   /**

@@ -898,43 +898,63 @@ describe('cross-slot counts with WAIT on a Redis Cluster: the undo paths wait fo
     expect(await client.get(keyC1)).to.equal('a foreign value');
   });
 
-  it("keeps a take-back's receipt alive while a sibling take-back retries past its TTL: no part is taken back twice", async () => {
-    // Before, only the write receipts were kept alive: B's expired while C's take-back retried, the WAIT read it as lost
-    // to a failover, and the rerun took part 0 back on B again (b = -5).
-    const prefix = `test:take-backs-alive:${randomUUID()}:`;
-    const [A, B, C] = shardsWithTwoSkus(3);
-    const [a, b, c] = [A!.skus[0], B!.skus[0], C!.skus[0]];
-    const [keyA, keyB, keyC] = [countKey(prefix, A!.shard, a), countKey(prefix, B!.shard, b), countKey(prefix, C!.shard, c)];
-    const task: BatchTask = {
-      vshard: 0,
-      batchId: randomUUID(),
-      ids: [`${prefix}m0`],
-      changes: [
-        [
-          [a, 3],
-          [b, 5],
-          [c, 7],
-        ],
-      ],
-    };
-    await client.set(keyA, 'a foreign value');
-    let calls = 0;
-    const result = await writeCountsAcrossSlots({
-      redis: client,
-      settings: testWorkerSettings({ redisUrl: cluster.seedUrls[0]!, prefix, virtualShards: SHARDS, waitReplicas: 1, waitTimeoutMs: 1000, markerTtlS: 2 }),
-      task,
-      groups: groupByCountShard(task.changes, Uint8Array.of(PART_NEW), SHARDS),
-      writeCounts: WRITE_COUNTS,
-      log: { warn() {}, error() {} },
-      untilDone: async (step, run) => {
-        // Calls 1-3 are the three shards' writes, 4 A's again part by part (refused), 5 and 6 the take-backs on B and C:
-        // the second take-back retries for twice the receipts' TTL (an OOM master, say) before it lands.
-        if (step === 'write_counts' && ++calls === 6) await new Promise((resolve) => setTimeout(resolve, 4_000));
+  const takeBackRetries = [
+    {
+      title: "keeps a take-back's receipt alive while a sibling take-back retries past its TTL: no part is taken back twice",
+      // Before, only the write receipts were kept alive: B's expired while C's take-back retried, the WAIT read it as
+      // lost to a failover, and the rerun took part 0 back on B again (b = -5).
+      sixth: async (run: () => Promise<unknown>) => {
+        await new Promise((resolve) => setTimeout(resolve, 4_000));
         return run();
       },
+    },
+    {
+      title: "keeps a take-back's receipt alive from its first attempt: one that landed with its reply lost is not taken back twice",
+      // Before, a receipt was kept alive once its step answered: C's landed, its reply was lost, and the retries were
+      // refused past its TTL (an OOM master, say): the next attempt took part 0 back on C again (c = -7).
+      sixth: async (run: () => Promise<unknown>) => {
+        await run();
+        await new Promise((resolve) => setTimeout(resolve, 4_000));
+        return run();
+      },
+    },
+  ];
+  for (const { title, sixth } of takeBackRetries)
+    it(title, async () => {
+      const prefix = `test:take-backs-alive:${randomUUID()}:`;
+      const [A, B, C] = shardsWithTwoSkus(3);
+      const [a, b, c] = [A!.skus[0], B!.skus[0], C!.skus[0]];
+      const [keyA, keyB, keyC] = [countKey(prefix, A!.shard, a), countKey(prefix, B!.shard, b), countKey(prefix, C!.shard, c)];
+      const task: BatchTask = {
+        vshard: 0,
+        batchId: randomUUID(),
+        ids: [`${prefix}m0`],
+        changes: [
+          [
+            [a, 3],
+            [b, 5],
+            [c, 7],
+          ],
+        ],
+      };
+      await client.set(keyA, 'a foreign value');
+      let calls = 0;
+      const result = await writeCountsAcrossSlots({
+        redis: client,
+        settings: testWorkerSettings({ redisUrl: cluster.seedUrls[0]!, prefix, virtualShards: SHARDS, waitReplicas: 1, waitTimeoutMs: 1000, markerTtlS: 2 }),
+        task,
+        groups: groupByCountShard(task.changes, Uint8Array.of(PART_NEW), SHARDS),
+        writeCounts: WRITE_COUNTS,
+        log: { warn() {}, error() {} },
+        untilDone: async (step, run) => {
+          // Calls 1-3 are the three shards' writes, 4 A's again part by part (refused), 5 and 6 the take-backs on B and C:
+          // the second take-back's attempts take twice the receipts' TTL.
+          if (step === 'write_counts' && ++calls === 6) return sixth(run) as ReturnType<typeof run>;
+          return run();
+        },
+      });
+      expect(calls, 'the scenario ran').to.be.at.least(6);
+      expect(result.refusals.map((refusal) => refusal.part)).to.deep.equal([0]);
+      expect([await count(keyB), await count(keyC)], 'taken back once on each shard').to.deep.equal([0, 0]);
     });
-    expect(calls, 'the scenario ran').to.be.at.least(6);
-    expect(result.refusals.map((refusal) => refusal.part)).to.deep.equal([0]);
-    expect([await count(keyB), await count(keyC)], 'taken back once on each shard').to.deep.equal([0, 0]);
-  });
 });

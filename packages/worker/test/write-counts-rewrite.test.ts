@@ -23,13 +23,13 @@ describe("write_counts.lua: a lost receipt's rewrite ('rewrite' layout)", () => 
   after(() => redis.disconnect());
 
   /** Two parts on one shard: part 1 (index 1) +3 on a, part 2 +7 on b; the lost receipt named part 2 refused. */
-  function rewriteOf(priorPart: number) {
+  function rewriteOf(priorPart: number, sent: Array<string | number> = [1, 1, 1, '3']) {
     const prefix = `test:rewrite-layout:${randomUUID()}:`;
     const receipt = receiptKey(prefix, SHARD, randomUUID());
     const [keyA, keyB] = [countKey(prefix, SHARD, 'a'), countKey(prefix, SHARD, 'b')];
     const prior = [[priorPart, keyB, '7', 'WRONGTYPE Operation against a key holding the wrong kind of value']];
     // Part 2 is left out, as the worker leaves out what the lost receipt refused; only part 1's change is sent.
-    const argv = [3600, 600, 'rewrite', 2, JSON.stringify(prior), 1, 1, 1, '3'];
+    const argv = [3600, 600, 'rewrite', 2, JSON.stringify(prior), ...sent];
     return { receipt, keyA, keyB, prior, run: () => runScript(redis, WRITE_COUNTS, evalshaArgs(WRITE_COUNTS, [receipt, keyA, keyB], argv), { warn() {} }) };
   }
 
@@ -47,6 +47,17 @@ describe("write_counts.lua: a lost receipt's rewrite ('rewrite' layout)", () => 
     const again = (await run()) as [string, string, unknown[]];
     expect(again, 'a rerun finds the receipt and writes nothing twice').to.deep.equal(['receipt', '01', prior]);
     expect(await redis.get(keyA)).to.equal('3');
+  });
+
+  it('refuses a part sent that a prior refusal names, before any write', async () => {
+    // Part 1 first (a write the script would make), then part 2, which the lost write refused.
+    const { receipt, keyA, keyB, run } = rewriteOf(2, [1, 1, 1, '3', 2, 1, 2, '7']);
+    const error = await run().then(
+      () => null,
+      (failure: Error) => failure,
+    );
+    expect(error?.message).to.match(/^TALLY_SCRIPT_ARGS part 2 is sent and named by a prior refusal/);
+    expect([await redis.exists(receipt), await redis.exists(keyA), await redis.exists(keyB)], 'nothing written').to.deep.equal([0, 0, 0]);
   });
 
   for (const part of [0, 3, 1.5]) {

@@ -40,7 +40,7 @@
 
   Errors:
     TALLY_SCRIPT_ARGS  an unknown layout, or a prior refusal that names no
-                       part; nothing was written
+                       part or a part sent; nothing was written
     OOM                (the #!lua line) Redis is out of memory; nothing was
                        written
 ]]
@@ -83,6 +83,16 @@ if layout == 'rewrite' then
     refusals[#refusals + 1] = refusal
   end
   pos = 6
+  -- A part the lost write refused is not written again: refused before any write if it is sent.
+  local at = pos
+  while at <= #ARGV do
+    if flags[tonumber(ARGV[at])] == '1' then
+      return redis.error_reply('TALLY_SCRIPT_ARGS part ' .. ARGV[at] .. ' is sent and named by a prior refusal')
+    end
+    local k = tonumber(ARGV[at + 1])
+    if k == nil then return redis.error_reply('TALLY_SCRIPT_ARGS part ' .. ARGV[at] .. ' has no change count') end
+    at = at + 2 + 2 * k
+  end
 end
 while pos <= #ARGV do
   local part = tonumber(ARGV[pos])
