@@ -151,16 +151,22 @@ export async function writeCountsAcrossSlots(deps: CrossSlotDeps): Promise<Cross
   const alive = keepAlive(deps);
   const run = async (receipt: string, keys: string[], argv: Array<string | number>): Promise<Reply> => {
     alive.add(receipt);
-    return deps.untilDone(
-      'write_counts',
-      () =>
-        onSlotConnection(
-          redis,
-          receipt,
-          async (connection) => (await runScript(connection, deps.writeCounts, evalshaArgs(deps.writeCounts, keys, argv), log)) as Reply,
-        ),
-      countRetry,
-    );
+    try {
+      return await deps.untilDone(
+        'write_counts',
+        () =>
+          onSlotConnection(
+            redis,
+            receipt,
+            async (connection) => (await runScript(connection, deps.writeCounts, evalshaArgs(deps.writeCounts, keys, argv), log)) as Reply,
+          ),
+        countRetry,
+      );
+    } catch (error) {
+      // Refused for its data (a receipt key of another type): that key is not ours to give a TTL.
+      if (classifyError(error) === 'data') alive.remove(receipt);
+      throw error;
+    }
   };
 
   /**
@@ -614,7 +620,7 @@ async function abandonWrittenShards(
  * lost, for the WAIT to find. A refresh that fails is not retried: the next
  * one, or the WAIT's own touch, comes before the TTL runs out.
  */
-function keepAlive(deps: CrossSlotDeps): { add(receipt: string): void; stop(): void } {
+function keepAlive(deps: CrossSlotDeps): { add(receipt: string): void; remove(receipt: string): void; stop(): void } {
   const { redis, settings } = deps;
   const receipts = new Set<string>();
   const timer = setInterval(
@@ -625,6 +631,7 @@ function keepAlive(deps: CrossSlotDeps): { add(receipt: string): void; stop(): v
   );
   return {
     add: (receipt) => receipts.add(receipt),
+    remove: (receipt) => receipts.delete(receipt),
     stop: () => clearInterval(timer),
   };
 }

@@ -242,6 +242,45 @@ describe('cross-slot counts: an undo Redis refuses (a key changed between the wr
     );
   });
 
+  it('gives a receipt key of another type no TTL while the batch keeps its receipts alive', async () => {
+    // Receipts are kept alive from their first attempt; one refused for its data (the key the error line names for the
+    // operator) must not expire on its own, as it would after the next refresh.
+    const foreignPrefix = `${prefix}foreign-receipt-ttl:`;
+    const refusedSku = 'sku-a';
+    const otherSku = Array.from({ length: 200 }, (_, i) => `sku-b${i}`).find((sku) => shardOf(sku, SHARDS) !== shardOf(refusedSku, SHARDS))!;
+    await redis.set(countKey(foreignPrefix, shardOf(refusedSku, SHARDS), refusedSku), 'a foreign value');
+    const task: BatchTask = {
+      vshard: 0,
+      batchId: randomUUID(),
+      ids: [`${foreignPrefix}m1`],
+      changes: [
+        [
+          [refusedSku, 3],
+          [otherSku, 5],
+        ],
+      ],
+    };
+    const foreignReceipt = receiptKey(foreignPrefix, shardOf(otherSku, SHARDS), takeBackReceiptId(task.batchId, 0));
+    await redis.hset(foreignReceipt, 'foreign', '1');
+    const result = await writeCountsAcrossSlots({
+      redis,
+      settings: testWorkerSettings({ redisUrl: REDIS_URL, prefix: foreignPrefix, virtualShards: SHARDS, markerTtlS: 1 }),
+      task,
+      groups: groupByCountShard(task.changes, Uint8Array.of(PART_NEW), SHARDS),
+      writeCounts: WRITE_COUNTS,
+      log: { warn() {}, error() {} },
+      // The standing record's write takes three refresh periods (a third of the marker TTL each).
+      untilDone: async (step, run) => {
+        if (step === 'record_standing') await new Promise((resolve) => setTimeout(resolve, 1_100));
+        return run();
+      },
+    });
+    expect(result.refusals[0]!.standing, 'the batch went through its refused take-back').to.deep.equal({
+      [countKey(foreignPrefix, shardOf(otherSku, SHARDS), otherSku)]: '5',
+    });
+    expect(await redis.ttl(foreignReceipt), 'the foreign key keeps no TTL').to.equal(-1);
+  });
+
   it("takes back the other shards' counts when one shard's write fails for its data, once, before the batch is split", async () => {
     // Batch isolation reruns a failed batch's halves under new ids, writing every shard again: a shard written under the
     // failed id would count twice. Here shard B's write receipt holds a foreign type, so its GET fails (WRONGTYPE).
