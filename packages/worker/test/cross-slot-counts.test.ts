@@ -9,6 +9,11 @@ import { groupByCountShard, takeBackReceiptId, writeCountsAcrossSlots, type Cros
 import { WRITE_COUNTS } from '../src/two-step-batch.js';
 import { BatchWritesLostError } from '../src/replica-wait.js';
 
+/** A batch of the messages given, one part each, with ids `<prefix>m0`, `<prefix>m1`, … */
+function batchOf(prefix: string, ...messages: Array<Array<[string, number]>>): BatchTask {
+  return { vshard: 0, batchId: randomUUID(), ids: messages.map((_, i) => `${prefix}m${i}`), changes: messages };
+}
+
 describe('cross-slot counts: grouping a message-scoped batch by count shard (pure)', () => {
   const SHARDS = 16;
   const changes: Array<Array<[string, number]>> = [
@@ -249,17 +254,10 @@ describe('cross-slot counts: an undo Redis refuses (a key changed between the wr
     const refusedSku = 'sku-a';
     const otherSku = Array.from({ length: 200 }, (_, i) => `sku-b${i}`).find((sku) => shardOf(sku, SHARDS) !== shardOf(refusedSku, SHARDS))!;
     await redis.set(countKey(foreignPrefix, shardOf(refusedSku, SHARDS), refusedSku), 'a foreign value');
-    const task: BatchTask = {
-      vshard: 0,
-      batchId: randomUUID(),
-      ids: [`${foreignPrefix}m1`],
-      changes: [
-        [
-          [refusedSku, 3],
-          [otherSku, 5],
-        ],
-      ],
-    };
+    const task = batchOf(foreignPrefix, [
+      [refusedSku, 3],
+      [otherSku, 5],
+    ]);
     const foreignReceipt = receiptKey(foreignPrefix, shardOf(otherSku, SHARDS), takeBackReceiptId(task.batchId, 0));
     await redis.hset(foreignReceipt, 'foreign', '1');
     const result = await writeCountsAcrossSlots({
@@ -371,17 +369,10 @@ describe('cross-slot counts: an undo Redis refuses (a key changed between the wr
     const skuA = skus[0]!;
     const skuB = skus.find((sku) => shardOf(sku, SHARDS) !== shardOf(skuA, SHARDS))!;
     const [shardA, shardB] = [shardOf(skuA, SHARDS), shardOf(skuB, SHARDS)];
-    const task: BatchTask = {
-      vshard: 0,
-      batchId: randomUUID(),
-      ids: [`${prefix}m0`],
-      changes: [
-        [
-          [skuA, 3],
-          [skuB, 5],
-        ],
-      ],
-    };
+    const task = batchOf(prefix, [
+      [skuA, 3],
+      [skuB, 5],
+    ]);
     return { task, shardA, shardB, keyA: countKey(prefix, shardA, skuA), keyB: countKey(prefix, shardB, skuB) };
   }
   const count = async (key: string): Promise<number> => Number((await redis.get(key)) ?? 0);
@@ -828,21 +819,17 @@ describe('cross-slot counts with WAIT on a Redis Cluster: the undo paths wait fo
       countKey(prefix, B!.shard, b1),
       countKey(prefix, B!.shard, b2),
     ];
-    const task: BatchTask = {
-      vshard: 0,
-      batchId: randomUUID(),
-      ids: [`${prefix}m0`, `${prefix}m1`],
-      changes: [
-        [
-          [a1, 3],
-          [b1, 5],
-        ],
-        [
-          [a2, 7],
-          [b2, 11],
-        ],
+    const task = batchOf(
+      prefix,
+      [
+        [a1, 3],
+        [b1, 5],
       ],
-    };
+      [
+        [a2, 7],
+        [b2, 11],
+      ],
+    );
     await client.set(keyA2, 'a foreign value');
     // Part 1 refused on A and undone on B; then a failover loses A's write (receipt and a1's count), and a1 turns foreign.
     let lost = false;
@@ -882,21 +869,17 @@ describe('cross-slot counts with WAIT on a Redis Cluster: the undo paths wait fo
       countKey(prefix, B!.shard, b2),
       countKey(prefix, C!.shard, c1),
     ];
-    const task: BatchTask = {
-      vshard: 0,
-      batchId: randomUUID(),
-      ids: [`${prefix}m0`, `${prefix}m1`],
-      changes: [
-        [
-          [a1, 3],
-          [b1, 5],
-        ],
-        [
-          [c1, 7],
-          [b2, 11],
-        ],
+    const task = batchOf(
+      prefix,
+      [
+        [a1, 3],
+        [b1, 5],
       ],
-    };
+      [
+        [c1, 7],
+        [b2, 11],
+      ],
+    );
     const receiptA = receiptKey(prefix, A!.shard, task.batchId);
     await client.set(keyC1, 'a foreign value');
     // Part 1 refused on C and undone on B; then a failover loses A's receipt (and a1's count), and the receipt's key turns
@@ -964,18 +947,11 @@ describe('cross-slot counts with WAIT on a Redis Cluster: the undo paths wait fo
       const [A, B, C] = shardsWithTwoSkus(3);
       const [a, b, c] = [A!.skus[0], B!.skus[0], C!.skus[0]];
       const [keyA, keyB, keyC] = [countKey(prefix, A!.shard, a), countKey(prefix, B!.shard, b), countKey(prefix, C!.shard, c)];
-      const task: BatchTask = {
-        vshard: 0,
-        batchId: randomUUID(),
-        ids: [`${prefix}m0`],
-        changes: [
-          [
-            [a, 3],
-            [b, 5],
-            [c, 7],
-          ],
-        ],
-      };
+      const task = batchOf(prefix, [
+        [a, 3],
+        [b, 5],
+        [c, 7],
+      ]);
       await client.set(keyA, 'a foreign value');
       let calls = 0;
       const result = await writeCountsAcrossSlots({
