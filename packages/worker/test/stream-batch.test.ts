@@ -10,7 +10,18 @@ import { randomUUID } from 'node:crypto';
 import { expect } from 'chai';
 import fc from 'fast-check';
 import { Redis } from 'ioredis';
-import { countKey, decodePositions, encodePositions, PART_DONE, PART_NEW, PART_REWIND, watermarkKey, type BatchResult, type BatchTask } from '@tally/shared';
+import {
+  classifyError,
+  countKey,
+  decodePositions,
+  encodePositions,
+  PART_DONE,
+  PART_NEW,
+  PART_REWIND,
+  watermarkKey,
+  type BatchResult,
+  type BatchTask,
+} from '@tally/shared';
 import { deleteKeys, testWorkerSettings } from '@tally/testkit';
 import type { BatchLog } from '../src/batch-log.js';
 import { runStreamBatch } from '../src/stream-batch.js';
@@ -134,6 +145,19 @@ describe('stream batch against a real Redis', function () {
     const truth = truthOf(log);
     expect(await counts(truth.keys())).to.deep.equal(new Map([...truth].filter(([, n]) => n !== 0)));
     expect(await watermark(0)).to.equal(poisoned.offset);
+  });
+
+  it('a watermark that is not an offset stops the batch with TALLY_WATERMARK, classed fatal: nothing is applied or dead-lettered', async () => {
+    // Classed data (TALLY_SCRIPT_ARGS, before), batch isolation would dead-letter every message of the partition.
+    const log = logOf(0, 10);
+    await redis.hset(watermarkKey(prefix, VSHARD), '0', 'set by hand');
+    const failure = await run(task(log)).then(
+      () => null,
+      (error: Error) => error,
+    );
+    expect(failure?.message).to.match(/^TALLY_WATERMARK partition 0's watermark in .*wm:\{3\} is not an offset: 'set by hand'; set that field/);
+    expect(classifyError(failure), 'a stall the batch retries visibly, not data').to.equal('fatal');
+    expect(await counts(truthOf(log).keys()), 'nothing applied').to.deep.equal(new Map());
   });
 
   it('offsets past 2^32 up to 2^53 - 1 compare and store exactly', async () => {

@@ -42,6 +42,9 @@
 
   Errors:
     TALLY_SCRIPT_ARGS  the keys and arguments disagree; nothing was written
+    TALLY_WATERMARK    a watermark field holds something else than an offset
+                       (written by hand); nothing was written, and retrying
+                       fails the same way until the field is repaired
     OOM                (the #!lua line) Redis is out of memory; nothing was
                        written
 ]]
@@ -64,7 +67,11 @@ for p = 1, g do
   local lowest, expected = tonumber(ARGV[at + 1]), tonumber(ARGV[at + 3])
   if lowest == nil or tonumber(ARGV[at + 2]) == nil or expected == nil then return redis.error_reply('TALLY_SCRIPT_ARGS partition ' .. p .. ' has no offsets') end
   local watermark = tonumber(found[p] or '-1')
-  if watermark == nil then return redis.error_reply('TALLY_SCRIPT_ARGS the watermark of partition ' .. fields[p] .. ' is not an offset') end
+  if watermark == nil then
+    -- Redis's state, not the arguments: not data to dead-letter message by message, a stall to name (failure-class.ts: fatal).
+    return redis.error_reply('TALLY_WATERMARK partition ' .. fields[p] .. "'s watermark in " .. KEYS[1] .. " is not an offset: '" ..
+      string.sub(found[p], 1, 40) .. "'; set that field to the highest offset of the partition counted here")
+  end
   -- Below what was seen: writes lost. At or above the lowest offset: some parts were applied before.
   if watermark < expected or watermark >= lowest then apply = false end
   found[p] = found[p] or '-1'
