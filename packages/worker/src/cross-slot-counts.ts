@@ -230,11 +230,11 @@ export async function writeCountsAcrossSlots(deps: CrossSlotDeps): Promise<Cross
 
     // A rewrite's refusals beyond the lost write's are parts the other shards counted and nobody undid: the WAIT fails
     // the batch for a rerun to undo them.
-    const rewrites = groups.map((group, index) => {
+    const rewriteOf = (index: number) => async () => {
       const lost = writes[index]!;
       const refusedThen = new Set(lost.refusals.map((refusal) => refusal.part));
-      return async () => (await writeGroup(group, lost)).refusals.filter((refusal) => !refusedThen.has(refusal.part));
-    });
+      return (await writeGroup(groups[index]!, lost)).refusals.filter((refusal) => !refusedThen.has(refusal.part));
+    };
     // The records' WAITs and the receipts' together: each receipt's loop touches it on every attempt, so a record
     // waiting long on its own master (a replica down) cannot leave the receipts untouched past their TTL, to be read
     // as lost to a failover and their counts written again.
@@ -242,7 +242,7 @@ export async function writeCountsAcrossSlots(deps: CrossSlotDeps): Promise<Cross
       recordStanding(deps, standing, ttl.ttlS, until),
       ...(settings.waitReplicas > 0
         ? [
-            ...writes.map((write, index) => waitForReceipts(deps, [write.receipt], rewrites[index], until)),
+            ...writes.map((write, index) => waitForReceipts(deps, [write.receipt], rewriteOf(index), until)),
             ...takeBackReceipts.map((receipts) => waitForReceipts(deps, receipts, undefined, until)),
           ]
         : []),
@@ -352,23 +352,18 @@ interface StandingCount {
   /** The increment that stands: what to subtract by hand. */
   readonly delta: string;
   readonly error: string;
-  readonly sku: string;
-  /** The refused parts (batch indexes) whose counts include it. */
-  readonly parts: readonly number[];
+  /** The part (batch index) taken back: the increment is its own share of the key. */
+  readonly part: number;
 }
 
 /** Each refused part's own share of the increments that stand: count key -> that part's delta (for its dead letter). */
-function standingByPartOf(task: BatchTask, standing: readonly StandingCount[]): Map<number, Record<string, string>> {
+function standingByPartOf(standing: readonly StandingCount[]): Map<number, Record<string, string>> {
   const byPart = new Map<number, Record<string, string>>();
   for (const count of standing) {
-    for (const part of count.parts) {
-      let sum = 0n;
-      for (const [sku, delta] of task.changes[part]!) if (sku === count.sku) sum += BigInt(delta);
-      if (sum === 0n) continue;
-      let mine = byPart.get(part);
-      if (mine === undefined) byPart.set(part, (mine = {}));
-      mine[count.key] = sum.toString();
-    }
+    if (count.delta === '0') continue;
+    let mine = byPart.get(count.part);
+    if (mine === undefined) byPart.set(count.part, (mine = {}));
+    mine[count.key] = count.delta;
   }
   return byPart;
 }
@@ -480,10 +475,7 @@ async function undoRefusedParts(
   reportStanding(deps, refusals, undone);
   return {
     receiptsByShard: receiptsByShardOf(byShard),
-    standingByPart: standingByPartOf(
-      deps.task,
-      undone.flatMap((undo) => undo.standing),
-    ),
+    standingByPart: standingByPartOf(undone.flatMap((undo) => undo.standing)),
   };
 }
 
@@ -538,8 +530,7 @@ async function takeBackPart(deps: CrossSlotDeps, group: ShardWrite, part: number
       key: countKey(settings.prefix, group.shard, sku),
       delta: (-BigInt(negated.get(sku)!)).toString(),
       error: describeError(error),
-      sku,
-      parts: [part],
+      part,
     }));
     return { receipt: null, standing, now: true };
   }
@@ -553,8 +544,7 @@ async function takeBackPart(deps: CrossSlotDeps, group: ShardWrite, part: number
     key: refusal.key,
     delta: (-BigInt(refusal.delta)).toString(),
     error: refusal.error,
-    sku: refusal.sku,
-    parts: [part],
+    part,
   }));
   return { receipt, standing, now };
 }
@@ -600,10 +590,7 @@ async function abandonWrittenShards(
   );
   // What stands is recorded by message: a one-part run becomes a count-refused dead letter with no header (the
   // failure is thrown, not returned), and `tally dead replay` must find the record or replay it blind.
-  const standing = standingByPartOf(
-    deps.task,
-    undone.flatMap((undo) => undo.standing),
-  );
+  const standing = standingByPartOf(undone.flatMap((undo) => undo.standing));
   // The split halves write every shard again under new ids: an undo a failover lost would leave those counts twice.
   // A lost undo receipt fails the batch (BatchWritesLostError): its rerun under this id takes back again.
   const ttlS = countTtlOf(deps.settings.countTtlS).ttlS;
@@ -669,8 +656,8 @@ function sumByKey(standing: readonly StandingCount[]): Map<string, string> {
 function reportStanding(deps: CrossSlotDeps, refusals: readonly CountRefusal[], undone: readonly TakeBack[], message = STANDING_AFTER_REFUSAL): void {
   const standing = undone.flatMap((undo) => undo.standing);
   if (standing.length === 0) return;
-  const parts = [...new Set(standing.flatMap((count) => count.parts))].sort((a, b) => a - b);
-  const partsNow = new Set(undone.filter((undo) => undo.now).flatMap((undo) => undo.standing.flatMap((count) => count.parts)));
+  const parts = [...new Set(standing.map((count) => count.part))].sort((a, b) => a - b);
+  const partsNow = new Set(undone.filter((undo) => undo.now).flatMap((undo) => undo.standing.map((count) => count.part)));
   deps.log.error(
     {
       batchId: deps.task.batchId,
