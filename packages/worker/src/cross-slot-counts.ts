@@ -63,10 +63,13 @@ import { addToSum, type Sum } from './aggregate.js';
 import type { BatchLog } from './batch-log.js';
 import { countTtlOf } from './count-ttl.js';
 import { decodeRefusals } from './count-refusals.js';
-import { evalshaArgs, runScript, type LuaScript } from './lua-scripts.js';
+import { evalshaArgs, loadScript, runScript, type LuaScript } from './lua-scripts.js';
 import { BatchWritesLostError, waitAfterTouch, type OnWaitTimeout } from './replica-wait.js';
 
 type Reply = [string, string, unknown];
+
+/** The take-back of a shard's parts; its KEYS and ARGV documented in lua/take_back_counts.lua. */
+export const TAKE_BACK_COUNTS = loadScript('take_back_counts');
 
 /** One shard's write answered: its receipt, the parts Redis refused there, and those refusals as the script gave them. */
 interface ShardWritten {
@@ -213,7 +216,7 @@ export async function writeCountsAcrossSlots(deps: CrossSlotDeps): Promise<Cross
     const settled = await Promise.allSettled(groups.map((group) => writeGroup(group)));
     const failed = settled.find((outcome): outcome is PromiseRejectedResult => outcome.status === 'rejected');
     if (failed !== undefined) {
-      if (classifyError(failed.reason) === 'data') await abandonWrittenShards(deps, groups, settled, run);
+      if (classifyError(failed.reason) === 'data') await abandonWrittenShards(deps, groups, settled, { alive, onRetry: countRetry });
       throw failed.reason;
     }
     const writes = settled.map((outcome) => (outcome as PromiseFulfilledResult<ShardWritten>).value);
@@ -223,7 +226,7 @@ export async function writeCountsAcrossSlots(deps: CrossSlotDeps): Promise<Cross
     let standing = new Map<number, Record<string, string>>();
     let takeBackReceipts: string[][] = [];
     if (refusals.length > 0) {
-      const undone = await undoRefusedParts(deps, groups, writes, refusals, run);
+      const undone = await undoRefusedParts(deps, groups, writes, refusals, { alive, onRetry: countRetry });
       takeBackReceipts = undone.receiptsByShard;
       standing = undone.standingByPart;
     }
@@ -457,7 +460,7 @@ async function undoRefusedParts(
   groups: readonly ShardWrite[],
   written: ReadonlyArray<{ refusals: CountRefusal[] }>,
   refusals: readonly CountRefusal[],
-  run: RunWrite,
+  steps: TakeBackSteps,
 ): Promise<{ receiptsByShard: string[][]; standingByPart: Map<number, Record<string, string>> }> {
   const refused = new Set(refusals.map((refusal) => refusal.part));
   const byShard = await Promise.all(
@@ -467,7 +470,7 @@ async function undoRefusedParts(
         deps,
         group,
         group.parts.filter((part) => refused.has(part) && !refusedHere.has(part)),
-        run,
+        steps,
       );
     }),
   );
@@ -478,8 +481,6 @@ async function undoRefusedParts(
     standingByPart: standingByPartOf(undone.flatMap((undo) => undo.standing)),
   };
 }
-
-type RunWrite = (receipt: string, keys: string[], argv: Array<string | number>) => Promise<Reply>;
 
 /** What one part's take-back on one shard did: its receipt, the increments it could not take back, and whether this run took back (not a rerun). */
 interface TakeBack {
@@ -496,57 +497,90 @@ function receiptsByShardOf(byShard: ReadonlyArray<readonly TakeBack[]>): string[
     .filter((receipts) => receipts.length > 0);
 }
 
-/** `parts` taken back on one count shard, each under its own receipt (takeBackReceiptId). */
-function takeBackOnShard(deps: CrossSlotDeps, group: ShardWrite, parts: readonly number[], run: RunWrite): Promise<TakeBack[]> {
-  return Promise.all(parts.map((part) => takeBackPart(deps, group, part, run)));
+/** What a take-back runs with: the batch's keep-alive, which its receipts join from the first attempt, and its retry count. */
+interface TakeBackSteps {
+  readonly alive: KeepAlive;
+  readonly onRetry: () => void;
 }
 
+/** take_back_counts.lua's reply, one entry per part (documented in the script). */
+type TakeBackReply = Array<['taken' | 'receipt', unknown] | ['foreign', string]>;
+
 /**
- * Takes back `part`'s increments on one count shard: the same deltas
- * negated, under the part's receipt in that shard's slot, so a rerun or
- * another path takes back once. An undo of increments just made is refused
- * only by a key that changed since the write; then each SKU is undone on
- * its own, so every other key is taken back, and the ones that stand are
- * returned.
+ * Takes back `parts`' increments on one count shard, in one call
+ * (take_back_counts.lua): the same deltas negated, each part under its own
+ * receipt in that shard's slot, so a rerun or another path takes back once.
+ * An undo of increments just made is refused only by a key that changed
+ * since the write; each increment is taken back on its own, so every other
+ * key is, and the ones that stand are returned. A part whose receipt key
+ * holds a foreign type is not taken back at all: all its increments stand.
  */
-async function takeBackPart(deps: CrossSlotDeps, group: ShardWrite, part: number, run: RunWrite): Promise<TakeBack> {
-  const { settings, task } = deps;
+async function takeBackOnShard(deps: CrossSlotDeps, group: ShardWrite, parts: readonly number[], steps: TakeBackSteps): Promise<TakeBack[]> {
+  if (parts.length === 0) return [];
+  const { alive } = steps;
+  const { redis, settings, task, log } = deps;
   const shards = settings.virtualShards!;
-  const ttl = countTtlOf(settings.countTtlS);
-  const negated = new Map<string, Sum>();
-  for (const [sku, delta] of task.changes[part]!) if (shardOf(sku, shards) === group.shard) negated.set(sku, addToSum(negated.get(sku), -delta));
-  const skus = [...negated.keys()];
-  const receipt = receiptKey(settings.prefix, group.shard, takeBackReceiptId(task.batchId, part));
-  const keys = [receipt, ...skus.map((sku) => countKey(settings.prefix, group.shard, sku))];
-  let reply: Reply;
-  try {
-    reply = await run(receipt, keys, [ttl.ttlS, settings.markerTtlS, 'sums', '', ...skus.map((sku) => String(negated.get(sku)))]);
-  } catch (error) {
-    // Refused for its data before any write (a receipt key of a foreign type): every increment here stands. It is
-    // reported as standing like any refused undo, not thrown: thrown after the writes, it sent the batch to
-    // isolation with nothing taken back, and the halves counted it all again.
-    if (classifyError(error) !== 'data') throw error;
-    const standing = skus.map((sku) => ({
+  const receipts = parts.map((part) => receiptKey(settings.prefix, group.shard, takeBackReceiptId(task.batchId, part)));
+  const keys = [...receipts];
+  const keyIndex = new Map<string, number>();
+  const argv: Array<string | number> = [countTtlOf(settings.countTtlS).ttlS, settings.markerTtlS, parts.length];
+  const negatedByPart = parts.map((part) => {
+    const negated = new Map<string, Sum>();
+    for (const [sku, delta] of task.changes[part]!) if (shardOf(sku, shards) === group.shard) negated.set(sku, addToSum(negated.get(sku), -delta));
+    argv.push(negated.size);
+    for (const [sku, delta] of negated) {
+      let index = keyIndex.get(sku);
+      if (index === undefined) {
+        keys.push(countKey(settings.prefix, group.shard, sku));
+        keyIndex.set(sku, (index = keys.length));
+      }
+      argv.push(index, String(delta));
+    }
+    return negated;
+  });
+  // Every part stands whole: its take-back wrote nothing (a foreign receipt key, or the whole call refused for its data).
+  const standsWhole = (i: number, error: string): StandingCount[] =>
+    [...negatedByPart[i]!].map(([sku, delta]) => ({
       key: countKey(settings.prefix, group.shard, sku),
-      delta: (-BigInt(negated.get(sku)!)).toString(),
-      error: describeError(error),
-      part,
+      delta: (-BigInt(delta)).toString(),
+      error,
+      part: parts[i]!,
     }));
-    return { receipt: null, standing, now: true };
+  for (const receipt of receipts) alive.add(receipt);
+  let replies: TakeBackReply;
+  try {
+    replies = await deps.untilDone(
+      'take_back_counts',
+      () =>
+        onSlotConnection(
+          redis,
+          receipts[0]!,
+          async (connection) => (await runScript(connection, TAKE_BACK_COUNTS, evalshaArgs(TAKE_BACK_COUNTS, keys, argv), log)) as TakeBackReply,
+        ),
+      steps.onRetry,
+    );
+  } catch (error) {
+    // Refused for its data before any write: every increment here stands. It is reported as standing like any
+    // refused undo, not thrown: thrown after the writes, it sent the batch to isolation with nothing taken back, and
+    // the halves counted it all again.
+    if (classifyError(error) !== 'data') throw error;
+    for (const receipt of receipts) alive.remove(receipt);
+    return parts.map((_, i) => ({ receipt: null, standing: standsWhole(i, describeError(error)), now: true }));
   }
-  const now = reply[0] !== ScriptReply.WRITE_RECEIPT;
-  if (reply[0] === ScriptReply.WRITE_ISOLATE) {
-    const perSku: Array<string | number> = [ttl.ttlS, settings.markerTtlS, 'parts', skus.length];
-    skus.forEach((sku, i) => perSku.push(i + 1, 1, i + 1, String(negated.get(sku))));
-    reply = await run(receipt, keys, perSku);
-  }
-  const standing = decodeRefusals(reply[2], settings.prefix).map((refusal) => ({
-    key: refusal.key,
-    delta: (-BigInt(refusal.delta)).toString(),
-    error: refusal.error,
-    part,
-  }));
-  return { receipt, standing, now };
+  return replies.map(([outcome, refusals], i) => {
+    if (outcome === 'foreign') {
+      // That key is not ours to give a TTL.
+      alive.remove(receipts[i]!);
+      return { receipt: null, standing: standsWhole(i, refusals), now: true };
+    }
+    const standing = decodeRefusals(refusals, settings.prefix).map((refusal) => ({
+      key: refusal.key,
+      delta: (-BigInt(refusal.delta)).toString(),
+      error: refusal.error,
+      part: parts[i]!,
+    }));
+    return { receipt: receipts[i]!, standing, now: outcome === 'taken' };
+  });
 }
 
 /**
@@ -568,7 +602,7 @@ async function abandonWrittenShards(
   deps: CrossSlotDeps,
   groups: readonly ShardWrite[],
   settled: ReadonlyArray<PromiseSettledResult<{ refusals: CountRefusal[] }>>,
-  run: RunWrite,
+  steps: TakeBackSteps,
 ): Promise<void> {
   const byShard = await Promise.all(
     groups.map((group, index) => {
@@ -579,7 +613,7 @@ async function abandonWrittenShards(
         deps,
         group,
         group.parts.filter((part) => !refusedHere.has(part)),
-        run,
+        steps,
       );
     }),
   );
@@ -607,7 +641,13 @@ async function abandonWrittenShards(
  * lost, for the WAIT to find. A refresh that fails is not retried: the next
  * one, or the WAIT's own touch, comes before the TTL runs out.
  */
-function keepAlive(deps: CrossSlotDeps): { add(receipt: string): void; remove(receipt: string): void; stop(): void } {
+interface KeepAlive {
+  add(receipt: string): void;
+  remove(receipt: string): void;
+  stop(): void;
+}
+
+function keepAlive(deps: CrossSlotDeps): KeepAlive {
   const { redis, settings } = deps;
   const receipts = new Set<string>();
   const timer = setInterval(

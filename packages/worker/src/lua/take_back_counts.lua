@@ -1,0 +1,84 @@
+#!lua
+--[[
+  Two-step mode on a Redis Cluster: takes back, on one count shard, the
+  increments a batch's parts made there (cross-slot-counts.ts: a part
+  refused on another shard, or a batch abandoned for a shard's data). Each
+  part is taken back under its own receipt, `<batch id>~undo:<part>`, so a
+  part is taken back once per shard whatever ran before; one call takes
+  back every part of the shard, as one write_counts wrote them.
+
+  Input:
+    KEYS[1..p]    the parts' take-back receipts (this shard's slot)
+    KEYS[p+1..]   the count keys
+    ARGV[1]       the TTL a count key created here gets, seconds
+    ARGV[2]       receipt TTL, seconds (the marker TTL)
+    ARGV[3]       p, the number of parts
+    ARGV[4..]     per part in KEYS order: k, then k pairs (count key index
+                  in KEYS, delta to add: the part's increment negated).
+                  Deltas are decimal strings (64-bit integers, never Lua
+                  doubles).
+
+  Output:
+    one {outcome, refusals} per part, in KEYS order
+      outcome   'taken': taken back now; 'receipt': its receipt was there
+                (taken back before: nothing done again, that take-back's
+                refusals returned); 'foreign': its receipt key holds
+                another type, nothing done for it, refusals is Redis's error
+      refusals  one {change index, count key, delta, Redis error} per
+                increment Redis refused to take back (the key changed since
+                the write): those increments stand. The receipt holds them,
+                as write_counts' 'parts' layout writes its refusals.
+
+  Errors:
+    TALLY_SCRIPT_ARGS  p is missing or does not match KEYS, or the parts'
+                       changes do not add up to ARGV; nothing was written
+    OOM                (the #!lua line) Redis is out of memory; nothing was
+                       written
+]]
+local countTtl = ARGV[1]
+local receiptTtl = ARGV[2]
+local p = tonumber(ARGV[3])
+if not p or p < 1 or p > #KEYS then return redis.error_reply('TALLY_SCRIPT_ARGS ' .. tostring(ARGV[3]) .. ' parts for ' .. #KEYS .. ' keys') end
+
+-- Checked before any write: a take-back cut short would leave parts without their receipts.
+local at = 4
+for _ = 1, p do
+  local k = tonumber(ARGV[at])
+  if not k then return redis.error_reply('TALLY_SCRIPT_ARGS a part has no change count at ARGV[' .. at .. ']') end
+  at = at + 1 + 2 * k
+end
+if at ~= #ARGV + 1 then return redis.error_reply('TALLY_SCRIPT_ARGS the parts take ' .. (at - 1) .. ' ARGV, not ' .. #ARGV) end
+
+-- @include count_apply
+
+local replies = {}
+local pos = 4
+for part = 1, p do
+  local k = tonumber(ARGV[pos])
+  local receipt = KEYS[part]
+  local done = redis.pcall('GET', receipt)
+  if type(done) == 'table' and done.err then
+    replies[part] = {'foreign', done.err}
+  elseif done then
+    local sep = string.find(done, ':', 1, true)
+    replies[part] = {'receipt', sep and cjson.decode(string.sub(done, sep + 1)) or {}}
+  else
+    -- Each increment on its own: a key changed since the write refuses only its own, and every other one is taken back.
+    local flags, refusals = {}, {}
+    for c = 1, k do
+      local keyAt = pos + 2 * c - 1
+      local key = KEYS[tonumber(ARGV[keyAt])]
+      local at, err = addAll({key}, 0, ARGV, keyAt, 1, nil, '')
+      flags[c] = at and '1' or '0'
+      if at then refusals[#refusals + 1] = {c, key, ARGV[keyAt + 1], err} end
+    end
+    if #refusals == 0 then
+      redis.call('SET', receipt, '1', 'EX', receiptTtl)
+    else
+      redis.call('SET', receipt, table.concat(flags) .. ':' .. cjson.encode(refusals), 'EX', receiptTtl)
+    end
+    replies[part] = {'taken', refusals}
+  end
+  pos = pos + 1 + 2 * k
+end
+return replies
