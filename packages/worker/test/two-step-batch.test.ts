@@ -539,6 +539,20 @@ describe('two-step batch against a real Redis', function () {
     expect(await redis.hexists(`${base}:${claimed}:0`, digest), 'the refused claim is deleted').to.equal(0);
   });
 
+  it("deletes a refused part's claim only while it is the batch's own: one taken over since is left to its new owner", async () => {
+    // Before, the field was deleted whatever it held: a batch that stalled past the claim TTL, then found a part
+    // refused, deleted the claim another daemon had taken over and counted; that part was left without a marker.
+    const [seconds] = await redis.time();
+    const claimed = bucketOf(Number(seconds), 10) - 1;
+    const base = markerBaseKey(prefix, 6);
+    const [ours, takenOver] = [randomBytes(16), randomBytes(16)];
+    await redis.hset(`${base}:${claimed}:m`, 's', 1, 'b7', `ca1:${Number(seconds) * 1000}`, 'b8', `cb2:${Number(seconds) * 1000}`);
+    await redis.hset(`${base}:${claimed}:0`, ours, '7', takenOver, '8');
+    await runScript(redis, OCCUPY_MARKERS, evalshaArgs(OCCUPY_MARKERS, [base], [10, 20, 1, 12, claimed, 7, 2, ours, takenOver]), quiet);
+    expect(await redis.hexists(`${base}:${claimed}:0`, ours), 'its own refused claim is deleted').to.equal(0);
+    expect(await redis.hget(`${base}:${claimed}:0`, takenOver), "the other daemon's claim stays").to.equal('8');
+  });
+
   it('gives a marker hash its expiry again when a refused claim emptied it and a later claim recreates it', async () => {
     // The meta's `x` says which hashes carry their expiry; a hash the deletion of refused claims empties is gone with its
     // TTL, and the claim that recreates it must set one again (a marker hash without expiry would never leave Redis).

@@ -20,7 +20,8 @@
                 id (worker/src/native-claims.ts)
     ARGV[7]     r, the number of parts Redis refused to count
     ARGV[8 .. 7+r]  their 16-byte digests: their claims are deleted, so they
-                get no marker and their replay counts them
+                get no marker and their replay counts them (a claim only:
+                a field another daemon's claim took over since is left)
     ARGV[8+r ..]    the 16-byte digests of the other new parts: only needed,
                 and only sent, when the first call answered -1 (that call
                 sends r = 0: the first one deleted the refused claims)
@@ -61,7 +62,9 @@ for i = 8, 7 + refused do
   local digest = ARGV[i]
   local sub = subOf(digest, claimSubs)
   touched[sub] = base .. ':' .. claimed .. ':' .. sub
-  redis.call('HDEL', touched[sub], digest)
+  -- Only this batch's own claim: one another daemon took over after ours ran out (this batch stalled) is that
+  -- daemon's to occupy, and deleted here it would leave the part it counts without a marker.
+  if redis.call('HGET', touched[sub], digest) == batch then redis.call('HDEL', touched[sub], digest) end
 end
 if refused > 0 then forgetEmptied(metaKey(claimed), touched) end
 redis.call('HSET', metaKey(claimed), 'b' .. batch, '1')
