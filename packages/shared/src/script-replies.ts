@@ -24,6 +24,13 @@ export const ScriptReply = Object.freeze({
   /** write_counts.lua's outcome ('sums' only): Redis refused a sum, nothing written; call again with 'parts'. */
   WRITE_ISOLATE: 'isolate',
 
+  /** take_back_counts.lua, per part: taken back now, under its receipt. */
+  TAKE_BACK_TAKEN: 'taken',
+  /** take_back_counts.lua, per part: its receipt was there (taken back before); nothing done again, that answer returned. */
+  TAKE_BACK_RECEIPT: 'receipt',
+  /** take_back_counts.lua, per part: its receipt key is not ours (another type, or a value no take-back writes); nothing done for it. */
+  TAKE_BACK_FOREIGN: 'foreign',
+
   /** occupy_markers.lua: the batch is done in its claims' bucket, and the clock moved on since; call again with the new parts' digests to write them there. */
   OCCUPY_NEEDS_DIGESTS: -1,
   /** occupy_markers.lua: the batch's write receipt is gone (a failover lost the counts); nothing was marked. */

@@ -504,7 +504,9 @@ interface TakeBackSteps {
 }
 
 /** take_back_counts.lua's reply, one entry per part (documented in the script). */
-type TakeBackReply = Array<['taken' | 'receipt', unknown] | ['foreign', string]>;
+type TakeBackReply = Array<
+  [typeof ScriptReply.TAKE_BACK_TAKEN | typeof ScriptReply.TAKE_BACK_RECEIPT, unknown] | [typeof ScriptReply.TAKE_BACK_FOREIGN, string]
+>;
 
 /**
  * Takes back `parts`' increments on one count shard, in one call
@@ -568,7 +570,7 @@ async function takeBackOnShard(deps: CrossSlotDeps, group: ShardWrite, parts: re
     return parts.map((_, i) => ({ receipt: null, standing: standsWhole(i, describeError(error)), now: true }));
   }
   return replies.map(([outcome, refusals], i) => {
-    if (outcome === 'foreign') {
+    if (outcome === ScriptReply.TAKE_BACK_FOREIGN) {
       // That key is not ours to give a TTL.
       alive.remove(receipts[i]!);
       return { receipt: null, standing: standsWhole(i, refusals), now: true };
@@ -579,7 +581,7 @@ async function takeBackOnShard(deps: CrossSlotDeps, group: ShardWrite, parts: re
       error: refusal.error,
       part: parts[i]!,
     }));
-    return { receipt: receipts[i]!, standing, now: outcome === 'taken' };
+    return { receipt: receipts[i]!, standing, now: outcome === ScriptReply.TAKE_BACK_TAKEN };
   });
 }
 

@@ -5,7 +5,8 @@ import { classifyError, countKey, markerDigest, PART_DONE, PART_NEW, receiptKey,
 import { createRedisClient, keySlot, type RedisClient } from '@tally/runtime';
 import { startRedisCluster, testWorkerSettings, type RedisCluster } from '@tally/testkit';
 import type { BatchLog } from '../src/batch-log.js';
-import { groupByCountShard, takeBackReceiptId, writeCountsAcrossSlots, type CrossSlotDeps } from '../src/cross-slot-counts.js';
+import { groupByCountShard, TAKE_BACK_COUNTS, takeBackReceiptId, writeCountsAcrossSlots, type CrossSlotDeps } from '../src/cross-slot-counts.js';
+import { evalshaArgs, runScript } from '../src/lua-scripts.js';
 import { WRITE_COUNTS } from '../src/two-step-batch.js';
 import { BatchWritesLostError } from '../src/replica-wait.js';
 
@@ -265,26 +266,32 @@ describe('cross-slot counts: an undo Redis refuses (a key changed between the wr
     await redis.set(countKey(onePrefix, shardB, b1!), '1000');
     // Part 2's take-back receipt holds another type: its increments on B stand, the others' are taken back.
     await redis.hset(receiptKey(onePrefix, shardB, takeBackReceiptId(task.batchId, 2)), 'foreign', '1');
-    const steps: string[] = [];
+    // The scripts sent with a take-back receipt among their keys, counted as Redis receives them.
+    let takeBackCalls = 0;
+    const counting = new Proxy(redis, {
+      get(target, property, receiver) {
+        if (property !== 'call') return Reflect.get(target, property, receiver);
+        return async (command: string, args: Array<string | number>) => {
+          const reply = await target.call(command, args);
+          // Counted once answered: the first one after a fresh start is NOSCRIPT, loaded and sent again.
+          if (command === 'EVALSHA' && args.some((arg) => String(arg).includes('~undo:'))) takeBackCalls++;
+          return reply;
+        };
+      },
+    });
     const write = () =>
       writeCountsAcrossSlots({
-        redis,
+        redis: counting,
         settings: testWorkerSettings({ redisUrl: REDIS_URL, prefix: onePrefix, virtualShards: SHARDS }),
         task,
         groups: groupByCountShard(task.changes, new Uint8Array(6).fill(PART_NEW), SHARDS),
         writeCounts: WRITE_COUNTS,
         log: { warn() {}, error() {} },
-        untilDone: (step, run) => {
-          steps.push(step);
-          return run();
-        },
+        untilDone: (_step, run) => run(),
       });
     const result = await write();
     expect(result.refusals.map((refusal) => refusal.part)).to.deep.equal([0, 1, 2, 3, 4, 5]);
-    expect(
-      steps.filter((step) => step === 'take_back_counts'),
-      'one take-back call for the shard',
-    ).to.have.length(1);
+    expect(takeBackCalls, 'one take-back call for the shard').to.equal(1);
     expect(await redis.get(countKey(onePrefix, shardB, b1!)), "b1: only part 2's 3 stands").to.equal('1003');
     expect(await redis.get(countKey(onePrefix, shardB, b2!)), "b2: only part 2's 30 stands").to.equal('30');
     expect(result.refusals[2]!.standing).to.deep.equal({ [countKey(onePrefix, shardB, b1!)]: '3', [countKey(onePrefix, shardB, b2!)]: '30' });
@@ -296,6 +303,68 @@ describe('cross-slot counts: an undo Redis refuses (a key changed between the wr
     const rerun = await write();
     expect([await redis.get(countKey(onePrefix, shardB, b1!)), await redis.get(countKey(onePrefix, shardB, b2!))]).to.deep.equal(['1003', '30']);
     expect(rerun.refusals[2]!.standing).to.deep.equal(result.refusals[2]!.standing);
+  });
+
+  it('reads a take-back receipt as written, and one of a shape no take-back writes as foreign: its part stands, the others go on', async () => {
+    // A plain string read as a receipt made its part pass for taken back, its increments standing unreported; one with a
+    // ':' but no JSON stopped the whole call mid-way, retried for ever.
+    const shapesPrefix = `${prefix}receipt-shapes:`;
+    const refusedSku = 'sku-a';
+    const others = Array.from({ length: 200 }, (_, i) => `sku-b${i}`).filter((sku) => shardOf(sku, SHARDS) !== shardOf(refusedSku, SHARDS));
+    const [b1, b2] = others.filter((sku) => shardOf(sku, SHARDS) === shardOf(others[0]!, SHARDS));
+    const shardB = shardOf(b1!, SHARDS);
+    const [keyB1, keyB2] = [countKey(shapesPrefix, shardB, b1!), countKey(shapesPrefix, shardB, b2!)];
+    await redis.set(countKey(shapesPrefix, shardOf(refusedSku, SHARDS), refusedSku), 'a foreign value');
+    const task = batchOf(
+      shapesPrefix,
+      ...Array.from({ length: 4 }, (_, i): Array<[string, number]> => [
+        [refusedSku, 1],
+        [b1!, 10 ** i],
+        [b2!, 2],
+      ]),
+    );
+    const receiptOf = (part: number) => receiptKey(shapesPrefix, shardB, takeBackReceiptId(task.batchId, part));
+    // Part 0: a receipt an earlier take-back wrote, b2's increment refused then (its 2 stands). Parts 1 and 2: values
+    // no take-back writes. Part 3: none, taken back now.
+    await redis.set(receiptOf(0), `01:${JSON.stringify([[2, keyB2, '-2', 'ERR by hand']])}`);
+    await redis.set(receiptOf(1), 'hello');
+    await redis.set(receiptOf(2), '01:not json');
+    const result = await writeCountsAcrossSlots({
+      redis,
+      settings: testWorkerSettings({ redisUrl: REDIS_URL, prefix: shapesPrefix, virtualShards: SHARDS }),
+      task,
+      groups: groupByCountShard(task.changes, new Uint8Array(4).fill(PART_NEW), SHARDS),
+      writeCounts: WRITE_COUNTS,
+      log: { warn() {}, error() {} },
+      untilDone: (_step, run) => run(),
+    });
+    expect(result.refusals.map((refusal) => refusal.part)).to.deep.equal([0, 1, 2, 3]);
+    expect(result.refusals[0]!.standing, "the earlier take-back's answer").to.deep.equal({ [keyB2]: '2' });
+    expect(result.refusals[1]!.standing, 'a plain string: its part stands whole').to.deep.equal({ [keyB1]: '10', [keyB2]: '2' });
+    expect(result.refusals[2]!.standing, 'a value that is no receipt: its part stands whole').to.deep.equal({ [keyB1]: '100', [keyB2]: '2' });
+    expect(result.refusals[3]!.standing, 'taken back now').to.equal(undefined);
+    // Written by this batch: 1111 on b1 and 8 on b2; only part 3 is taken back now (the receipt written by hand for
+    // part 0 stands for a take-back that never ran).
+    expect([await redis.get(keyB1), await redis.get(keyB2)]).to.deep.equal(['111', '6']);
+    expect([await redis.get(receiptOf(1)), await redis.get(receiptOf(2))], 'the foreign values left as they were').to.deep.equal(['hello', '01:not json']);
+  });
+
+  it('refuses take-back arguments that name no count key or no integer, before any write', async () => {
+    const argsPrefix = `${prefix}take-back-args:`;
+    const [receipt, key] = [`${argsPrefix}w:{1}:b~undo:0`, `${argsPrefix}c:{1}:sku`];
+    const call = (argv: Array<string | number>) =>
+      runScript(redis, TAKE_BACK_COUNTS, evalshaArgs(TAKE_BACK_COUNTS, [receipt, key], argv), { warn() {} }).then(
+        () => null,
+        (error: Error) => error.message,
+      );
+    expect(await call([60, 60, 1, 1, 1, '-5']), 'the receipt as a count key').to.match(/^TALLY_SCRIPT_ARGS .*names no count key/);
+    expect(await call([60, 60, 1, 1, 3, '-5']), 'past the keys').to.match(/^TALLY_SCRIPT_ARGS .*names no count key/);
+    expect(await call([60, 60, 1, 1, 2, 'abc']), 'not an integer').to.match(/^TALLY_SCRIPT_ARGS .*not an integer/);
+    expect(await call([60, 60, 1, 2, 2, '-5']), 'too few ARGV').to.match(/^TALLY_SCRIPT_ARGS/);
+    expect(await call([60, 60, 2, 1, 2, '-5']), 'more parts than keys allow').to.match(/^TALLY_SCRIPT_ARGS/);
+    expect(await redis.exists(receipt, key), 'nothing written').to.equal(0);
+    expect(await call([60, 60, 1, 1, 2, '-5'])).to.equal(null);
+    expect([await redis.get(receipt), await redis.get(key)]).to.deep.equal(['1', '-5']);
   });
 
   it('gives a receipt key of another type no TTL while the batch keeps its receipts alive', async () => {

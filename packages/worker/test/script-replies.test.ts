@@ -2,6 +2,7 @@ import { expect } from 'chai';
 import { ScriptReply } from '@tally/shared';
 import { ATOMIC_BATCH } from '../src/atomic-batch.js';
 import { CLAIM_MARKERS, OCCUPY_MARKERS, WRITE_COUNTS } from '../src/two-step-batch.js';
+import { TAKE_BACK_COUNTS } from '../src/cross-slot-counts.js';
 
 /** The part of a script before its code: the header comment that is its contract. */
 const header = (source: string): string => source.slice(0, source.indexOf(']]'));
@@ -18,6 +19,13 @@ describe('the scripts return codes as ScriptReply names them', () => {
     for (const outcome of [ScriptReply.WRITE_WRITTEN, ScriptReply.WRITE_RECEIPT, ScriptReply.WRITE_ISOLATE]) {
       expect(WRITE_COUNTS.source).to.include(`{'${outcome}', `);
       expect(header(WRITE_COUNTS.source)).to.include(`'${outcome}'`);
+    }
+  });
+
+  it("take_back_counts' outcomes are the three TAKE_BACK_* names", () => {
+    for (const outcome of [ScriptReply.TAKE_BACK_TAKEN, ScriptReply.TAKE_BACK_RECEIPT, ScriptReply.TAKE_BACK_FOREIGN]) {
+      expect(TAKE_BACK_COUNTS.source).to.include(`{'${outcome}', `);
+      expect(header(TAKE_BACK_COUNTS.source)).to.include(`'${outcome}'`);
     }
   });
 

@@ -551,6 +551,12 @@ describe('two-step batch against a real Redis', function () {
     await runScript(redis, OCCUPY_MARKERS, evalshaArgs(OCCUPY_MARKERS, [base], [10, 20, 1, 12, claimed, 7, 2, ours, takenOver]), quiet);
     expect(await redis.hexists(`${base}:${claimed}:0`, ours), 'its own refused claim is deleted').to.equal(0);
     expect(await redis.hget(`${base}:${claimed}:0`, takenOver), "the other daemon's claim stays").to.equal('8');
+    // A claim pipeline's claims hold its id (native-claims.ts): the same rule.
+    const [pipelined, pipelinedOver] = [randomBytes(16), randomBytes(16)];
+    await redis.hset(`${base}:${claimed}:0`, pipelined, 'nAbc1', pipelinedOver, '9');
+    await runScript(redis, OCCUPY_MARKERS, evalshaArgs(OCCUPY_MARKERS, [base], [10, 20, 1, 12, claimed, 'nAbc1', 2, pipelined, pipelinedOver]), quiet);
+    expect(await redis.hexists(`${base}:${claimed}:0`, pipelined), "the pipeline's own refused claim is deleted").to.equal(0);
+    expect(await redis.hget(`${base}:${claimed}:0`, pipelinedOver), 'the claim taken over from it stays').to.equal('9');
   });
 
   it('gives a marker hash its expiry again when a refused claim emptied it and a later claim recreates it', async () => {

@@ -23,14 +23,17 @@
       outcome   'taken': taken back now; 'receipt': its receipt was there
                 (taken back before: nothing done again, that take-back's
                 refusals returned); 'foreign': its receipt key holds
-                another type, nothing done for it, refusals is Redis's error
+                another type or a value no take-back writes, nothing done
+                for it, refusals is the error (Redis's, or
+                TALLY_FOREIGN_RECEIPT naming the key)
       refusals  one {change index, count key, delta, Redis error} per
                 increment Redis refused to take back (the key changed since
                 the write): those increments stand. The receipt holds them,
                 as write_counts' 'parts' layout writes its refusals.
 
   Errors:
-    TALLY_SCRIPT_ARGS  p is missing or does not match KEYS, or the parts'
+    TALLY_SCRIPT_ARGS  p is missing or does not match KEYS, a change names
+                       no count key or has no integer delta, or the parts'
                        changes do not add up to ARGV; nothing was written
     OOM                (the #!lua line) Redis is out of memory; nothing was
                        written
@@ -44,10 +47,34 @@ if not p or p < 1 or p > #KEYS then return redis.error_reply('TALLY_SCRIPT_ARGS 
 local at = 4
 for _ = 1, p do
   local k = tonumber(ARGV[at])
-  if not k then return redis.error_reply('TALLY_SCRIPT_ARGS a part has no change count at ARGV[' .. at .. ']') end
+  if not k or k < 0 or k % 1 ~= 0 or at + 2 * k > #ARGV then
+    return redis.error_reply('TALLY_SCRIPT_ARGS no change count, or too few ARGV for it, at ARGV[' .. at .. ']')
+  end
+  for c = 1, k do
+    local keyAt = tonumber(ARGV[at + 2 * c - 1])
+    if not keyAt or keyAt <= p or keyAt > #KEYS or keyAt % 1 ~= 0 then
+      return redis.error_reply('TALLY_SCRIPT_ARGS ARGV[' .. (at + 2 * c - 1) .. '] names no count key')
+    end
+    if not string.match(ARGV[at + 2 * c], '^%-?%d+$') then
+      return redis.error_reply('TALLY_SCRIPT_ARGS ARGV[' .. (at + 2 * c) .. '] is not an integer')
+    end
+  end
   at = at + 1 + 2 * k
 end
 if at ~= #ARGV + 1 then return redis.error_reply('TALLY_SCRIPT_ARGS the parts take ' .. (at - 1) .. ' ARGV, not ' .. #ARGV) end
+
+-- What a take-back receipt says: '1' (nothing stands) or the flags and refusals, as this script writes them; a value
+-- of any other shape is not ours, and is reported as a foreign key (read as a receipt, its part would pass for
+-- taken back while its increments stand, unreported).
+local function readReceipt(receipt, value)
+  if value == '1' then return {'receipt', {}} end
+  local flags, json = string.match(value, '^([01]+):(.+)$')
+  if flags then
+    local ok, refusals = pcall(cjson.decode, json)
+    if ok and type(refusals) == 'table' then return {'receipt', refusals} end
+  end
+  return {'foreign', 'TALLY_FOREIGN_RECEIPT ' .. receipt .. ' holds a value that is not a take-back receipt'}
+end
 
 -- @include count_apply
 
@@ -60,8 +87,7 @@ for part = 1, p do
   if type(done) == 'table' and done.err then
     replies[part] = {'foreign', done.err}
   elseif done then
-    local sep = string.find(done, ':', 1, true)
-    replies[part] = {'receipt', sep and cjson.decode(string.sub(done, sep + 1)) or {}}
+    replies[part] = readReceipt(receipt, done)
   else
     -- Each increment on its own: a key changed since the write refuses only its own, and every other one is taken back.
     local flags, refusals = {}, {}
