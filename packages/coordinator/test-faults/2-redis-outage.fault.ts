@@ -1,8 +1,8 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import { expect } from 'chai';
-import { generateWorkload, publishAll, seededRandom } from '@tally/workload';
+import { generateWorkload, publishAll } from '@tally/workload';
 import { startProxy } from '@tally/testkit';
-import { cleanup, testSpace, waitForReadyEmpty, AMQP_URL } from '../test/integration/harness.js';
+import { cleanup, queueState, testSpace, waitForReadyBelow, waitForReadyEmpty, AMQP_URL } from '../test/integration/harness.js';
 import { outageOutcome } from './outage-outcome.js';
 import { DaemonFleet } from './fleet.js';
 import { rows } from './report.js';
@@ -25,15 +25,20 @@ describe('faults: Redis goes away and comes back', function () {
     const space = testSpace('f-redis', { TALLY_BATCH_SIZE: String(config.batchSize), TALLY_REDIS_URL: `redis://127.0.0.1:${redisProxy.port}` });
     const fleet = new DaemonFleet();
     const shape = { maxChanges: 4, maxDelta: 9 };
-    const random = seededRandom(23);
     try {
       const workload = generateWorkload({ messages: 40_000, skus: 2_000, seed: 29, duplicateRate: 0.02, badRate: 0.002, idPrefix: space.queue, ...shape });
       await publishAll(workload.publishes, { url: AMQP_URL, queue: space.queue });
+      const published = (await queueState(space.queue)).messageCount;
       const daemon = await fleet.start(space.env);
       // Two outages that refuse reconnects for a while, one that only drops
-      // the connections (ioredis reconnects at once), each mid-batch.
-      for (const outageMs of [2_000, 0, 3_000]) {
-        await sleep(300 + random() * 500);
+      // the connections (ioredis reconnects at once), each mid-batch: at a
+      // quarter, a half and three quarters of the backlog taken, so each
+      // finds work however fast the machine drains (on timers from the
+      // start, the third came after the drain on a machine 1.6x this one's).
+      const readyAtOutage: number[] = [];
+      for (const [i, outageMs] of [2_000, 0, 3_000].entries()) {
+        await waitForReadyBelow(space.queue, (published * (3 - i)) / 4, 60_000);
+        readyAtOutage.push((await queueState(space.queue)).messageCount);
         if (outageMs === 0) redisProxy.cutAll();
         else {
           redisProxy.pause();
@@ -57,13 +62,17 @@ describe('faults: Redis goes away and comes back', function () {
         overcount: check.overcountUnits,
         bound,
         estimate: estimate.expectedPerMonth * units.mean,
-        note: `outages 2 s, cut, 3 s; ${felt} log lines saw it; write_retries ${stats.write_retries}, occupation_failures ${stats.occupation_failures}`,
+        note: `outages 2 s, cut, 3 s (${readyAtOutage.join(', ')} ready); ${felt} log lines saw it; write_retries ${stats.write_retries}, occupation_failures ${stats.occupation_failures}`,
       });
       console.log(`      stats ${JSON.stringify(stats)}`);
 
       expect(fleet.violations, 'the daemon exited on its own').to.deep.equal([]);
       expect(fleet.started, 'one daemon rode out every outage').to.equal(1);
       expect(felt, 'the outages reached the daemon').to.be.greaterThan(0);
+      expect(
+        readyAtOutage.filter((ready) => ready > 0),
+        `messages ready as each outage began: ${readyAtOutage.join(', ')}`,
+      ).to.have.length(3);
       expect(check.lostSkus, 'SKUs below the truth: data lost').to.deep.equal([]);
       // No crash, no overcount: a failed write is settled by its receipt, a failed occupation is retried.
       expect(check.overcountUnits).to.be.at.most(bound);
