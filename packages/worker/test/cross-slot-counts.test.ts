@@ -67,16 +67,16 @@ describe('cross-slot counts: an undo Redis refuses (a key changed between the wr
     redis.disconnect();
   });
 
-  /** A one-message batch written across slots here, its error lines and undo failures collected. */
-  function writer(prefix: string, task: BatchTask) {
+  /** A batch (every part new) written across slots here, through `client`, its error lines and undo failures collected. */
+  function writer(prefix: string, task: BatchTask, client: Redis = redis) {
     const errors: Array<{ fields: Record<string, unknown>; message: string }> = [];
     const undoFailures: number[] = [];
     const write = () =>
       writeCountsAcrossSlots({
-        redis,
+        redis: client,
         settings: testWorkerSettings({ redisUrl: REDIS_URL, prefix, virtualShards: SHARDS }),
         task,
-        groups: groupByCountShard(task.changes, Uint8Array.of(PART_NEW), SHARDS),
+        groups: groupByCountShard(task.changes, new Uint8Array(task.changes.length).fill(PART_NEW), SHARDS),
         writeCounts: WRITE_COUNTS,
         log: { warn() {}, error: (fields, message) => errors.push({ fields, message }) },
         untilDone: (_step, run) => run(),
@@ -248,22 +248,27 @@ describe('cross-slot counts: an undo Redis refuses (a key changed between the wr
     );
   });
 
-  it("takes back a shard's refused parts in one call, each under its own receipt: a foreign one leaves only its part standing", async () => {
-    // Before, one script per refused part and shard: a poisoned hot key refusing 500 parts cost 500 calls, not 1.
-    const onePrefix = `${prefix}one-call:`;
+  /** A SKU whose count key (in `prefix`) holds a foreign value, so every part with it is refused, and two SKUs that share another shard. */
+  async function poisonedSkuAndTwoOthers(prefix: string): Promise<{ refusedSku: string; b1: string; b2: string; shardB: number }> {
     const refusedSku = 'sku-a';
     const others = Array.from({ length: 200 }, (_, i) => `sku-b${i}`).filter((sku) => shardOf(sku, SHARDS) !== shardOf(refusedSku, SHARDS));
     const [b1, b2] = others.filter((sku) => shardOf(sku, SHARDS) === shardOf(others[0]!, SHARDS));
-    const shardB = shardOf(b1!, SHARDS);
-    await redis.set(countKey(onePrefix, shardOf(refusedSku, SHARDS), refusedSku), 'a foreign value');
+    await redis.set(countKey(prefix, shardOf(refusedSku, SHARDS), refusedSku), 'a foreign value');
+    return { refusedSku, b1: b1!, b2: b2!, shardB: shardOf(b1!, SHARDS) };
+  }
+
+  it("takes back a shard's refused parts in one call, each under its own receipt: a foreign one leaves only its part standing", async () => {
+    // Before, one script per refused part and shard: a poisoned hot key refusing 500 parts cost 500 calls, not 1.
+    const onePrefix = `${prefix}one-call:`;
+    const { refusedSku, b1, b2, shardB } = await poisonedSkuAndTwoOthers(onePrefix);
     // Six messages, all refused on A's poisoned key; on B they share b1, and half of them touch b2.
     const messages = Array.from({ length: 6 }, (_, i): Array<[string, number]> => [
       [refusedSku, 1],
-      [b1!, i + 1],
-      ...(i % 2 === 0 ? [[b2!, 10 * (i + 1)] as [string, number]] : []),
+      [b1, i + 1],
+      ...(i % 2 === 0 ? [[b2, 10 * (i + 1)] as [string, number]] : []),
     ]);
     const task = batchOf(onePrefix, ...messages);
-    await redis.set(countKey(onePrefix, shardB, b1!), '1000');
+    await redis.set(countKey(onePrefix, shardB, b1), '1000');
     // Part 2's take-back receipt holds another type: its increments on B stand, the others' are taken back.
     await redis.hset(receiptKey(onePrefix, shardB, takeBackReceiptId(task.batchId, 2)), 'foreign', '1');
     // The scripts sent with a take-back receipt among their keys, counted as Redis receives them.
@@ -279,29 +284,20 @@ describe('cross-slot counts: an undo Redis refuses (a key changed between the wr
         };
       },
     });
-    const write = () =>
-      writeCountsAcrossSlots({
-        redis: counting,
-        settings: testWorkerSettings({ redisUrl: REDIS_URL, prefix: onePrefix, virtualShards: SHARDS }),
-        task,
-        groups: groupByCountShard(task.changes, new Uint8Array(6).fill(PART_NEW), SHARDS),
-        writeCounts: WRITE_COUNTS,
-        log: { warn() {}, error() {} },
-        untilDone: (_step, run) => run(),
-      });
+    const { write } = writer(onePrefix, task, counting);
     const result = await write();
     expect(result.refusals.map((refusal) => refusal.part)).to.deep.equal([0, 1, 2, 3, 4, 5]);
     expect(takeBackCalls, 'one take-back call for the shard').to.equal(1);
-    expect(await redis.get(countKey(onePrefix, shardB, b1!)), "b1: only part 2's 3 stands").to.equal('1003');
-    expect(await redis.get(countKey(onePrefix, shardB, b2!)), "b2: only part 2's 30 stands").to.equal('30');
-    expect(result.refusals[2]!.standing).to.deep.equal({ [countKey(onePrefix, shardB, b1!)]: '3', [countKey(onePrefix, shardB, b2!)]: '30' });
+    expect(await redis.get(countKey(onePrefix, shardB, b1)), "b1: only part 2's 3 stands").to.equal('1003');
+    expect(await redis.get(countKey(onePrefix, shardB, b2)), "b2: only part 2's 30 stands").to.equal('30');
+    expect(result.refusals[2]!.standing).to.deep.equal({ [countKey(onePrefix, shardB, b1)]: '3', [countKey(onePrefix, shardB, b2)]: '30' });
     expect(result.refusals.filter((refusal) => refusal.standing !== undefined).map((refusal) => refusal.part)).to.deep.equal([2]);
     for (const part of [0, 1, 3, 4, 5])
       expect(await redis.exists(receiptKey(onePrefix, shardB, takeBackReceiptId(task.batchId, part))), `part ${part}'s receipt`).to.equal(1);
 
     // A rerun finds the receipts: nothing is taken back twice, and what stands is the same.
     const rerun = await write();
-    expect([await redis.get(countKey(onePrefix, shardB, b1!)), await redis.get(countKey(onePrefix, shardB, b2!))]).to.deep.equal(['1003', '30']);
+    expect([await redis.get(countKey(onePrefix, shardB, b1)), await redis.get(countKey(onePrefix, shardB, b2))]).to.deep.equal(['1003', '30']);
     expect(rerun.refusals[2]!.standing).to.deep.equal(result.refusals[2]!.standing);
   });
 
@@ -309,18 +305,14 @@ describe('cross-slot counts: an undo Redis refuses (a key changed between the wr
     // A plain string read as a receipt made its part pass for taken back, its increments standing unreported; one with a
     // ':' but no JSON stopped the whole call mid-way, retried for ever.
     const shapesPrefix = `${prefix}receipt-shapes:`;
-    const refusedSku = 'sku-a';
-    const others = Array.from({ length: 200 }, (_, i) => `sku-b${i}`).filter((sku) => shardOf(sku, SHARDS) !== shardOf(refusedSku, SHARDS));
-    const [b1, b2] = others.filter((sku) => shardOf(sku, SHARDS) === shardOf(others[0]!, SHARDS));
-    const shardB = shardOf(b1!, SHARDS);
-    const [keyB1, keyB2] = [countKey(shapesPrefix, shardB, b1!), countKey(shapesPrefix, shardB, b2!)];
-    await redis.set(countKey(shapesPrefix, shardOf(refusedSku, SHARDS), refusedSku), 'a foreign value');
+    const { refusedSku, b1, b2, shardB } = await poisonedSkuAndTwoOthers(shapesPrefix);
+    const [keyB1, keyB2] = [countKey(shapesPrefix, shardB, b1), countKey(shapesPrefix, shardB, b2)];
     const task = batchOf(
       shapesPrefix,
       ...Array.from({ length: 4 }, (_, i): Array<[string, number]> => [
         [refusedSku, 1],
-        [b1!, 10 ** i],
-        [b2!, 2],
+        [b1, 10 ** i],
+        [b2, 2],
       ]),
     );
     const receiptOf = (part: number) => receiptKey(shapesPrefix, shardB, takeBackReceiptId(task.batchId, part));
@@ -329,15 +321,7 @@ describe('cross-slot counts: an undo Redis refuses (a key changed between the wr
     await redis.set(receiptOf(0), `01:${JSON.stringify([[2, keyB2, '-2', 'ERR by hand']])}`);
     await redis.set(receiptOf(1), 'hello');
     await redis.set(receiptOf(2), '01:not json');
-    const result = await writeCountsAcrossSlots({
-      redis,
-      settings: testWorkerSettings({ redisUrl: REDIS_URL, prefix: shapesPrefix, virtualShards: SHARDS }),
-      task,
-      groups: groupByCountShard(task.changes, new Uint8Array(4).fill(PART_NEW), SHARDS),
-      writeCounts: WRITE_COUNTS,
-      log: { warn() {}, error() {} },
-      untilDone: (_step, run) => run(),
-    });
+    const result = await writer(shapesPrefix, task).write();
     expect(result.refusals.map((refusal) => refusal.part)).to.deep.equal([0, 1, 2, 3]);
     expect(result.refusals[0]!.standing, "the earlier take-back's answer").to.deep.equal({ [keyB2]: '2' });
     expect(result.refusals[1]!.standing, 'a plain string: its part stands whole').to.deep.equal({ [keyB1]: '10', [keyB2]: '2' });
