@@ -88,6 +88,15 @@ export interface RedisCluster {
   restartNode(port: number): Promise<void>;
   /** Waits until every live node reports cluster_state:ok with all slots served and no live node is marked failed. */
   waitForHealthy(): Promise<void>;
+  /**
+   * Moves one slot, keys and all, from its master to the master on `toPort`
+   * while clients go on (a live reshard, as `redis-cli --cluster reshard`
+   * does it): IMPORTING on the target, MIGRATING on the source, the keys
+   * MIGRATEd `keysPerStep` at a time with `pauseMs` between steps (so that
+   * commands meet the slot mid-move), then NODE on every master. Resolves to
+   * the keys moved.
+   */
+  migrateSlot(slot: number, toPort: number, pacing?: { keysPerStep?: number; pauseMs?: number }): Promise<number>;
   /** Kills every process the launcher started and removes its directory. Idempotent. */
   stop(): Promise<void>;
 }
@@ -271,6 +280,36 @@ async function startOnce(options: RedisClusterOptions): Promise<RedisCluster> {
       slot.process = await launch(slot);
     },
     waitForHealthy,
+    async migrateSlot(slot, toPort, pacing = {}) {
+      const current = await nodes();
+      const masters = current.filter((n) => n.alive && n.role === 'master');
+      const source = masters.find((n) => n.slots.some((range) => slotInRange(slot, range)));
+      const target = masters.find((n) => n.port === toPort);
+      if (!source) throw new Error(`no live master serves slot ${slot}`);
+      if (!target) throw new Error(`port ${toPort} is not a live master`);
+      if (source.port === target.port) return 0;
+      await ask(target.port, ['CLUSTER', 'SETSLOT', String(slot), 'IMPORTING', source.id]);
+      await ask(source.port, ['CLUSTER', 'SETSLOT', String(slot), 'MIGRATING', target.id]);
+      const keysPerStep = pacing.keysPerStep ?? 100;
+      const admin = new Redis({ ...adminClientOptions(source.port, tls ? { tls } : {}), connectTimeout: 1_000 });
+      admin.on('error', () => {});
+      let moved = 0;
+      try {
+        for (;;) {
+          const keys = (await admin.call('CLUSTER', 'GETKEYSINSLOT', String(slot), String(keysPerStep))) as string[];
+          if (keys.length === 0) break;
+          await admin.call('MIGRATE', '127.0.0.1', String(target.port), '', '0', '5000', 'KEYS', ...keys);
+          moved += keys.length;
+          if (pacing.pauseMs) await sleep(pacing.pauseMs);
+        }
+      } finally {
+        admin.disconnect();
+      }
+      for (const master of [target, source, ...masters.filter((n) => n.port !== target.port && n.port !== source.port)]) {
+        await ask(master.port, ['CLUSTER', 'SETSLOT', String(slot), 'NODE', target.id]);
+      }
+      return moved;
+    },
     stop,
   };
   try {
@@ -280,6 +319,13 @@ async function startOnce(options: RedisClusterOptions): Promise<RedisCluster> {
     throw error;
   }
   return handle;
+}
+
+/** Whether `slot` is in a CLUSTER NODES slot entry (`5461` or `0-5460`; a `[…]` migration entry holds none). */
+function slotInRange(slot: number, range: string): boolean {
+  if (range.startsWith('[')) return false;
+  const [from, to = from] = range.split('-').map(Number);
+  return slot >= from! && slot <= to!;
 }
 
 /** One command on one node over a short-lived connection (CLUSTER INFO, CLUSTER NODES, INFO). */
