@@ -35,7 +35,6 @@ import {
   runRefusedStart,
   startDaemon,
   stopDaemon,
-  queueState,
   testSpace,
   waitForReadyBelow,
   waitForReadyEmpty,
@@ -555,8 +554,6 @@ describe('Redis Cluster (integration: 3 masters + 3 replicas of our own)', funct
         daemon = await startDaemon(space.env);
         await waitForReadyBelow(space.queue, (workload.publishes.length * 3) / 4, 60_000);
         const moves = await moveFourShards();
-        const readyAfterMoves = (await queueState(space.queue)).messageCount;
-        expect(readyAfterMoves, 'the moves ended mid-stream').to.be.greaterThan(0);
         await waitForReadyEmpty(space.queue);
         await sleep(500);
         expect((await stopDaemon(daemon)).code).to.equal(0);
