@@ -45,6 +45,33 @@ import {
 import { tallyCli, until } from './fleet-helpers.js';
 import { countKeysPerMaster, withRedisAt } from './cluster-helpers.js';
 
+/** Every SKU's count as `tally counts --json` reads it from the cluster. */
+async function cliCounts(env: Record<string, string>): Promise<Map<string, number>> {
+  return new Map(Object.entries(JSON.parse((await tallyCli(env, 'counts', '--json')).stdout) as Record<string, number>));
+}
+
+/**
+ * Waits until the counts are the truth: a stream has no queue whose drain
+ * says the work is done. A stall names its cause in the daemons' warnings,
+ * shown with the failure.
+ */
+async function untilCountsAreTheTruth(env: Record<string, string>, truth: ReadonlyMap<string, number>, daemons: readonly DaemonProcess[]): Promise<void> {
+  let last = '';
+  await until(
+    'the counts to reach the truth',
+    async () => {
+      const diff = compare(await cliCounts(env), truth);
+      last = `lost ${diff.missingUnits}, excess ${diff.excessUnits}`;
+      return diff.exact ? true : undefined;
+    },
+    120_000,
+    300,
+  ).catch((error: unknown) => {
+    const warnings = daemons.flatMap((daemon) => daemon.logs.filter((line) => !line.includes('"level":30')).slice(-10));
+    throw new Error(`${String(error)} (${last}); daemon warnings:\n${warnings.join('\n')}`);
+  });
+}
+
 /** Whether `slot` is in one of a master's CLUSTER NODES slot ranges (`5461` or `0-5460`). */
 function slotIn(slot: number, range: string): boolean {
   const [from, to = from] = range.split('-').map(Number);
@@ -310,7 +337,7 @@ describe('Redis Cluster (integration: 3 masters + 3 replicas of our own)', funct
       daemon = null;
       expect(deaths, 'threads died between their count writes and their markers').to.be.greaterThan(0);
       expect(reruns, 'and their batches were rerun').to.be.greaterThan(0);
-      const counts = new Map(Object.entries(JSON.parse((await tallyCli(space.env, 'counts', '--json')).stdout) as Record<string, number>));
+      const counts = await cliCounts(space.env);
       const diff = compare(counts, workload.truth);
       expect(diff.exact, `the reruns found every slot's receipt: lost ${diff.missingUnits}, excess ${diff.excessUnits}`).to.equal(true);
     } finally {
@@ -353,7 +380,7 @@ describe('Redis Cluster (integration: 3 masters + 3 replicas of our own)', funct
           300,
         );
         for (const daemon of daemons.splice(0)) expect((await stopDaemon(daemon)).code).to.equal(0);
-        const counts = new Map(Object.entries(JSON.parse((await tallyCli(space.env, 'counts', '--json')).stdout) as Record<string, number>));
+        const counts = await cliCounts(space.env);
         const diff = compare(counts, workload.truth);
         expect(diff.exact, `${mode}: lost ${diff.missingUnits}, excess ${diff.excessUnits}`).to.equal(true);
         // TALLY_MARKER_SCOPE unset: on a cluster, two-step lays a new prefix out message-scoped, atomic part-scoped.
@@ -384,24 +411,9 @@ describe('Redis Cluster (integration: 3 masters + 3 replicas of our own)', funct
       // Done when the counts are the truth. Not when the counters add up: while the second daemon takes its
       // partitions over, both read them, and a message whose parts the two applied between them is
       // counted by neither counter as a whole (it is `replayed` on one, partly, and counted on the other).
-      let last = '';
-      await until(
-        'the counts to reach the truth',
-        async () => {
-          const counts = new Map(Object.entries(JSON.parse((await tallyCli(space.env, 'counts', '--json')).stdout) as Record<string, number>));
-          const diff = compare(counts, workload.truth);
-          last = `lost ${diff.missingUnits}, excess ${diff.excessUnits}`;
-          return diff.exact ? true : undefined;
-        },
-        120_000,
-        300,
-      ).catch((error: unknown) => {
-        // A stall names its cause in the daemons' warnings: show them with the failure.
-        const warnings = daemons.flatMap((daemon) => daemon.logs.filter((line) => !line.includes('"level":30')).slice(-10));
-        throw new Error(`${String(error)} (${last}); daemon warnings:\n${warnings.join('\n')}`);
-      });
+      await untilCountsAreTheTruth(space.env, workload.truth, daemons);
       for (const daemon of daemons.splice(0)) expect((await stopDaemon(daemon)).code).to.equal(0);
-      const counts = new Map(Object.entries(JSON.parse((await tallyCli(space.env, 'counts', '--json')).stdout) as Record<string, number>));
+      const counts = await cliCounts(space.env);
       const diff = compare(counts, workload.truth);
       expect(diff.exact, `lost ${diff.missingUnits}, excess ${diff.excessUnits}`).to.equal(true);
       await withRedisAt(seeds, async (redis) => {
@@ -560,7 +572,7 @@ describe('Redis Cluster (integration: 3 masters + 3 replicas of our own)', funct
 
         const met = metMovingSlot(daemon);
         expect(met, 'batches met a slot mid-move and retried').to.be.greaterThan(0);
-        const counts = new Map(Object.entries(JSON.parse((await tallyCli(space.env, 'counts', '--json')).stdout) as Record<string, number>));
+        const counts = await cliCounts(space.env);
         const diff = compare(counts, workload.truth);
         expect(diff.exact, `lost ${diff.missingUnits}, excess ${diff.excessUnits}`).to.equal(true);
         const stats = JSON.parse((await tallyCli(space.env, 'stats', '--json')).stdout) as Record<string, number>;
@@ -599,25 +611,12 @@ describe('Redis Cluster (integration: 3 masters + 3 replicas of our own)', funct
       );
       // The second half is published while the slots move: the daemon reads and writes through the moves.
       const [moves] = await Promise.all([moveFourShards(), publishAll(workload.publishes.slice(half), { url: AMQP_URL, queue: space.queue, stream: true })]);
-      let last = '';
-      await until(
-        'the counts to reach the truth',
-        async () => {
-          const counts = new Map(Object.entries(JSON.parse((await tallyCli(space.env, 'counts', '--json')).stdout) as Record<string, number>));
-          const diff = compare(counts, workload.truth);
-          last = `lost ${diff.missingUnits}, excess ${diff.excessUnits}`;
-          return diff.exact ? true : undefined;
-        },
-        120_000,
-        300,
-      ).catch((error: unknown) => {
-        throw new Error(`${String(error)} (${last})`);
-      });
+      await untilCountsAreTheTruth(space.env, workload.truth, [daemon]);
       expect((await stopDaemon(daemon)).code).to.equal(0);
       const met = metMovingSlot(daemon);
       expect(met, 'batches met a slot mid-move and retried').to.be.greaterThan(0);
       // Settled: a second look after the stop finds the same exact counts.
-      const counts = new Map(Object.entries(JSON.parse((await tallyCli(space.env, 'counts', '--json')).stdout) as Record<string, number>));
+      const counts = await cliCounts(space.env);
       const diff = compare(counts, workload.truth);
       expect(diff.exact, `lost ${diff.missingUnits}, excess ${diff.excessUnits}`).to.equal(true);
       await withRedisAt(seeds, async (redis) => {
