@@ -49,13 +49,13 @@ async function prefill(base) {
 // The contender's bucket of now, opened by the script as a daemon's first claim of a bucket would: its number and
 // its filter's block count.
 async function openBucket(base) {
-  await runScript(redis, CLAIM, evalshaArgs(CLAIM, [base], [WIDTH, TTL, SUBS, BITS, 'ab12', 30000, '', '', randomBytes(16)]), log);
+  await runScript(redis, CLAIM, evalshaArgs(CLAIM, [base], [WIDTH, TTL, SUBS, BITS, 'ab12', 30000, '', '', '', randomBytes(16)]), log);
   const bucket = Math.floor(Date.now() / 1000 / WIDTH);
   return { bucket, blocks: Number(await redis.hget(`${base}:${bucket}:m`, 'f')) };
 }
 // Each contender on its own shard base, in a bucket it opens with the same sizes.
 const script = (base) => async (batch) => {
-  await runScript(redis, CLAIM, evalshaArgs(CLAIM, [base], [WIDTH, TTL, SUBS, BITS, 'ab12', 30000, '', '', ...batch]), log);
+  await runScript(redis, CLAIM, evalshaArgs(CLAIM, [base], [WIDTH, TTL, SUBS, BITS, 'ab12', 30000, '', '', '', ...batch]), log);
 };
 const native = (base, withFilter, bitsPerDigest = 4) => {
   let bucket, blocks;

@@ -23,6 +23,10 @@ export const ScriptReply = Object.freeze({
   WRITE_RECEIPT: 'receipt',
   /** write_counts.lua's outcome ('sums' only): Redis refused a sum, nothing written; call again with 'parts'. */
   WRITE_ISOLATE: 'isolate',
+  /** write_counts.lua's outcome: an adopter fenced this batch out of the shard (fenced adoption); nothing written, now or ever. */
+  WRITE_FENCED: 'fenced',
+  /** write_counts.lua, per part ('chains' only): adopted, an earlier batch of its chain counted it here; not written again. */
+  WRITE_PART_ADOPTED: '2',
 
   /** take_back_counts.lua, per part: taken back now, under its receipt. */
   TAKE_BACK_TAKEN: 'taken',
@@ -30,6 +34,8 @@ export const ScriptReply = Object.freeze({
   TAKE_BACK_RECEIPT: 'receipt',
   /** take_back_counts.lua, per part: its receipt key is not ours (another type, or a value no take-back writes); nothing done for it. */
   TAKE_BACK_FOREIGN: 'foreign',
+  /** take_back_counts.lua, per part ('chains' only): an adopter relies on its counts here; nothing done for it. */
+  TAKE_BACK_ADOPTED: 'adopted',
 
   /** occupy_markers.lua: the batch is done in its claims' bucket, and the clock moved on since; call again with the new parts' digests to write them there. */
   OCCUPY_NEEDS_DIGESTS: -1,

@@ -45,6 +45,8 @@ export interface ClaimStep {
   /** Bucket width, marker TTL, initial sub-buckets, filter bits: the scripts' ARGV[1..4]. */
   readonly bucketArgs: readonly number[];
   readonly log: Pick<BatchLog, 'warn'>;
+  /** Fenced adoption's batch id (claim_markers.lua's ARGV[9]); none by default. */
+  readonly adoptingAs?: string;
 }
 
 export async function claimParts(step: ClaimStep): Promise<ClaimedParts> {
@@ -64,9 +66,16 @@ export async function claimParts(step: ClaimStep): Promise<ClaimedParts> {
     const args = evalshaArgs(
       CLAIM_MARKERS,
       [shardKey],
-      [...bucketArgs, settings.claimToken, settings.claimTtlMs, vouched?.buckets ?? '', vouched?.flags ?? '', ...(sent as Buffer[])],
+      [...bucketArgs, settings.claimToken, settings.claimTtlMs, vouched?.buckets ?? '', vouched?.flags ?? '', step.adoptingAs ?? '', ...(sent as Buffer[])],
     );
-    const [flags, bucket, takeovers, batch, nowS] = (await runScript(connection, CLAIM_MARKERS, args, log)) as [string, number, number, number, number];
+    const [flags, bucket, takeovers, batch, nowS] = (await runScript(connection, CLAIM_MARKERS, args, log)) as [
+      string,
+      number,
+      number,
+      number,
+      number,
+      unknown[],
+    ];
     settled?.observe(shardKey, nowS, connection, warnCopy);
     native?.observeSeconds(shardKey, nowS);
     native?.learnShape(shardKey, bucket, connection, warnCopy);

@@ -15,15 +15,16 @@ describe('the scripts return codes as ScriptReply names them', () => {
     expect(header(OCCUPY_MARKERS.source)).to.include(`${ScriptReply.OCCUPY_RECEIPT_GONE}: the receipt is gone`);
   });
 
-  it("write_counts' outcomes are the three WRITE_* names", () => {
-    for (const outcome of [ScriptReply.WRITE_WRITTEN, ScriptReply.WRITE_RECEIPT, ScriptReply.WRITE_ISOLATE]) {
+  it("write_counts' outcomes are the four WRITE_* names, and its header gives the adopted flag its meaning", () => {
+    expect(header(WRITE_COUNTS.source)).to.include(`'${ScriptReply.WRITE_PART_ADOPTED}'\n                    for an adopted one`);
+    for (const outcome of [ScriptReply.WRITE_WRITTEN, ScriptReply.WRITE_RECEIPT, ScriptReply.WRITE_ISOLATE, ScriptReply.WRITE_FENCED]) {
       expect(WRITE_COUNTS.source).to.include(`{'${outcome}', `);
       expect(header(WRITE_COUNTS.source)).to.include(`'${outcome}'`);
     }
   });
 
-  it("take_back_counts' outcomes are the three TAKE_BACK_* names", () => {
-    for (const outcome of [ScriptReply.TAKE_BACK_TAKEN, ScriptReply.TAKE_BACK_RECEIPT, ScriptReply.TAKE_BACK_FOREIGN]) {
+  it("take_back_counts' outcomes are the four TAKE_BACK_* names", () => {
+    for (const outcome of [ScriptReply.TAKE_BACK_TAKEN, ScriptReply.TAKE_BACK_RECEIPT, ScriptReply.TAKE_BACK_FOREIGN, ScriptReply.TAKE_BACK_ADOPTED]) {
       expect(TAKE_BACK_COUNTS.source).to.include(`{'${outcome}', `);
       expect(header(TAKE_BACK_COUNTS.source)).to.include(`'${outcome}'`);
     }

@@ -149,7 +149,7 @@ describe('settled marker filters: a thread probes its copies, the script the buc
         evalshaArgs(
           CLAIM_MARKERS,
           [shardKey],
-          [WIDTH_S, TTL_S, settings.markerSubBuckets, 12, 'b2', 30_000, vouched, Buffer.alloc(digests.length, 0x30), ...digests],
+          [WIDTH_S, TTL_S, settings.markerSubBuckets, 12, 'b2', 30_000, vouched, Buffer.alloc(digests.length, 0x30), '', ...digests],
         ),
         quiet,
       ) as Promise<[string]>;

@@ -17,6 +17,13 @@
                   in KEYS, delta to add: the part's increment negated).
                   Deltas are decimal strings (64-bit integers, never Lua
                   doubles).
+    Fenced adoption (write_counts' 'chains'): ARGV[4] is 'chains', KEYS[p+1]
+    the batch's write receipt here, ARGV[5..p+4] the parts' 16-byte digests
+    in KEYS order, and the parts' changes follow from ARGV[p+5]. A part an
+    adopter relied on this batch for here (its digest in the receipt's
+    `~adopted`) is not taken back: the adopter owns it now. The digest of
+    every part taken back joins the receipt's `~out`, so that an adopter
+    that comes later writes it again.
 
   Output:
     one {outcome, refusals} per part, in KEYS order
@@ -25,7 +32,9 @@
                 refusals returned); 'foreign': its receipt key holds
                 another type or a value no take-back writes, nothing done
                 for it, refusals is the error (Redis's, or
-                TALLY_FOREIGN_RECEIPT naming the key)
+                TALLY_FOREIGN_RECEIPT naming the key); 'adopted': an
+                adopter relies on its counts here (fenced adoption), nothing
+                done for it
       refusals  one {change index, count key, delta, Redis error} per
                 increment Redis refused to take back (the key changed since
                 the write): those increments stand. The receipt holds them,
@@ -42,9 +51,27 @@ local countTtl = ARGV[1]
 local receiptTtl = ARGV[2]
 local p = tonumber(ARGV[3])
 if not p or p < 1 or p > #KEYS then return redis.error_reply('TALLY_SCRIPT_ARGS ' .. tostring(ARGV[3]) .. ' parts for ' .. #KEYS .. ' keys') end
+local chains = ARGV[4] == 'chains'
+-- The first ARGV of the changes, and the last KEYS index that is not a count key.
+local first, lastNotCount = 4, p
+local written, digests = nil, {}
+if chains then
+  first, lastNotCount = 5 + p, p + 1
+  written = KEYS[p + 1]
+  if not written then return redis.error_reply('TALLY_SCRIPT_ARGS no write receipt after the ' .. p .. ' take-back receipts') end
+  -- Sets of ours or nothing: a foreign type would stop the script after its first take-backs.
+  for _, suffix in ipairs({'~adopted', '~out'}) do
+    local kind = redis.call('TYPE', written .. suffix)['ok']
+    if kind ~= 'none' and kind ~= 'set' then return redis.error_reply('TALLY_FOREIGN_RECEIPT ' .. written .. suffix .. ' holds a ' .. kind .. ', not a set') end
+  end
+  for i = 1, p do
+    digests[i] = ARGV[4 + i]
+    if not digests[i] or #digests[i] ~= 16 then return redis.error_reply('TALLY_SCRIPT_ARGS ARGV[' .. (4 + i) .. '] is not a 16-byte digest') end
+  end
+end
 
 -- Checked before any write: a take-back cut short would leave parts without their receipts.
-local at = 4
+local at = first
 for _ = 1, p do
   local k = tonumber(ARGV[at])
   if not k or k < 0 or k % 1 ~= 0 or at + 2 * k > #ARGV then
@@ -52,7 +79,7 @@ for _ = 1, p do
   end
   for c = 1, k do
     local keyAt = tonumber(ARGV[at + 2 * c - 1])
-    if not keyAt or keyAt <= p or keyAt > #KEYS or keyAt % 1 ~= 0 then
+    if not keyAt or keyAt <= lastNotCount or keyAt > #KEYS or keyAt % 1 ~= 0 then
       return redis.error_reply('TALLY_SCRIPT_ARGS ARGV[' .. (at + 2 * c - 1) .. '] names no count key')
     end
     if not string.match(ARGV[at + 2 * c], '^%-?%d+$') then
@@ -79,7 +106,8 @@ end
 -- @include count_apply
 
 local replies = {}
-local pos = 4
+local out = {}
+local pos = first
 for part = 1, p do
   local k = tonumber(ARGV[pos])
   local receipt = KEYS[part]
@@ -88,6 +116,8 @@ for part = 1, p do
     replies[part] = {'foreign', done.err}
   elseif done then
     replies[part] = readReceipt(receipt, done)
+  elseif chains and redis.call('SISMEMBER', written .. '~adopted', digests[part]) == 1 then
+    replies[part] = {'adopted', {}}
   else
     -- Each increment on its own: a key changed since the write refuses only its own, and every other one is taken back.
     local flags, refusals = {}, {}
@@ -104,7 +134,12 @@ for part = 1, p do
       redis.call('SET', receipt, table.concat(flags) .. ':' .. cjson.encode(refusals), 'EX', receiptTtl)
     end
     replies[part] = {'taken', refusals}
+    if chains then out[#out + 1] = digests[part] end
   end
   pos = pos + 1 + 2 * k
+end
+if #out > 0 then
+  redis.call('SADD', written .. '~out', unpack(out))
+  redis.call('EXPIRE', written .. '~out', countTtl)
 end
 return replies
