@@ -14,10 +14,14 @@ import { seededDraws } from './seeded-draws.mjs';
 
 const BATCH = Number(process.env.BATCH ?? 300), BLOCK = Number(process.env.BLOCK ?? 20), ROUNDS = Number(process.env.ROUNDS ?? 8);
 const SHARDS = 16;
-// MODE=atomic: atomic mode, message scope on the standalone Redis and part scope on the cluster (each message split
-// into one part per virtual shard, a lane per shard), as the daemon picks them.
+// MODE=atomic: atomic mode, message scope on the standalone Redis and on the cluster message scope with fenced
+// adoption (its batches run as two-step's, worker/src/fenced-adoption.ts), as the daemon lays a new prefix out; PART=1
+// gives the cluster part scope instead (each message split into one part per virtual shard, a lane per shard), as
+// prefixes laid out before fenced adoption have it.
 const MODE = process.env.MODE ?? 'two-step';
-const runBatch = MODE === 'atomic' ? runAtomicBatch : runTwoStepBatch;
+const PART = process.env.PART === '1';
+const fencedOnCluster = MODE === 'atomic' && !PART;
+const runBatchOn = (topology) => (MODE === 'atomic' && !(topology === 'cluster' && fencedOnCluster) ? runAtomicBatch : runTwoStepBatch);
 const quiet = { warn() {}, error() {} };
 
 const standalone = await startPrivateRedis();
@@ -34,7 +38,8 @@ const settingsOf = (topology) =>
     redisUrl: topology === 'cluster' ? cluster.seedUrls.join(',') : standalone.url,
     prefix: `exp:${topology}:`,
     mode: MODE,
-    markerScope: MODE === 'atomic' && topology === 'cluster' ? 'part' : 'message',
+    markerScope: MODE === 'atomic' && topology === 'cluster' && PART ? 'part' : 'message',
+    fencedAdoption: topology === 'cluster' && fencedOnCluster,
     // A new prefix's filters in either scope (digest16-filtered-buckets-v1 for part scope), as the daemon records them.
     markerFilterBits: FILTER_BITS,
     virtualShards: SHARDS,
@@ -106,7 +111,7 @@ for (const topology of ['standalone', 'cluster']) {
 const run = async (topology, block) => {
   const before = await infoOf(servers[topology]);
   const startedAt = performance.now();
-  for (const task of block[settings[topology].markerScope]) await runBatch(clients[topology], settings[topology], task, quiet);
+  for (const task of block[settings[topology].markerScope]) await runBatchOn(topology)(clients[topology], settings[topology], task, quiet);
   const seconds = (performance.now() - startedAt) / 1000;
   const after = await infoOf(servers[topology]);
   const messages = BLOCK * BATCH;

@@ -17,12 +17,19 @@ export class DaemonFleet {
   started = 0;
   kills = 0;
 
-  /** Starts a daemon and waits until it consumes; an exit we did not ask for becomes a violation. */
-  async start(env: Record<string, string>): Promise<DaemonProcess> {
+  /**
+   * Starts a daemon and waits until it consumes; an exit we did not ask for becomes a violation. `selfKill`: a
+   * daemon that SIGKILLs itself (TALLY_FAULT_KILL_AFTER_WRITE), counted as one of our kills.
+   */
+  async start(env: Record<string, string>, { selfKill = false } = {}): Promise<DaemonProcess> {
     const daemon = spawnDaemon(env);
     this.started++;
     this.daemons.push(daemon);
     this.live.add(daemon);
+    if (selfKill) {
+      this.intended.set(daemon, 'kill');
+      this.kills++;
+    }
     void daemon.exited.then(({ code, signal }) => {
       this.live.delete(daemon);
       const intent = this.intended.get(daemon);

@@ -31,15 +31,21 @@ export interface WorkerSettings {
   /** The prefix's marker bucket width and initial sub-bucket count, as recorded in its layout (markers.ts). */
   readonly markerBucketS: number;
   readonly markerSubBuckets: number;
+  /** Filter bits per marker of the prefix's recorded format (filterBitsOfFormat); absent: by scope (markerFilterBits). */
+  readonly markerFilterBits?: number;
   /**
    * The prefix's recorded marker scope (markers.ts). `message`: a task's
    * vshard is its messages' marker shard, and each change's count key is on
    * its own SKU's shard (of `virtualShards`); absent means `part`, where both
    * are the task's vshard.
    */
-  /** Filter bits per marker of the prefix's recorded format (filterBitsOfFormat); absent: by scope (markerFilterBits). */
-  readonly markerFilterBits?: number;
   readonly markerScope?: MarkerScope;
+  /**
+   * The prefix's format takes claims over by fenced adoption
+   * (fencedAdoptionOf): every batch, of either mode, runs as two-step does
+   * with message scope across slots, its claims naming the batch.
+   */
+  readonly fencedAdoption?: boolean;
   readonly virtualShards?: number;
   /** Two-step: this daemon's claim token (hex), the same in all its threads, new at every start. */
   readonly claimToken: string;
@@ -356,6 +362,8 @@ export interface BatchResult {
   readonly claimTakeovers: number;
   /** Two-step: new parts claimed by native commands rather than the claim script (worker/src/native-claims.ts). */
   readonly nativeClaims?: number;
+  /** Fenced adoption: new parts another batch of their chain had counted on some count shard, not written again there. */
+  readonly adoptedParts?: number;
   readonly timings: { readonly precheckMs: number; readonly writeMs: number; readonly occupyMs: number };
   /** Stream mode: per partition of the batch, its watermark on the batch's shard after it (stream-positions.ts). */
   readonly watermarks?: readonly WatermarkReport[];

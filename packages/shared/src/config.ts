@@ -264,6 +264,7 @@ export const TALLY_SETTINGS: readonly string[] = Object.freeze([
   'TALLY_REDIS_WAIT_TIMEOUT_MS',
   // loadFaultInjection: the fault suite's, never for production (docs/faults-and-deviation.md).
   'TALLY_FAULT_THREAD_EXIT_AFTER_WRITE',
+  'TALLY_FAULT_KILL_AFTER_WRITE',
   'TALLY_FAULT_BUG',
   'TALLY_FAULT_STREAM_OVERLAP',
 ]);
@@ -622,6 +623,13 @@ export interface FaultInjection {
    */
   readonly threadExitAfterWrite: number | null;
   /**
+   * TALLY_FAULT_KILL_AFTER_WRITE=<n>: the daemon SIGKILLs its own process
+   * right after a worker thread's n-th count write that wrote something,
+   * before the markers are occupied: a crash in the two-step window, on
+   * purpose (fenced adoption must leave nothing counted twice). null: off.
+   */
+  readonly killAfterWrite: number | null;
+  /**
    * TALLY_FAULT_BUG=thread|main: a programming error of Tally's own, for the
    * test of invariant 13 (a bug is not an outage). `thread`: every batch a
    * worker thread runs throws a TypeError before it writes anything. `main`:
@@ -644,12 +652,14 @@ export type InjectedBug = (typeof INJECTED_BUGS)[number];
 
 export function loadFaultInjection(env: Env = process.env): FaultInjection {
   const raw = read(env, 'TALLY_FAULT_THREAD_EXIT_AFTER_WRITE');
+  const kill = read(env, 'TALLY_FAULT_KILL_AFTER_WRITE');
   const bug = read(env, 'TALLY_FAULT_BUG');
   if (bug !== undefined && !(INJECTED_BUGS as readonly string[]).includes(bug)) {
     throw new ConfigError('TALLY_FAULT_BUG', `expected one of ${INJECTED_BUGS.join(', ')}, got ${JSON.stringify(bug)}`);
   }
   return Object.freeze({
     threadExitAfterWrite: raw === undefined ? null : integer(env, 'TALLY_FAULT_THREAD_EXIT_AFTER_WRITE', 0, [1, 1_000_000_000]),
+    killAfterWrite: kill === undefined ? null : integer(env, 'TALLY_FAULT_KILL_AFTER_WRITE', 0, [1, 1_000_000_000]),
     bug: (bug ?? null) as InjectedBug | null,
     streamOverlap: flag(env, 'TALLY_FAULT_STREAM_OVERLAP', false),
   });

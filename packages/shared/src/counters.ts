@@ -21,7 +21,9 @@ export const COUNTERS = Object.freeze({
   claim_holds:
     'message parts held back because another daemon had claimed them (two-step: a copy of the message was being counted elsewhere at that instant); each is retried until that daemon marks it or its claim runs out',
   claim_takeovers:
-    "message parts counted over another daemon's expired claim (two-step: that daemon died or stalled past TALLY_MARKER_CLAIM_TTL_S); if it had written their counts, they are counted again, as after a crash in the window",
+    "message parts counted over another daemon's expired claim (two-step: that daemon died or stalled past TALLY_MARKER_CLAIM_TTL_S); if it had written their counts, they are counted again, as after a crash in the window, unless the prefix has fenced adoption (see adopted)",
+  adopted:
+    'message parts whose counts a batch that died or stalled had written on some count shard, not written again there (fenced adoption, atomic mode on a Redis Cluster): each a double count closed',
   native_claims:
     'message parts claimed by native commands instead of the claim script (two-step, TALLY_MARKER_NATIVE_CLAIMS): the share of claims that spared Redis the script',
   replayed:

@@ -25,6 +25,19 @@ export const MARKER_FORMAT = 'digest16-buckets-v1';
 export const MESSAGE_MARKER_FORMAT = 'digest16-message-buckets-v1';
 
 /**
+ * Message-scoped markers with fenced adoption (worker/src/fenced-adoption.ts):
+ * what a new prefix of atomic mode on a Redis Cluster is laid out with. A
+ * batch's counts are written per count shard as in two-step mode, and the
+ * double count two-step allows (a crash between the count writes and the
+ * occupation) is closed where it would happen: the batch that takes the
+ * claim over reads, on each count shard, whether the claim's batch counted
+ * the message there, and fences it out where it did not. Its own format
+ * because every writer must take part: a claim without its batch id cannot
+ * be adopted, and an older build would read a fence as a receipt.
+ */
+export const FENCED_MESSAGE_MARKER_FORMAT = 'digest16-message-fenced-v1';
+
+/**
  * Part-scoped markers whose buckets keep filters (marker_buckets.lua), as
  * message-scoped ones do: what a new part-scoped prefix is laid out with
  * (atomic mode and streams on a Redis Cluster). Its own format because the
@@ -45,19 +58,34 @@ export type MarkerScope = 'part' | 'message';
 /** The scope a recorded marker format stands for; null for a format this build does not write. */
 export function markerScopeOf(format: string): MarkerScope | null {
   if (format === MARKER_FORMAT || format === FILTERED_MARKER_FORMAT) return 'part';
-  if (format === MESSAGE_MARKER_FORMAT) return 'message';
+  if (format === MESSAGE_MARKER_FORMAT || format === FENCED_MESSAGE_MARKER_FORMAT) return 'message';
   return null;
+}
+
+/** Whether a recorded marker format's batches take claims over by fenced adoption. */
+export function fencedAdoptionOf(format: string): boolean {
+  return format === FENCED_MESSAGE_MARKER_FORMAT;
 }
 
 /**
  * Whether batches of whole messages (message-scoped markers) can write
  * their counts here. A message's counts span hash slots on a Redis Cluster:
- * two-step mode writes them per slot before it occupies the message's
- * marker (cross-slot-counts.ts), but atomic mode and a stream's batch write
- * a batch in one script, which cannot span slots.
+ * a queue's batches write them per slot before they occupy the message's
+ * marker (cross-slot-counts.ts; atomic mode with fenced adoption,
+ * needsFencedAdoption), but a stream's batch is one script, which cannot
+ * span slots.
  */
 export function messageScopeServes(topology: 'standalone' | 'cluster', mode: 'two-step' | 'atomic', source: 'queue' | 'stream'): boolean {
-  return topology === 'standalone' || (source === 'queue' && mode === 'two-step');
+  return topology === 'standalone' || source === 'queue';
+}
+
+/**
+ * Atomic mode's promise (no double count after a crash) with message-scoped
+ * markers on a Redis Cluster: only fenced adoption keeps it, because the
+ * counts cannot be written in the marker's script there.
+ */
+export function needsFencedAdoption(topology: 'standalone' | 'cluster', mode: 'two-step' | 'atomic', source: 'queue' | 'stream'): boolean {
+  return topology === 'cluster' && mode === 'atomic' && source === 'queue';
 }
 
 /**
@@ -70,9 +98,10 @@ export function defaultMarkerScope(topology: 'standalone' | 'cluster', mode: 'tw
   return messageScopeServes(topology, mode, source) ? 'message' : 'part';
 }
 
-/** The format a new prefix of `scope` is laid out with. */
-export function markerFormatOf(scope: MarkerScope): string {
-  return scope === 'message' ? MESSAGE_MARKER_FORMAT : FILTERED_MARKER_FORMAT;
+/** The format a new prefix of `scope` is laid out with; `fenced`: message scope with fenced adoption. */
+export function markerFormatOf(scope: MarkerScope, fenced = false): string {
+  if (scope === 'message') return fenced ? FENCED_MESSAGE_MARKER_FORMAT : MESSAGE_MARKER_FORMAT;
+  return FILTERED_MARKER_FORMAT;
 }
 
 /**
@@ -120,7 +149,7 @@ export function markerShardOf(digest: Uint8Array | DigestText, virtualShards: nu
 export const FILTER_BITS = 12;
 
 export function filterBitsOfFormat(format: string): number {
-  return format === MESSAGE_MARKER_FORMAT || format === FILTERED_MARKER_FORMAT ? FILTER_BITS : 0;
+  return format === MESSAGE_MARKER_FORMAT || format === FILTERED_MARKER_FORMAT || format === FENCED_MESSAGE_MARKER_FORMAT ? FILTER_BITS : 0;
 }
 
 /**

@@ -33,6 +33,7 @@ const BAD_VALUES: ReadonlyArray<readonly [variable: string, values: readonly str
   ['TALLY_PREFIX', ['{tally}:', 'a{b', 'a}b', 'tally*', 'tal?y', 'x[1]', 'a b', 'back\\slash', '', 'p'.repeat(65), 'préfix']],
   ['TALLY_BATCH_MAX_CHANGES', ['0', '-5', '10000001', 'many', '1.5']],
   ['TALLY_FAULT_THREAD_EXIT_AFTER_WRITE', ['0', '-1', 'yes', '2.5']],
+  ['TALLY_FAULT_KILL_AFTER_WRITE', ['0', '-1', 'yes', '2.5']],
   ['TALLY_FAULT_BUG', ['yes', 'THREAD', 'worker', 'main,thread']],
   ['TALLY_MODE', ['bogus', 'ATOMIC', 'TWO-STEP', 'two_step', 'atomic-mode']],
   ['TALLY_WORKERS', ['0', '65', '-1', 'four', '2.5', '1e1', '0x4']],
@@ -185,7 +186,7 @@ describe('loadConfig', () => {
     it('covers every Tally setting', () => {
       const covered = new Set(BAD_VALUES.map(([name]) => name));
       expect([...covered].sort()).to.deep.equal([...TALLY_SETTINGS].sort());
-      expect(covered.size).to.equal(38);
+      expect(covered.size).to.equal(39);
     });
 
     it('names the accepted range for integers', () => {
@@ -525,6 +526,11 @@ describe('loadFaultInjection', () => {
   it('is off unless TALLY_FAULT_THREAD_EXIT_AFTER_WRITE is set, and reads it as a positive count', () => {
     expect(loadFaultInjection({}).threadExitAfterWrite).to.equal(null);
     expect(loadFaultInjection({ TALLY_FAULT_THREAD_EXIT_AFTER_WRITE: '3' }).threadExitAfterWrite).to.equal(3);
+  });
+
+  it('kills the daemon in the window only when TALLY_FAULT_KILL_AFTER_WRITE is set, after that many count writes', () => {
+    expect(loadFaultInjection({}).killAfterWrite).to.equal(null);
+    expect(loadFaultInjection({ TALLY_FAULT_KILL_AFTER_WRITE: '4' }).killAfterWrite).to.equal(4);
   });
 
   it('injects no bug unless TALLY_FAULT_BUG names where: thread or main', () => {

@@ -18,6 +18,8 @@ export interface BatchLog {
  */
 export interface BatchHooks {
   afterCountWrite?: (task: BatchTask) => void | Promise<void>;
+  /** Two-step mode: runs after the claim and before the count write (tests: a batch that stalls there). */
+  beforeCountWrite?: (task: BatchTask) => void | Promise<void>;
   /** A WAIT timed out (TALLY_REDIS_WAIT_REPLICAS): the thread tells the coordinator at once, the batch waits on. */
   onWaitTimeout?: (task: BatchTask, acked: number, wanted: number) => void;
   /** Refused messages' counts on another count shard could not be undone (cross-slot-counts.ts): `parts` refused parts have counts standing. */

@@ -35,6 +35,21 @@ export interface ClaimedParts {
   readonly claims: readonly BatchClaim[];
   /** Parts the pipeline claimed without the script. */
   readonly nativeParts: number;
+  /**
+   * Fenced adoption (ClaimStep.adoptingAs): by part, the ids of the batches
+   * whose claims on it this batch took over, oldest first; empty otherwise.
+   */
+  readonly chains: ReadonlyMap<number, readonly string[]>;
+}
+
+const NO_CHAINS: ReadonlyMap<number, readonly string[]> = new Map();
+
+/** claim_markers.lua's chains (part index in the call, 1-based, then its ids joined by ' '), by batch part index. */
+function chainsOf(reply: readonly unknown[], indices: readonly number[]): ReadonlyMap<number, readonly string[]> {
+  if (reply.length === 0) return NO_CHAINS;
+  const chains = new Map<number, readonly string[]>();
+  for (let j = 0; j < reply.length; j += 2) chains.set(indices[Number(reply[j]) - 1]!, String(reply[j + 1]).split(' '));
+  return chains;
 }
 
 export interface ClaimStep {
@@ -53,14 +68,19 @@ export async function claimParts(step: ClaimStep): Promise<ClaimedParts> {
   const { connection, settings, shardKey, digests, bucketArgs, log } = step;
   const filtered = bucketArgs[3]! > 0;
   const settled = filtered ? settledFiltersOf(settings.markerBucketS, settings.markerTtlS) : null;
-  const native = settled !== null && settings.nativeClaims === true ? nativeClaimsOf(settings.markerBucketS, settings.markerTtlS, settled.settleGraceS) : null;
+  const native =
+    settled !== null && settings.nativeClaims === true && step.adoptingAs === undefined
+      ? nativeClaimsOf(settings.markerBucketS, settings.markerTtlS, settled.settleGraceS)
+      : null;
   const warnCopy = (error: unknown): void =>
     log.warn({ shard: shardKey, err: String(error) }, 'could not read a marker bucket for native claims; the claim script probes it itself');
 
   const warnSweep = (error: unknown): void =>
     log.warn({ shard: shardKey, err: String(error) }, 'could not check the expiry of the older marker buckets; a later batch tries again');
   /** The claim script for the parts at `indices`: their states, and its claim. */
-  const script = async (indices: readonly number[]): Promise<{ marked: Uint8Array; takeovers: number; claim: BatchClaim & { batch: number } }> => {
+  const script = async (
+    indices: readonly number[],
+  ): Promise<{ marked: Uint8Array; takeovers: number; claim: BatchClaim & { batch: number }; chains: ReadonlyMap<number, readonly string[]> }> => {
     const sent = indices.map((i) => digests[i]!);
     const vouched = settled?.vouch(shardKey, sent);
     const args = evalshaArgs(
@@ -68,7 +88,7 @@ export async function claimParts(step: ClaimStep): Promise<ClaimedParts> {
       [shardKey],
       [...bucketArgs, settings.claimToken, settings.claimTtlMs, vouched?.buckets ?? '', vouched?.flags ?? '', step.adoptingAs ?? '', ...(sent as Buffer[])],
     );
-    const [flags, bucket, takeovers, batch, nowS] = (await runScript(connection, CLAIM_MARKERS, args, log)) as [
+    const [flags, bucket, takeovers, batch, nowS, chains] = (await runScript(connection, CLAIM_MARKERS, args, log)) as [
       string,
       number,
       number,
@@ -81,12 +101,12 @@ export async function claimParts(step: ClaimStep): Promise<ClaimedParts> {
     native?.learnShape(shardKey, bucket, connection, warnCopy);
     native?.sweepBefore(shardKey, bucket, connection, warnSweep);
     const marked = parsePartFlags(flags, sent.length);
-    return { marked, takeovers, claim: { bucket, batch, parts: indices.filter((_, j) => marked[j] === PART_NEW) } };
+    return { marked, takeovers, claim: { bucket, batch, parts: indices.filter((_, j) => marked[j] === PART_NEW) }, chains: chainsOf(chains, indices) };
   };
   /** The whole batch decided by the script. */
   const byScript = async (): Promise<ClaimedParts> => {
     const all = await script(digests.map((_, i) => i));
-    return { marked: all.marked, takeovers: all.takeovers, claims: all.claim.batch > 0 ? [all.claim] : [], nativeParts: 0 };
+    return { marked: all.marked, takeovers: all.takeovers, claims: all.claim.batch > 0 ? [all.claim] : [], nativeParts: 0, chains: all.chains };
   };
 
   const plan = native?.plan(shardKey, digests, settled!, settings.nativeClaimSkewMs) ?? null;
@@ -124,5 +144,6 @@ export async function claimParts(step: ClaimStep): Promise<ClaimedParts> {
     if (rest.claim.batch > 0) claims.push(rest.claim);
   }
   if (nativeClaimed.length === 0) await NativeClaims.forget(connection, plan, warnForget);
-  return { marked, takeovers, claims, nativeParts: nativeClaimed.length };
+  // Native claims and fenced adoption do not mix (open-threads.ts): the pipeline's record names no batch.
+  return { marked, takeovers, claims, nativeParts: nativeClaimed.length, chains: NO_CHAINS };
 }

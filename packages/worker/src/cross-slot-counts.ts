@@ -63,10 +63,13 @@ import { addToSum, type Sum } from './aggregate.js';
 import type { BatchLog } from './batch-log.js';
 import { countTtlOf } from './count-ttl.js';
 import { decodeRefusals } from './count-refusals.js';
-import { evalshaArgs, loadScript, runScript, type LuaScript } from './lua-scripts.js';
+import { evalshaArgs, loadScript, runScript, type LuaScript, type ScriptArg } from './lua-scripts.js';
 import { BatchWritesLostError, waitAfterTouch, type OnWaitTimeout } from './replica-wait.js';
+import { adoptedParts, BatchFencedError, chainOf, chainsWriteArgs, FENCE_VALUE } from './fenced-adoption.js';
 
 type Reply = [string, string, unknown];
+
+const NONE_ADOPTED: ReadonlySet<number> = new Set();
 
 /** The take-back of a shard's parts; its KEYS and ARGV documented in lua/take_back_counts.lua. */
 export const TAKE_BACK_COUNTS = loadScript('take_back_counts');
@@ -79,6 +82,8 @@ interface ShardWritten {
   readonly raw: unknown;
   /** The receipt was there: an earlier run of the batch wrote this shard. */
   readonly found: boolean;
+  /** Fenced adoption: the parts another batch of their chain counted here, which this one did not write (fenced-adoption.ts). */
+  readonly adopted: ReadonlySet<number>;
 }
 
 /** The count writes of one count shard: its SKUs' sums, and which parts they came from. */
@@ -97,12 +102,16 @@ export interface CrossSlotResult {
   readonly waitTimeouts: number;
   /** Count shards the batch wrote to: its fan-out across slots. */
   readonly shards: number;
+  /** Fenced adoption: parts adopted on at least one shard (counted there by another batch, not written again). */
+  readonly adoptedParts: number;
 }
 
 export interface CrossSlotDeps {
   readonly redis: RedisClient;
-  readonly settings: Pick<WorkerSettings, 'prefix' | 'markerTtlS' | 'countTtlS' | 'virtualShards' | 'waitReplicas' | 'waitTimeoutMs'>;
+  readonly settings: Pick<WorkerSettings, 'prefix' | 'markerTtlS' | 'countTtlS' | 'virtualShards' | 'waitReplicas' | 'waitTimeoutMs' | 'fencedAdoption'>;
   readonly task: BatchTask;
+  /** Fenced adoption: by part, the batches whose claims on it this batch took over (claim-parts.ts). */
+  readonly chains?: ReadonlyMap<number, readonly string[]>;
   /** The batch's new parts by count shard (shardWritesOf). */
   readonly groups: readonly ShardWrite[];
   readonly writeCounts: LuaScript;
@@ -152,7 +161,7 @@ export async function writeCountsAcrossSlots(deps: CrossSlotDeps): Promise<Cross
   // WAIT or a rerun and written (or taken back) again. Each is kept alive from its first attempt on: one that landed
   // with its reply lost must not expire while the attempts after it are refused (EXPIRE creates nothing).
   const alive = keepAlive(deps);
-  const run = async (receipt: string, keys: string[], argv: Array<string | number>): Promise<Reply> => {
+  const run = async (receipt: string, keys: string[], argv: ScriptArg[]): Promise<Reply> => {
     alive.add(receipt);
     try {
       return await deps.untilDone(
@@ -178,8 +187,42 @@ export async function writeCountsAcrossSlots(deps: CrossSlotDeps): Promise<Cross
    * refused one may be lost too, and the others' undo of it is done), and the new receipt holds those refusals, for a
    * rerun to read as the first run's.
    */
+  const fenced = settings.fencedAdoption === true;
+  const digests = fenced ? taskDigests(task) : [];
   const writeGroup = async (group: ShardWrite, lost?: ShardWritten): Promise<ShardWritten> => {
     const receipt = receiptKey(prefix, group.shard, task.batchId);
+    // Fenced adoption: a shard with adopted parts, or refusals to record by digest, takes the 'chains' layout (the
+    // rewrite of a lost receipt too: it decides the adoptions again, as a failover may have lost what they relied on).
+    const byChains = async (prior: unknown): Promise<Reply> => {
+      const chainsWrite = chainsWriteArgs(
+        prefix,
+        shards,
+        task,
+        digests,
+        group.shard,
+        group.parts,
+        deps.chains,
+        { countTtlS: ttl.ttlS, receiptTtlS: markerTtlS },
+        prior,
+      );
+      return run(receipt, chainsWrite.keys, chainsWrite.argv);
+    };
+    const answered = (reply: Reply): ShardWritten => {
+      if (reply[0] === ScriptReply.WRITE_FENCED) {
+        alive.remove(receipt);
+        throw new BatchFencedError(receipt);
+      }
+      return {
+        receipt,
+        refusals: decodeRefusals(reply[2], prefix),
+        raw: reply[2],
+        found: reply[0] === ScriptReply.WRITE_RECEIPT,
+        adopted: fenced ? adoptedParts(reply[1]) : NONE_ADOPTED,
+      };
+    };
+    if (fenced && (group.parts.some((i) => chainOf(deps.chains, i, task.batchId).length > 0) || (lost?.refusals.length ?? 0) > 0)) {
+      return answered(await byChains(lost?.raw ?? []));
+    }
     const keys = [receipt];
     const keyIndex = new Map<string, number>();
     const argv: Array<string | number> = [ttl.ttlS, markerTtlS, 'sums', ''];
@@ -205,15 +248,20 @@ export async function writeCountsAcrossSlots(deps: CrossSlotDeps): Promise<Cross
       reply = await run(receipt, keys, byPart([ttl.ttlS, markerTtlS, 'rewrite', task.changes.length, JSON.stringify(lost.raw)], refusedThere));
     } else {
       reply = await run(receipt, keys, argv);
-      if (reply[0] === ScriptReply.WRITE_ISOLATE) reply = await run(receipt, keys, byPart([ttl.ttlS, markerTtlS, 'parts', task.changes.length], new Set()));
+      if (reply[0] === ScriptReply.WRITE_ISOLATE) {
+        reply = fenced ? await byChains([]) : await run(receipt, keys, byPart([ttl.ttlS, markerTtlS, 'parts', task.changes.length], new Set()));
+      }
     }
-    return { receipt, refusals: decodeRefusals(reply[2], prefix), raw: reply[2], found: reply[0] === ScriptReply.WRITE_RECEIPT };
+    return answered(reply);
   };
 
   // Every shard at once: the writes go to their slots' masters concurrently. All of them are let finish: a shard
   // whose write failed for its data may leave others written, and those are taken back before the batch fails.
   try {
     const settled = await Promise.allSettled(groups.map((group) => writeGroup(group)));
+    // Fenced: nothing is taken back and nothing occupied; what this batch wrote stands for its adopters (fenced-adoption.ts).
+    const fencedOut = settled.find((outcome): outcome is PromiseRejectedResult => outcome.status === 'rejected' && outcome.reason instanceof BatchFencedError);
+    if (fencedOut !== undefined) throw fencedOut.reason;
     const failed = settled.find((outcome): outcome is PromiseRejectedResult => outcome.status === 'rejected');
     if (failed !== undefined) {
       if (classifyError(failed.reason) === 'data') await abandonWrittenShards(deps, groups, settled, { alive, onRetry: countRetry });
@@ -254,7 +302,8 @@ export async function writeCountsAcrossSlots(deps: CrossSlotDeps): Promise<Cross
       const stands = standing.get(refusal.part);
       return stands === undefined ? refusal : { ...refusal, standing: stands };
     });
-    return { wrote: groups.length > 0, refusals: reported, retries, waitTimeouts, shards: groups.length };
+    const adoptedParts = new Set(writes.flatMap((write) => [...write.adopted])).size;
+    return { wrote: groups.length > 0, refusals: reported, retries, waitTimeouts, shards: groups.length, adoptedParts };
   } finally {
     alive.stop();
   }
@@ -458,7 +507,7 @@ async function refusalsTakenBackBefore(
 async function undoRefusedParts(
   deps: CrossSlotDeps,
   groups: readonly ShardWrite[],
-  written: ReadonlyArray<{ refusals: CountRefusal[] }>,
+  written: ReadonlyArray<Pick<ShardWritten, 'refusals' | 'adopted'>>,
   refusals: readonly CountRefusal[],
   steps: TakeBackSteps,
 ): Promise<{ receiptsByShard: string[][]; standingByPart: Map<number, Record<string, string>> }> {
@@ -471,6 +520,7 @@ async function undoRefusedParts(
         group,
         group.parts.filter((part) => refused.has(part) && !refusedHere.has(part)),
         steps,
+        written[index]!.adopted,
       );
     }),
   );
@@ -505,7 +555,8 @@ interface TakeBackSteps {
 
 /** take_back_counts.lua's reply, one entry per part (documented in the script). */
 type TakeBackReply = Array<
-  [typeof ScriptReply.TAKE_BACK_TAKEN | typeof ScriptReply.TAKE_BACK_RECEIPT, unknown] | [typeof ScriptReply.TAKE_BACK_FOREIGN, string]
+  | [typeof ScriptReply.TAKE_BACK_TAKEN | typeof ScriptReply.TAKE_BACK_RECEIPT | typeof ScriptReply.TAKE_BACK_ADOPTED, unknown]
+  | [typeof ScriptReply.TAKE_BACK_FOREIGN, string]
 >;
 
 /**
@@ -517,7 +568,13 @@ type TakeBackReply = Array<
  * key is, and the ones that stand are returned. A part whose receipt key
  * holds a foreign type is not taken back at all: all its increments stand.
  */
-async function takeBackOnShard(deps: CrossSlotDeps, group: ShardWrite, parts: readonly number[], steps: TakeBackSteps): Promise<TakeBack[]> {
+async function takeBackOnShard(
+  deps: CrossSlotDeps,
+  group: ShardWrite,
+  parts: readonly number[],
+  steps: TakeBackSteps,
+  adoptedHere: ReadonlySet<number>,
+): Promise<TakeBack[]> {
   if (parts.length === 0) return [];
   const { alive } = steps;
   const { redis, settings, task, log } = deps;
@@ -525,7 +582,23 @@ async function takeBackOnShard(deps: CrossSlotDeps, group: ShardWrite, parts: re
   const receipts = parts.map((part) => receiptKey(settings.prefix, group.shard, takeBackReceiptId(task.batchId, part)));
   const keys = [...receipts];
   const keyIndex = new Map<string, number>();
-  const argv: Array<string | number> = [countTtlOf(settings.countTtlS).ttlS, settings.markerTtlS, parts.length];
+  const argv: Array<ScriptArg> = [countTtlOf(settings.countTtlS).ttlS, settings.markerTtlS, parts.length];
+  if (settings.fencedAdoption === true) {
+    // Fenced adoption: each part's digest, and for a part adopted here the chain it was adopted from, whose receipts
+    // then no longer stand for it (take_back_counts.lua with 'chains').
+    keys.push(receiptKey(settings.prefix, group.shard, task.batchId));
+    argv.push('chains');
+    const digests = taskDigests(task);
+    for (const part of parts) {
+      const digest = digests[part]!;
+      const chain = adoptedHere.has(part) ? chainOf(deps.chains, part, task.batchId) : [];
+      argv.push(Buffer.from(digest.buffer, digest.byteOffset, digest.byteLength), chain.length);
+      for (const id of chain) {
+        keys.push(receiptKey(settings.prefix, group.shard, id));
+        argv.push(keys.length);
+      }
+    }
+  }
   const negatedByPart = parts.map((part) => {
     const negated = new Map<string, Sum>();
     for (const [sku, delta] of task.changes[part]!) if (shardOf(sku, shards) === group.shard) negated.set(sku, addToSum(negated.get(sku), -delta));
@@ -570,6 +643,8 @@ async function takeBackOnShard(deps: CrossSlotDeps, group: ShardWrite, parts: re
     return parts.map((_, i) => ({ receipt: null, standing: standsWhole(i, describeError(error)), now: true }));
   }
   return replies.map(([outcome, refusals], i) => {
+    // An adopter owns the part here now (fenced adoption): nothing of it is this batch's to take back or to wait for.
+    if (outcome === ScriptReply.TAKE_BACK_ADOPTED) return { receipt: null, standing: [], now: false };
     if (outcome === ScriptReply.TAKE_BACK_FOREIGN) {
       // That key is not ours to give a TTL.
       alive.remove(receipts[i]!);
@@ -603,7 +678,7 @@ async function takeBackOnShard(deps: CrossSlotDeps, group: ShardWrite, parts: re
 async function abandonWrittenShards(
   deps: CrossSlotDeps,
   groups: readonly ShardWrite[],
-  settled: ReadonlyArray<PromiseSettledResult<{ refusals: CountRefusal[] }>>,
+  settled: ReadonlyArray<PromiseSettledResult<Pick<ShardWritten, 'refusals' | 'adopted'>>>,
   steps: TakeBackSteps,
 ): Promise<void> {
   const byShard = await Promise.all(
@@ -616,6 +691,7 @@ async function abandonWrittenShards(
         group,
         group.parts.filter((part) => !refusedHere.has(part)),
         steps,
+        outcome.value.adopted,
       );
     }),
   );
@@ -738,15 +814,25 @@ function waitForReceipts(
     {
       slotKey: receipts[0]!,
       until,
-      // EXPIRE answers 1 for a receipt that is there: 'missing' counts the others.
+      // EXPIRE answers 1 for a receipt that is there: 'missing' counts the others. With fenced adoption a write
+      // receipt that reads `fenced` is missing too: a failover lost it, and an adopter fenced its id since (the
+      // rewrite is then answered `fenced`, and the batch runs again under a new id).
       touch: async (connection) => {
+        const fencedRead = settings.fencedAdoption === true && rewrite !== undefined;
         const pipeline = connection.pipeline();
-        for (const receipt of receipts) pipeline.expire(receipt, settings.markerTtlS);
+        for (const receipt of receipts) {
+          pipeline.expire(receipt, settings.markerTtlS);
+          if (fencedRead) pipeline.get(receipt);
+        }
         const replies = await pipeline.call('WAIT', settings.waitReplicas, settings.waitTimeoutMs).exec();
         if (replies === null) return null;
         const touched = replies.slice(0, -1);
         const failed = touched.find(([error]) => error !== null);
-        const missing = touched.filter(([, value]) => Number(value) === 0).length;
+        const step = fencedRead ? 2 : 1;
+        let missing = 0;
+        for (let j = 0; j < touched.length; j += step) {
+          if (Number(touched[j]![1]) === 0 || (fencedRead && touched[j + 1]![1] === FENCE_VALUE)) missing++;
+        }
         return [failed ?? [null, missing], replies[replies.length - 1]!];
       },
       onMissing: async () => {

@@ -38,8 +38,17 @@ const redis = createRedisClient(settings.redisUrl, 'tally-worker', {}, settings.
 redis.on('error', () => {});
 redis.on(REVIVING, (delayMs: number) => log.warn({ delayMs }, REVIVING_MESSAGE));
 
-// Chosen once per thread: the source and the mode are fixed for the life of the daemon. A stream has no mode.
-const runInMode = settings.source === 'stream' ? runStreamBatch : settings.mode === 'atomic' ? runAtomicBatch : runTwoStepBatch;
+// Chosen once per thread: the source and the mode are fixed for the life of the daemon. A stream has no mode. A
+// prefix of fenced adoption runs every batch as two-step does, in either mode: atomic's promise is kept by the
+// adoption (fenced-adoption.ts), and daemons of both modes must take part in it.
+const runInMode =
+  settings.source === 'stream'
+    ? runStreamBatch
+    : settings.fencedAdoption === true
+      ? runTwoStepBatch
+      : settings.mode === 'atomic'
+        ? runAtomicBatch
+        : runTwoStepBatch;
 const hooks = batchHooks();
 const runBatch = (task: BatchTask): Promise<BatchResult> => runInMode(redis, settings, task, log, hooks);
 
@@ -60,14 +69,20 @@ function batchHooks(): BatchHooks {
     const event: ThreadEvent = { kind: 'undo-failed', vshard: task.vshard, parts };
     parentPort?.postMessage(event);
   };
-  const exitAfter = loadFaultInjection(process.env).threadExitAfterWrite;
-  if (exitAfter === null) return { onWaitTimeout, onUndoFailed };
+  const { threadExitAfterWrite: exitAfter, killAfterWrite: killAfter } = loadFaultInjection(process.env);
+  if (exitAfter === null && killAfter === null) return { onWaitTimeout, onUndoFailed };
   let writes = 0;
   return {
     onWaitTimeout,
     onUndoFailed,
     afterCountWrite(task) {
-      if (++writes < exitAfter) return;
+      writes++;
+      if (killAfter !== null && writes >= killAfter) {
+        // The whole daemon, as a SIGKILL from outside would: no close step runs, the markers stay unoccupied.
+        log.warn({ vshard: task.vshard, batchId: task.batchId, writes }, 'fault injection: the daemon SIGKILLs itself after a count write');
+        process.kill(process.pid, 'SIGKILL');
+      }
+      if (exitAfter === null || writes < exitAfter) return;
       log.warn({ vshard: task.vshard, batchId: task.batchId, writes }, 'fault injection: worker thread exits after a count write');
       process.exit(70);
     },

@@ -26,6 +26,7 @@
  * than the marker: step 2 is then one write per count shard
  * (cross-slot-counts.ts), all done before step 3.
  */
+import { randomUUID } from 'node:crypto';
 import { SpanStatusCode, trace } from '@opentelemetry/api';
 import {
   describeError,
@@ -57,6 +58,7 @@ import { decodeRefusals, logRefusals } from './count-refusals.js';
 import { evalshaArgs, loadScript, runScript, type ScriptArg } from './lua-scripts.js';
 import { reportingHealth } from './health-report.js';
 import { BatchWritesLostError, waitForReplicas } from './replica-wait.js';
+import { BatchFencedError } from './fenced-adoption.js';
 
 /** The count write and the marker occupation, their KEYS and ARGV documented in lua/*.lua (the claim: claim-parts.ts). */
 export const WRITE_COUNTS = loadScript('write_counts');
@@ -110,9 +112,25 @@ export async function runTwoStepBatch(
   log: BatchLog,
   hooks: BatchHooks = {},
 ): Promise<BatchResult> {
+  for (;;) {
+    try {
+      return await runOnce(redis, settings, task, log, hooks);
+    } catch (error) {
+      if (!(error instanceof BatchFencedError)) throw error;
+      // Fenced adoption: another batch took this one's claims over while it stalled, and fenced it out of a count
+      // shard. Nothing was occupied and what it wrote stands; under a new id the batch adopts its own claims and
+      // writes only what nobody counted (fenced-adoption.ts). Not the coordinator's rerun: that keeps the id.
+      log.warn({ vshard: task.vshard, batchId: task.batchId, err: error.message }, 'batch fenced out by an adopter; running it again under a new batch id');
+      task = { ...task, batchId: randomUUID() };
+    }
+  }
+}
+
+async function runOnce(redis: RedisClient, settings: WorkerSettings, task: BatchTask, log: BatchLog, hooks: BatchHooks): Promise<BatchResult> {
   const { prefix, markerTtlS, countTtlS, markerBucketS, markerSubBuckets } = settings;
   const { vshard, changes } = task;
   const parts = changes.length;
+  const fenced = settings.fencedAdoption === true;
   const digests = taskDigests(task) as Buffer[];
   // The shard's marker base names its slot (hash tag {vshard}): every step runs on that slot's master.
   const shardKey = markerBaseKey(prefix, vshard);
@@ -125,22 +143,33 @@ export async function runTwoStepBatch(
   // attempt whose reply was lost is its own, and is taken again.
   const claimed = await inSpan(tracer, 'tally.precheck', { 'tally.shard': vshard, 'tally.markers': parts }, () =>
     untilDone('precheck', task, log, () =>
-      onSlotConnection(redis, shardKey, (connection) => claimParts({ connection, settings, shardKey, digests, bucketArgs, log })),
+      onSlotConnection(redis, shardKey, (connection) =>
+        claimParts({ connection, settings, shardKey, digests, bucketArgs, log, ...(fenced ? { adoptingAs: task.batchId } : {}) }),
+      ),
     ),
   );
   const { marked, claims } = claimed;
   const claimTakeovers = claimed.takeovers;
-  if (claimTakeovers > 0) log.warn({ vshard, claimTakeovers }, 'took over parts whose claim by another daemon had run out (it died or stalled); counted here');
+  if (claimTakeovers > 0) {
+    log.warn(
+      { vshard, claimTakeovers },
+      fenced
+        ? 'adopted parts whose claim by another daemon had run out (it died or stalled): counted here where it had not counted them'
+        : 'took over parts whose claim by another daemon had run out (it died or stalled); counted here',
+    );
+  }
   const t1 = performance.now();
 
   // Message-scoped markers on a cluster: the batch's counts span slots, and
   // are summed per count shard (cross-slot-counts.ts); on one slot, per SKU.
-  const crossSlot = settings.markerScope === 'message' && settings.redisTopology === 'cluster';
+  // Fenced adoption's counts are always written per count shard, under the receipts adopters read.
+  const crossSlot = settings.markerScope === 'message' && (settings.redisTopology === 'cluster' || fenced);
   const shardWrites = crossSlot ? shardWritesOf(task, marked, settings) : null;
   const sums = shardWrites === null ? aggregateNewParts(changes, (i) => marked[i] === PART_NEW) : null;
   // A SKU's count lives on one shard: the shards' sums together hold each SKU once.
   const distinctSkus = sums?.size ?? shardWrites!.reduce((n, write) => n + write.sums.size, 0);
-  const gauge = gaugeOf(settings);
+  // Fenced adoption closes the crash window: a kill in it re-counts nothing, so nothing is at risk there.
+  const gauge = fenced ? null : gaugeOf(settings);
   let windowMessages = distinctSkus > 0 ? newMessages(task, marked) : 0;
   // The window opens with the count write and closes when the markers are
   // occupied; its span is a sibling of the two step spans it spans.
@@ -149,6 +178,8 @@ export async function runTwoStepBatch(
   let refusals: CountRefusal[] = [];
   let wroteCounts = false;
   let waitTimeouts = 0;
+  let adoptedParts = 0;
+  if (distinctSkus > 0) await hooks.beforeCountWrite?.(task);
   if (shardWrites !== null && shardWrites.length > 0) {
     gauge?.open(vshard, windowMessages);
     const written = await inSpan(tracer, 'tally.write_counts', { 'tally.shard': vshard, 'tally.skus.distinct': distinctSkus }, () =>
@@ -157,6 +188,7 @@ export async function runTwoStepBatch(
         settings,
         task,
         groups: shardWrites,
+        chains: claimed.chains,
         writeCounts: WRITE_COUNTS,
         log,
         untilDone: (step, run, onFailure) => untilDone(step, task, log, run, onFailure),
@@ -168,6 +200,7 @@ export async function runTwoStepBatch(
     waitTimeouts = written.waitTimeouts;
     wroteCounts = written.wrote;
     refusals = written.refusals;
+    adoptedParts = written.adoptedParts;
   } else if (sums !== null && sums.size > 0) {
     const keys = [receipt];
     const ttl = countTtlOf(countTtlS);
@@ -317,6 +350,7 @@ export async function runTwoStepBatch(
     refusals,
     claimTakeovers,
     nativeClaims: claimed.nativeParts,
+    ...(adoptedParts > 0 ? { adoptedParts } : {}),
     timings: { precheckMs: t1 - t0, writeMs: t2 - t1, occupyMs: t3 - t2 },
   };
 }

@@ -119,25 +119,29 @@ describe('fenced adoption: the scripts', () => {
       const write = (keys: string[], argv: ScriptArg[]) => runScript(redis, WRITE_COUNTS, evalshaArgs(WRITE_COUNTS, keys, argv), quiet) as Promise<WriteReply>;
       /** One batch's sums on a and b, as an ordinary first write sends them. */
       const sums = (batchId: string, a: number, b: number) => write([receipt(batchId), counts.a, counts.b], [COUNT_TTL_S, RECEIPT_TTL_S, 'sums', '00', a, b]);
-      /** `batchId`'s take-back of parts (index, digest, delta on a) under its 'chains' receipts. */
-      const takeBack = (batchId: string, parts: Array<[number, Buffer, number]>) =>
-        runScript(
+      /** `batchId`'s take-back of parts (index, digest, delta on a) under its 'chains' receipts; `chain`: the ids a part was adopted from here. */
+      const takeBack = (batchId: string, parts: Array<[number, Buffer, number]>, chain: string[] = []) => {
+        const keys = [
+          ...parts.map(([index]) => receiptKey(prefix, SHARD, takeBackReceiptId(batchId, index))),
+          receipt(batchId),
+          ...chain.map(receipt),
+          counts.a,
+        ];
+        const chainAt = chain.map((_, j) => parts.length + 2 + j);
+        return runScript(
           redis,
           TAKE_BACK_COUNTS,
-          evalshaArgs(
-            TAKE_BACK_COUNTS,
-            [...parts.map(([index]) => receiptKey(prefix, SHARD, takeBackReceiptId(batchId, index))), receipt(batchId), counts.a],
-            [
-              COUNT_TTL_S,
-              RECEIPT_TTL_S,
-              parts.length,
-              'chains',
-              ...parts.map(([, digest]) => digest),
-              ...parts.flatMap(([, , delta]) => [1, parts.length + 2, String(-delta)]),
-            ],
-          ),
+          evalshaArgs(TAKE_BACK_COUNTS, keys, [
+            COUNT_TTL_S,
+            RECEIPT_TTL_S,
+            parts.length,
+            'chains',
+            ...parts.flatMap(([, digest]) => [digest, chainAt.length, ...chainAt]),
+            ...parts.flatMap(([, , delta]) => [1, keys.length, String(-delta)]),
+          ]),
           quiet,
         ) as Promise<TakeBackReply>;
+      };
       const read = async () => [await redis.get(counts.a), await redis.get(counts.b)];
       return { receipt, counts, write, sums, takeBack, read };
     }
@@ -185,6 +189,24 @@ describe('fenced adoption: the scripts', () => {
       expect(taken.map(([outcome]) => outcome)).to.deep.equal([ScriptReply.TAKE_BACK_ADOPTED, ScriptReply.TAKE_BACK_TAKEN]);
       expect(await read(), "d stands, X's other message is taken back").to.deep.equal(['5', '2']);
       expect(await members(`${receipt('X')}~out`)).to.deep.equal([other.toString('hex')]);
+    });
+
+    it('an adopter that takes back what it adopted takes it back for the chain too: the next adopter writes it again', async () => {
+      const { receipt, counts, write, sums, takeBack, read } = shard();
+      const d = randomBytes(16);
+      await sums('X', 5, 0);
+      const cKeys = [receipt('C'), counts.a, receipt('X')];
+      expect((await write(cKeys, chainsArgv(1, [{ index: 1, digest: d, chain: [3], changes: [[2, '5']] }])))[1]).to.equal('2');
+      // d is refused on another shard of C's: C takes back here the counts it adopted from X.
+      expect((await takeBack('C', [[1, d, 5]], ['X']))[0]![0]).to.equal(ScriptReply.TAKE_BACK_TAKEN);
+      expect(await read()).to.deep.equal(['0', '0']);
+      expect(await members(`${receipt('X')}~out`), 'X no longer stands for d here').to.deep.equal([d.toString('hex')]);
+      // X, woken, takes back d: C did already, and X's take-back finds d adopted.
+      expect((await takeBack('X', [[1, d, 5]]))[0]![0]).to.equal(ScriptReply.TAKE_BACK_ADOPTED);
+      // d's dead letter replayed: its claim, X's in an older bucket, is adopted again, and d is written.
+      const r = await write([receipt('R'), counts.a, receipt('X')], chainsArgv(1, [{ index: 1, digest: d, chain: [3], changes: [[2, '5']] }]));
+      expect(r[1]).to.equal('');
+      expect(await read(), 'counted once').to.deep.equal(['5', '0']);
     });
 
     it('writes again what a batch of the chain took back or had refused here', async () => {

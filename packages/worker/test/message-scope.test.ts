@@ -1,33 +1,19 @@
 import { randomBytes, randomUUID } from 'node:crypto';
 import { expect } from 'chai';
 import { Redis } from 'ioredis';
-import { countKey, countScanPattern, markerDigest, markerShardOf, shardOf, type BatchTask, type WorkerSettings } from '@tally/shared';
+import { countKey, countScanPattern, shardOf, type BatchTask, type WorkerSettings } from '@tally/shared';
 import { createRedisClient } from '@tally/runtime';
 import { readMarkers, testWorkerSettings } from '@tally/testkit';
 import { runAtomicBatch } from '../src/atomic-batch.js';
 import type { BatchLog } from '../src/batch-log.js';
 import { runTwoStepBatch } from '../src/two-step-batch.js';
+import { wholeMessagesOf } from './whole-messages.js';
 
 const REDIS_URL = process.env.TALLY_REDIS_URL ?? 'redis://127.0.0.1:6379';
 const quiet: BatchLog = { warn() {}, error() {} };
 const SHARDS = 16;
 
-/** Whole messages of one marker shard, each with changes on several SKU shards: what the daemon sends with message-scoped markers. */
-function wholeMessages(runId: string, markerShard: number, count: number): BatchTask & { ids: string[] } {
-  const ids: string[] = [];
-  const changes: Array<Array<[string, number]>> = [];
-  for (let n = 0; ids.length < count; n++) {
-    const id = `${runId}-${n}`;
-    if (markerShardOf(markerDigest(id), SHARDS) !== markerShard) continue;
-    ids.push(id);
-    changes.push([
-      [`A${n % 5}`, 1],
-      [`B${n % 7}`, 2],
-      [`C${n % 11}`, 3],
-    ]);
-  }
-  return { vshard: markerShard, batchId: randomUUID(), ids, changes };
-}
+const wholeMessages = (runId: string, markerShard: number, count: number) => wholeMessagesOf(runId, markerShard, count, SHARDS);
 
 for (const mode of ['two-step', 'atomic'] as const) {
   describe(`message-scoped markers against a real Redis (${mode})`, function () {

@@ -15,6 +15,7 @@ import {
   isSentinelUrl,
   layoutKey,
   markerScopeOf,
+  fencedAdoptionOf,
   parseSentinelUrl,
   partitionQueues,
   type MarkerScope,
@@ -252,7 +253,7 @@ export function statusText(report: StatusReport): string {
   const lines: string[] = [];
   const { layout, queue } = report;
   lines.push(
-    `prefix  ${report.prefix}  ${layout === null ? '(no layout: no daemon has started on it)' : `${layout.virtual_shards} virtual shards, ${layout.mode} mode${layout.partitions > 1 ? `, ${layout.partitions} partitions` : ''}${layout.marker_scope === null ? '' : `, ${layout.marker_scope}-scoped markers`}`}`,
+    `prefix  ${report.prefix}  ${layout === null ? '(no layout: no daemon has started on it)' : `${layout.virtual_shards} virtual shards, ${layout.mode} mode${layout.partitions > 1 ? `, ${layout.partitions} partitions` : ''}${layout.marker_scope === null ? '' : `, ${layout.marker_scope}-scoped markers`}${layout.marker_format !== null && fencedAdoptionOf(layout.marker_format) ? ' (fenced adoption)' : ''}`}`,
   );
   if (report.sentinel !== null) lines.push(sentinelLine(report.sentinel));
   if (queue.error !== undefined) lines.push(`queue   ${queue.name}: ${queue.error}`);

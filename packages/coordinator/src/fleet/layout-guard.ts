@@ -10,6 +10,7 @@ import {
   layoutKey,
   legacyMarkerScanPattern,
   FILTERED_MARKER_FORMAT,
+  FENCED_MESSAGE_MARKER_FORMAT,
   MARKER_FORMAT,
   markerFormatOf,
   MarkerFormatRefusedError,
@@ -186,13 +187,15 @@ type LayoutConfig = Pick<TallyConfig, 'prefix' | 'virtualShards' | 'mode'> &
   Partial<Pick<TallyConfig, 'markerTtlS' | 'markerSubBuckets'>> & {
     /** The scope for a new prefix, resolved by topology (defaultMarkerScope) when TALLY_MARKER_SCOPE is not set; part when absent. */
     readonly markerScope?: MarkerScope | null;
+    /** A new prefix of message scope is laid out for fenced adoption (needsFencedAdoption). */
+    readonly fencedAdoption?: boolean;
   };
 
 /** What a daemon with these settings records for a new prefix. */
 function proposedMarkers(config: LayoutConfig): MarkerLayout {
   const scope = config.markerScope ?? 'part';
   return {
-    format: markerFormatOf(scope),
+    format: markerFormatOf(scope, config.fencedAdoption === true),
     scope,
     bucketS: defaultBucketWidthS(config.markerTtlS ?? DEFAULTS.markerTtlS),
     subBuckets: config.markerSubBuckets ?? DEFAULTS.markerSubBuckets,
@@ -291,7 +294,7 @@ async function ensureMarkerFormat(redis: RedisClient, config: LayoutConfig, repl
   }
   if (recorded === null || recorded.scope === null || !(recorded.bucketS >= 1) || !(recorded.subBuckets >= 1)) {
     throw new MarkerFormatRefusedError(
-      `prefix "${config.prefix}" records the marker format ${JSON.stringify(recorded?.format ?? '')} (Redis key ${key}), this build writes ${MARKER_FORMAT}, ${FILTERED_MARKER_FORMAT} or ${MESSAGE_MARKER_FORMAT}; run the build that laid it out, or use a new TALLY_PREFIX.`,
+      `prefix "${config.prefix}" records the marker format ${JSON.stringify(recorded?.format ?? '')} (Redis key ${key}), this build writes ${MARKER_FORMAT}, ${FILTERED_MARKER_FORMAT}, ${MESSAGE_MARKER_FORMAT} or ${FENCED_MESSAGE_MARKER_FORMAT}; run the build that laid it out, or use a new TALLY_PREFIX.`,
     );
   }
   return { ...recorded, scope: recorded.scope };

@@ -5,7 +5,16 @@
  * the partition balancer (TALLY_PARTITIONS > 1) and the heartbeat that
  * renews the lease and drives the balancer.
  */
-import { defaultMarkerScope, describeError, MarkerFormatRefusedError, messageScopeServes, type TallyConfig } from '@tally/shared';
+import {
+  defaultMarkerScope,
+  describeError,
+  FENCED_MESSAGE_MARKER_FORMAT,
+  fencedAdoptionOf,
+  MarkerFormatRefusedError,
+  messageScopeServes,
+  needsFencedAdoption,
+  type TallyConfig,
+} from '@tally/shared';
 import { scanNodes } from '@tally/runtime';
 import { checkNotInterrupted, type LiveViews, type StartContext } from '../process/start-context.js';
 import type { RedisEdge } from '../redis/open-redis.js';
@@ -31,10 +40,14 @@ export async function openFleet(context: StartContext, redis: RedisEdge, live: L
   const oneSlotBatches = !messageScopeServes(probe.topology, config.mode, config.source);
   if (config.markerScope === 'message' && oneSlotBatches) throw messageScopeOnCluster(config);
   const proposedScope = config.markerScope ?? defaultMarkerScope(probe.topology, config.mode, config.source);
-  const layout = await untilRedis(context, 'layout check', () => ensureLayout(client, { ...config, markerScope: proposedScope }, lease));
+  const fenced = needsFencedAdoption(probe.topology, config.mode, config.source);
+  const layout = await untilRedis(context, 'layout check', () =>
+    ensureLayout(client, { ...config, markerScope: proposedScope, fencedAdoption: fenced }, lease),
+  );
   checkNotInterrupted(context);
   log.info({ virtualShards: layout.virtualShards, created: layout.created, daemonId: context.daemonId, markers: layout.markers }, 'shard layout verified');
   if (layout.markers.scope === 'message' && oneSlotBatches) throw messageScopeOnCluster(config);
+  if (layout.markers.scope === 'message' && fenced && !fencedAdoptionOf(layout.markers.format)) throw unfencedOnCluster(config, layout.markers.format);
   // Recorded like the virtual shards: daemons of another TALLY_PARTITIONS would compute other owners (docs/operations.md).
   await untilRedis(context, 'partition count check', () => ensurePartitionCount(client, config.prefix, config.partitions));
   checkNotInterrupted(context);
@@ -99,16 +112,29 @@ export async function openFleet(context: StartContext, redis: RedisEdge, live: L
 }
 
 /**
- * Message-scoped markers on a Redis Cluster, for a daemon whose batch is one
- * script (atomic mode, or a stream): a message's counts span hash slots,
- * which one script cannot. (Two-step mode writes them per slot before it
- * occupies the marker: cross-slot-counts.ts.)
+ * Message-scoped markers on a Redis Cluster, for a stream: its batch is one
+ * script, and a message's counts span hash slots, which one script cannot.
+ * (A queue's batches write them per slot before they occupy the marker:
+ * cross-slot-counts.ts.)
  */
-function messageScopeOnCluster(config: Pick<TallyConfig, 'prefix' | 'mode' | 'source'>): MarkerFormatRefusedError {
-  const who = config.source === 'stream' ? 'TALLY_SOURCE=stream' : `TALLY_MODE=${config.mode}`;
+function messageScopeOnCluster(config: Pick<TallyConfig, 'prefix'>): MarkerFormatRefusedError {
   return new MarkerFormatRefusedError(
-    `${who} on a Redis Cluster needs part-scoped markers, and prefix "${config.prefix}" is laid out (or asked) with message-scoped ones: ` +
-      `its batches are written in one script each, and on a cluster a message's counts span hash slots. ` +
-      `Run this prefix in two-step mode, or use a new TALLY_PREFIX (laid out with TALLY_MARKER_SCOPE=part by default here).`,
+    `TALLY_SOURCE=stream on a Redis Cluster needs part-scoped markers, and prefix "${config.prefix}" is laid out (or asked) with message-scoped ones: ` +
+      `a stream's batches are written in one script each, and on a cluster a message's counts span hash slots. ` +
+      `Use a new TALLY_PREFIX (laid out with TALLY_MARKER_SCOPE=part by default here).`,
+  );
+}
+
+/**
+ * Atomic mode on a Redis Cluster, on a prefix two-step daemons laid out with
+ * message-scoped markers without fenced adoption: its claims name no batch,
+ * so a claim taken over could be counted twice, the double count atomic
+ * mode exists to rule out.
+ */
+function unfencedOnCluster(config: Pick<TallyConfig, 'prefix'>, format: string): MarkerFormatRefusedError {
+  return new MarkerFormatRefusedError(
+    `TALLY_MODE=atomic on a Redis Cluster needs the ${FENCED_MESSAGE_MARKER_FORMAT} marker format (fenced adoption) for message-scoped markers, ` +
+      `and prefix "${config.prefix}" was laid out by two-step daemons with ${format}, whose claims cannot be adopted without a double count. ` +
+      `Run this prefix in two-step mode, or use a new TALLY_PREFIX (laid out for atomic mode by default).`,
   );
 }

@@ -76,6 +76,8 @@ export function concatResults(left: BatchResult, right: BatchResult): BatchResul
     waitTimeouts: left.waitTimeouts + right.waitTimeouts,
     refusals: [...left.refusals, ...shifted],
     claimTakeovers: left.claimTakeovers + right.claimTakeovers,
+    nativeClaims: (left.nativeClaims ?? 0) + (right.nativeClaims ?? 0),
+    adoptedParts: (left.adoptedParts ?? 0) + (right.adoptedParts ?? 0),
     ...(left.watermarks === undefined && right.watermarks === undefined ? {} : { watermarks: [...(left.watermarks ?? []), ...(right.watermarks ?? [])] }),
     timings: {
       precheckMs: left.timings.precheckMs + right.timings.precheckMs,

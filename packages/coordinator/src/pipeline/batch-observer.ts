@@ -45,6 +45,7 @@ export function batchObserver({ counters, exposure, metrics }: BatchObserverDeps
       counters.add('write_retries', result.writeRetries);
       counters.add('count_errors', result.refusals.length);
       counters.add('claim_takeovers', result.claimTakeovers);
+      counters.add('adopted', result.adoptedParts ?? 0);
       counters.add('native_claims', result.nativeClaims ?? 0);
       // A part held by another daemon's claim is not marked yet: it is run again, and told then.
       exposure.batchDone(parts.filter((_, i) => result.marked[i] !== PART_HELD).map((part) => part.delivery));

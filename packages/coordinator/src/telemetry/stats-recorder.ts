@@ -28,6 +28,7 @@ const URGENT: ReadonlySet<CounterName> = new Set([
   'partial_duplicates',
   'count_errors',
   'claim_takeovers',
+  'adopted',
   'loaded_ms',
   'window_message_ms',
   'occupied_unacked_message_ms',

@@ -5,7 +5,7 @@
  * as it happens: a WAIT that keeps timing out holds its batch, and a Redis
  * that refuses a batch step makes it retry quietly; both must show meanwhile.
  */
-import { filterBitsOfFormat } from '@tally/shared';
+import { fencedAdoptionOf, filterBitsOfFormat } from '@tally/shared';
 import type { Layout } from '../fleet/layout-guard.js';
 import { STEP_TIMEOUT_MS } from '../process/close-steps.js';
 import type { StartContext, Threads } from '../process/start-context.js';
@@ -28,10 +28,12 @@ export function openThreads(context: StartContext, redis: RedisEdge, layout: Lay
       markerSubBuckets: layout.markers.subBuckets,
       markerScope: layout.markers.scope,
       markerFilterBits: filterBitsOfFormat(layout.markers.format),
+      fencedAdoption: fencedAdoptionOf(layout.markers.format),
       virtualShards: config.virtualShards,
       claimToken: context.claimToken,
       claimTtlMs: config.markerClaimTtlS * 1000,
-      nativeClaims: config.markerNativeClaims,
+      // A native claim's record names no batch: fenced adoption could not adopt it.
+      nativeClaims: config.markerNativeClaims && !fencedAdoptionOf(layout.markers.format),
       ...(counters.windowGauge === null ? {} : { windowGauge: counters.windowGauge.buffer }),
       waitReplicas: config.redisWaitReplicas,
       waitTimeoutMs: config.redisWaitTimeoutMs,

@@ -16,11 +16,11 @@ import { resetNamespace, startRedisCluster, type RedisCluster } from '@tally/tes
 import { keySlot, isCluster, scanNodes } from '@tally/runtime';
 import {
   countKey,
-  FILTERED_MARKER_FORMAT,
   layoutKey,
   markerDigest,
   markerShardOf,
   MESSAGE_MARKER_FORMAT,
+  FENCED_MESSAGE_MARKER_FORMAT,
   shardOf,
   STANDING_COUNTS_HEADER,
   standingKey,
@@ -102,14 +102,14 @@ describe('Redis Cluster (integration: 3 masters + 3 replicas of our own)', funct
     });
   });
 
-  it('atomic mode refuses message-scoped markers at start, before the prefix is laid out: a message spans hash slots', async () => {
-    const space = testSpace('cluster-scope', { TALLY_REDIS_URL: seeds, TALLY_MODE: 'atomic', TALLY_MARKER_SCOPE: 'message' });
+  it('a stream refuses message-scoped markers at start, before the prefix is laid out: its batch is one script, and a message spans hash slots', async () => {
+    const space = testSpace('cluster-scope', { TALLY_REDIS_URL: seeds, TALLY_SOURCE: 'stream', TALLY_MARKER_SCOPE: 'message' });
     try {
       const refused = await runRefusedStart(space.env);
       expect(refused.code).to.equal(1);
       expect(refused.fatalCode).to.equal('TALLY_MARKER_FORMAT');
       expect(refused.stderrLines, 'one line').to.have.length(1);
-      expect(refused.stderrLines[0]).to.include('TALLY_MODE=atomic').and.include('TALLY_MARKER_SCOPE=part');
+      expect(refused.stderrLines[0]).to.include('TALLY_SOURCE=stream').and.include('TALLY_MARKER_SCOPE=part');
       const laidOut = await withRedisAt(seeds, (redis) => redis.exists(layoutKey(space.prefix)));
       expect(laidOut, 'no layout recorded with a scope the cluster cannot serve').to.equal(0);
     } finally {
@@ -125,7 +125,7 @@ describe('Redis Cluster (integration: 3 masters + 3 replicas of our own)', funct
       expect(format, 'two-step on a cluster lays a new prefix out message-scoped').to.equal(MESSAGE_MARKER_FORMAT);
       const refused = await runRefusedStart({ ...space.env, TALLY_MODE: 'atomic' });
       expect(refused.fatalCode).to.equal('TALLY_MARKER_FORMAT');
-      expect(refused.stderrLines[0]).to.include(space.prefix);
+      expect(refused.stderrLines[0]).to.include(space.prefix).and.include(FENCED_MESSAGE_MARKER_FORMAT);
     } finally {
       await cleanup(space);
     }
@@ -383,9 +383,9 @@ describe('Redis Cluster (integration: 3 masters + 3 replicas of our own)', funct
         const counts = await cliCounts(space.env);
         const diff = compare(counts, workload.truth);
         expect(diff.exact, `${mode}: lost ${diff.missingUnits}, excess ${diff.excessUnits}`).to.equal(true);
-        // TALLY_MARKER_SCOPE unset: on a cluster, two-step lays a new prefix out message-scoped, atomic part-scoped.
+        // TALLY_MARKER_SCOPE unset: on a cluster, both modes lay a new prefix out message-scoped, atomic with fenced adoption.
         const format = await withRedisAt(seeds, (redis) => redis.hget(layoutKey(space.prefix), 'marker_format'));
-        expect(format, 'the default scope on a cluster').to.equal(mode === 'atomic' ? FILTERED_MARKER_FORMAT : MESSAGE_MARKER_FORMAT);
+        expect(format, 'the default scope on a cluster').to.equal(mode === 'atomic' ? FENCED_MESSAGE_MARKER_FORMAT : MESSAGE_MARKER_FORMAT);
       } finally {
         for (const daemon of daemons) await stopDaemon(daemon);
         await resetNamespace({ amqpUrl: AMQP_URL, redisUrl: REDIS_URL, queue: space.queue, prefix: space.prefix, partitions: 4 });
@@ -444,8 +444,13 @@ describe('Redis Cluster (integration: 3 masters + 3 replicas of our own)', funct
   });
 
   for (const mode of ['atomic', 'two-step'] as TallyMode[]) {
-    it(`${mode}: exact counts with duplicates and bad messages, keys on every master, and the CLI (counts, stats, status, verify) reads the cluster`, async () => {
-      const space = testSpace(`cluster-${mode}`, { TALLY_REDIS_URL: seeds, TALLY_MODE: mode, TALLY_BATCH_SIZE: '200' });
+    it(`${mode}${mode === 'atomic' ? ' (part-scoped)' : ''}: exact counts with duplicates and bad messages, keys on every master, and the CLI (counts, stats, status, verify) reads the cluster`, async () => {
+      const space = testSpace(`cluster-${mode}`, {
+        TALLY_REDIS_URL: seeds,
+        TALLY_MODE: mode,
+        TALLY_BATCH_SIZE: '200',
+        ...(mode === 'atomic' ? { TALLY_MARKER_SCOPE: 'part' } : {}),
+      });
       const dir = await mkdtemp(join(tmpdir(), 'tally-cluster-test-'));
       let daemon: DaemonProcess | null = null;
       try {
@@ -470,7 +475,8 @@ describe('Redis Cluster (integration: 3 masters + 3 replicas of our own)', funct
         );
         expect(status.daemons[0]!.pid).to.equal(daemon.child.pid);
         expect(status.layout?.mode).to.equal(mode);
-        // Which marker layout the prefix has: two-step on a cluster writes one marker per message, atomic one per part.
+        // Which marker layout the prefix has: two-step on a cluster writes one marker per message; atomic here one per
+        // part, as prefixes laid out before fenced adoption (TALLY_MARKER_SCOPE=part) still are.
         expect(status.layout?.marker_scope).to.equal(mode === 'atomic' ? 'part' : 'message');
         expect((await tallyCli(space.env, 'status')).stdout).to.include(mode === 'atomic' ? 'part-scoped markers' : 'message-scoped markers');
 

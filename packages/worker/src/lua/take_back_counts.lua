@@ -18,12 +18,14 @@
                   Deltas are decimal strings (64-bit integers, never Lua
                   doubles).
     Fenced adoption (write_counts' 'chains'): ARGV[4] is 'chains', KEYS[p+1]
-    the batch's write receipt here, ARGV[5..p+4] the parts' 16-byte digests
-    in KEYS order, and the parts' changes follow from ARGV[p+5]. A part an
-    adopter relied on this batch for here (its digest in the receipt's
-    `~adopted`) is not taken back: the adopter owns it now. The digest of
-    every part taken back joins the receipt's `~out`, so that an adopter
-    that comes later writes it again.
+    the batch's write receipt here, then per part in KEYS order its 16-byte
+    digest, c and c KEYS indexes: the write receipts of the chain it was
+    adopted from here (c is 0 for a part this batch wrote itself); the
+    parts' changes follow. A part an adopter relied on this batch for here
+    (its digest in the receipt's `~adopted`) is not taken back: the adopter
+    owns it now. The digest of every part taken back joins the receipt's
+    `~out`, and its chain's, so that an adopter that comes later writes it
+    again.
 
   Output:
     one {outcome, refusals} per part, in KEYS order
@@ -54,9 +56,9 @@ if not p or p < 1 or p > #KEYS then return redis.error_reply('TALLY_SCRIPT_ARGS 
 local chains = ARGV[4] == 'chains'
 -- The first ARGV of the changes, and the last KEYS index that is not a count key.
 local first, lastNotCount = 4, p
-local written, digests = nil, {}
+local written, digests, chainOf = nil, {}, {}
 if chains then
-  first, lastNotCount = 5 + p, p + 1
+  lastNotCount = p + 1
   written = KEYS[p + 1]
   if not written then return redis.error_reply('TALLY_SCRIPT_ARGS no write receipt after the ' .. p .. ' take-back receipts') end
   -- Sets of ours or nothing: a foreign type would stop the script after its first take-backs.
@@ -64,9 +66,24 @@ if chains then
     local kind = redis.call('TYPE', written .. suffix)['ok']
     if kind ~= 'none' and kind ~= 'set' then return redis.error_reply('TALLY_FOREIGN_RECEIPT ' .. written .. suffix .. ' holds a ' .. kind .. ', not a set') end
   end
+  first = 5
   for i = 1, p do
-    digests[i] = ARGV[4 + i]
-    if not digests[i] or #digests[i] ~= 16 then return redis.error_reply('TALLY_SCRIPT_ARGS ARGV[' .. (4 + i) .. '] is not a 16-byte digest') end
+    digests[i] = ARGV[first]
+    local c = tonumber(ARGV[first + 1])
+    if not digests[i] or #digests[i] ~= 16 or not c or c < 0 or c % 1 ~= 0 then
+      return redis.error_reply('TALLY_SCRIPT_ARGS ARGV[' .. first .. '] is not a 16-byte digest and its chain length')
+    end
+    chainOf[i] = {}
+    for j = 1, c do
+      local keyAt = tonumber(ARGV[first + 1 + j])
+      if not keyAt or keyAt <= p + 1 or keyAt > #KEYS or keyAt % 1 ~= 0 then
+        return redis.error_reply('TALLY_SCRIPT_ARGS ARGV[' .. (first + 1 + j) .. '] names no chain receipt')
+      end
+      chainOf[i][j] = KEYS[keyAt]
+      local kind = redis.call('TYPE', KEYS[keyAt] .. '~out')['ok']
+      if kind ~= 'none' and kind ~= 'set' then return redis.error_reply('TALLY_FOREIGN_RECEIPT ' .. KEYS[keyAt] .. '~out holds a ' .. kind .. ', not a set') end
+    end
+    first = first + 2 + c
   end
 end
 
@@ -134,7 +151,13 @@ for part = 1, p do
       redis.call('SET', receipt, table.concat(flags) .. ':' .. cjson.encode(refusals), 'EX', receiptTtl)
     end
     replies[part] = {'taken', refusals}
-    if chains then out[#out + 1] = digests[part] end
+    if chains then
+      out[#out + 1] = digests[part]
+      for _, chained in ipairs(chainOf[part]) do
+        redis.call('SADD', chained .. '~out', digests[part])
+        redis.call('EXPIRE', chained .. '~out', countTtl)
+      end
+    end
   end
   pos = pos + 1 + 2 * k
 end
