@@ -14,6 +14,7 @@ import {
   defaultMarkerScope,
   filterBitsOfFormat,
   markerFormatOf,
+  needsFencedAdoption,
   markersPerSubBucket,
   type Change,
   type MarkerScope,
@@ -109,7 +110,9 @@ export function steadyPrepare(ctx: AnyBenchContext, plan: SteadyPlan): (prefix: 
   return async (prefix) => {
     const settings = markerSettings(ctx.tallyEnv);
     const scope = benchMarkerScope(ctx.tallyEnv, ctx.nodes.topology, plan.mode);
-    const filterBits = filterBitsOfFormat(markerFormatOf(scope));
+    // As the daemon lays a new prefix out (open-fleet.ts): atomic's message scope on a cluster has fenced adoption.
+    const format = markerFormatOf(scope, needsFencedAdoption(ctx.nodes.topology, plan.mode, 'queue'));
+    const filterBits = filterBitsOfFormat(format);
     const populationAt = (nowS: number) =>
       steadyPopulation({
         rate: plan.rate,
@@ -134,7 +137,7 @@ export function steadyPrepare(ctx: AnyBenchContext, plan: SteadyPlan): (prefix: 
       mode: plan.mode,
       bucketS: settings.bucketWidthS,
       subBuckets: settings.initialSubBuckets,
-      format: markerFormatOf(scope),
+      format,
     });
     const before = (await sampleMemory(ctx.nodes)).masters;
     const filled = await fillMarkers(ctx.redis, {

@@ -386,6 +386,9 @@ describe('Redis Cluster (integration: 3 masters + 3 replicas of our own)', funct
         // TALLY_MARKER_SCOPE unset: on a cluster, both modes lay a new prefix out message-scoped, atomic with fenced adoption.
         const format = await withRedisAt(seeds, (redis) => redis.hget(layoutKey(space.prefix), 'marker_format'));
         expect(format, 'the default scope on a cluster').to.equal(mode === 'atomic' ? FENCED_MESSAGE_MARKER_FORMAT : MESSAGE_MARKER_FORMAT);
+        const status = (await tallyCli(space.env, 'status')).stdout;
+        expect(status, 'tally status names the layout').to.include('message-scoped markers');
+        expect(status.includes('(fenced adoption)'), 'and says whether it has fenced adoption').to.equal(mode === 'atomic');
       } finally {
         for (const daemon of daemons) await stopDaemon(daemon);
         await resetNamespace({ amqpUrl: AMQP_URL, redisUrl: REDIS_URL, queue: space.queue, prefix: space.prefix, partitions: 4 });
