@@ -60,7 +60,7 @@ async function measure(name, perBatch) {
 }
 
 const script = (base) => async (batch) => {
-  await runScript(redis, CLAIM, evalshaArgs(CLAIM, [base], [WIDTH, TTL, 64, BITS, 'ab12', 30000, '', '', ...batch]), log);
+  await runScript(redis, CLAIM, evalshaArgs(CLAIM, [base], [WIDTH, TTL, 64, BITS, 'ab12', 30000, '', '', '', ...batch]), log);
 };
 /** The pipeline; EXPIREAT once per hash for the whole run (the thread's memory of the hashes it set). */
 const native = (base, subs, blocks) => {

@@ -71,6 +71,16 @@ type Reply = [string, string, unknown];
 
 const NONE_ADOPTED: ReadonlySet<number> = new Set();
 
+/**
+ * How long a write or take-back receipt lives. With fenced adoption, as long
+ * as the claim an adopter may find: the marker TTL from the end of the
+ * claim's bucket. A receipt gone while its claim is still found would be
+ * fenced, and its counts written again.
+ */
+function receiptTtlOf(settings: Pick<WorkerSettings, 'markerTtlS' | 'markerBucketS' | 'fencedAdoption'>): number {
+  return settings.fencedAdoption === true ? settings.markerTtlS + settings.markerBucketS : settings.markerTtlS;
+}
+
 /** The take-back of a shard's parts; its KEYS and ARGV documented in lua/take_back_counts.lua. */
 export const TAKE_BACK_COUNTS = loadScript('take_back_counts');
 
@@ -108,10 +118,15 @@ export interface CrossSlotResult {
 
 export interface CrossSlotDeps {
   readonly redis: RedisClient;
-  readonly settings: Pick<WorkerSettings, 'prefix' | 'markerTtlS' | 'countTtlS' | 'virtualShards' | 'waitReplicas' | 'waitTimeoutMs' | 'fencedAdoption'>;
+  readonly settings: Pick<
+    WorkerSettings,
+    'prefix' | 'markerTtlS' | 'markerBucketS' | 'countTtlS' | 'virtualShards' | 'waitReplicas' | 'waitTimeoutMs' | 'fencedAdoption'
+  >;
   readonly task: BatchTask;
   /** Fenced adoption: by part, the batches whose claims on it this batch took over (claim-parts.ts). */
   readonly chains?: ReadonlyMap<number, readonly string[]>;
+  /** Fenced adoption: by count shard, the parts held by another batch's claim that have changes there (heldByShard). */
+  readonly held?: ReadonlyMap<number, readonly number[]>;
   /** The batch's new parts by count shard (shardWritesOf). */
   readonly groups: readonly ShardWrite[];
   readonly writeCounts: LuaScript;
@@ -147,7 +162,8 @@ export function groupByCountShard(changes: readonly PartChanges[], marked: Uint8
 
 export async function writeCountsAcrossSlots(deps: CrossSlotDeps): Promise<CrossSlotResult> {
   const { redis, settings, task, groups, log } = deps;
-  const { prefix, markerTtlS } = settings;
+  const { prefix } = settings;
+  const markerTtlS = receiptTtlOf(settings);
   // Checked by shardWritesOf, which made the groups.
   const shards = settings.virtualShards!;
   const ttl = countTtlOf(settings.countTtlS);
@@ -200,7 +216,7 @@ export async function writeCountsAcrossSlots(deps: CrossSlotDeps): Promise<Cross
         task,
         digests,
         group.shard,
-        group.parts,
+        { parts: group.parts, held: deps.held?.get(group.shard) ?? [] },
         deps.chains,
         { countTtlS: ttl.ttlS, receiptTtlS: markerTtlS },
         prior,
@@ -220,7 +236,8 @@ export async function writeCountsAcrossSlots(deps: CrossSlotDeps): Promise<Cross
         adopted: fenced ? adoptedParts(reply[1]) : NONE_ADOPTED,
       };
     };
-    if (fenced && (group.parts.some((i) => chainOf(deps.chains, i, task.batchId).length > 0) || (lost?.refusals.length ?? 0) > 0)) {
+    const chained = group.parts.some((i) => chainOf(deps.chains, i, task.batchId).length > 0);
+    if (fenced && (chained || (deps.held?.get(group.shard)?.length ?? 0) > 0 || (lost?.refusals.length ?? 0) > 0)) {
       return answered(await byChains(lost?.raw ?? []));
     }
     const keys = [receipt];
@@ -582,7 +599,7 @@ async function takeBackOnShard(
   const receipts = parts.map((part) => receiptKey(settings.prefix, group.shard, takeBackReceiptId(task.batchId, part)));
   const keys = [...receipts];
   const keyIndex = new Map<string, number>();
-  const argv: Array<ScriptArg> = [countTtlOf(settings.countTtlS).ttlS, settings.markerTtlS, parts.length];
+  const argv: Array<ScriptArg> = [countTtlOf(settings.countTtlS).ttlS, receiptTtlOf(settings), parts.length];
   if (settings.fencedAdoption === true) {
     // Fenced adoption: each part's digest, and for a part adopted here the chain it was adopted from, whose receipts
     // then no longer stand for it (take_back_counts.lua with 'chains').
@@ -689,9 +706,11 @@ async function abandonWrittenShards(
       return takeBackOnShard(
         deps,
         group,
-        group.parts.filter((part) => !refusedHere.has(part)),
+        // Only what this batch wrote: an adopted part's counts are the batch's it was adopted from, which may still
+        // occupy its marker (it stalled, it did not die); the halves adopt them again.
+        group.parts.filter((part) => !refusedHere.has(part) && !outcome.value.adopted.has(part)),
         steps,
-        outcome.value.adopted,
+        NONE_ADOPTED,
       );
     }),
   );
@@ -730,9 +749,9 @@ function keepAlive(deps: CrossSlotDeps): KeepAlive {
   const receipts = new Set<string>();
   const timer = setInterval(
     () => {
-      for (const receipt of receipts) onSlotConnection(redis, receipt, (connection) => connection.expire(receipt, settings.markerTtlS)).catch(() => {});
+      for (const receipt of receipts) onSlotConnection(redis, receipt, (connection) => connection.expire(receipt, receiptTtlOf(settings))).catch(() => {});
     },
-    Math.max(100, (settings.markerTtlS * 1000) / 3),
+    Math.max(100, (receiptTtlOf(settings) * 1000) / 3),
   );
   return {
     add: (receipt) => receipts.add(receipt),
@@ -821,7 +840,7 @@ function waitForReceipts(
         const fencedRead = settings.fencedAdoption === true && rewrite !== undefined;
         const pipeline = connection.pipeline();
         for (const receipt of receipts) {
-          pipeline.expire(receipt, settings.markerTtlS);
+          pipeline.expire(receipt, receiptTtlOf(settings));
           if (fencedRead) pipeline.get(receipt);
         }
         const replies = await pipeline.call('WAIT', settings.waitReplicas, settings.waitTimeoutMs).exec();

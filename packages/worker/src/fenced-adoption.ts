@@ -32,7 +32,7 @@
  * of its messages to find. runTwoStepBatch runs the batch again under a new
  * id, which adopts this daemon's claims of the old one like any other.
  */
-import { countKey, receiptKey, shardOf, ScriptReply, type BatchTask } from '@tally/shared';
+import { countKey, PART_HELD, receiptKey, shardOf, ScriptReply, type BatchTask } from '@tally/shared';
 import type { ScriptArg } from './lua-scripts.js';
 
 /** An adopter fenced this batch out of a count shard: it must not occupy, and runs again under a new id. */
@@ -59,6 +59,28 @@ export function adoptedParts(flags: string): Set<number> {
   return adopted;
 }
 
+const asBuffer = (digest: Uint8Array): Buffer => Buffer.from(digest.buffer, digest.byteOffset, digest.byteLength);
+
+/**
+ * By count shard, the parts of a batch held by another batch's claim that
+ * have changes there. A run that writes a shard without them must say so
+ * (the 'chains' layout puts them in its `~out`): a rerun under this batch's
+ * id may find a part held by the batch that took its claim over, and that
+ * adopter, finding this receipt, would take it for the part's count.
+ */
+export function heldByShard(task: BatchTask, marked: Uint8Array, virtualShards: number): Map<number, number[]> {
+  const held = new Map<number, number[]>();
+  for (let i = 0; i < marked.length; i++) {
+    if (marked[i] !== PART_HELD) continue;
+    for (const shard of new Set(task.changes[i]!.map(([sku]) => shardOf(sku, virtualShards)))) {
+      let parts = held.get(shard);
+      if (parts === undefined) held.set(shard, (parts = []));
+      parts.push(i);
+    }
+  }
+  return held;
+}
+
 /** One count shard's write in the 'chains' layout: its KEYS and ARGV (write_counts.lua documents them). */
 export function chainsWriteArgs(
   prefix: string,
@@ -66,7 +88,7 @@ export function chainsWriteArgs(
   task: BatchTask,
   digests: readonly Uint8Array[],
   shard: number,
-  parts: readonly number[],
+  { parts, held }: { parts: readonly number[]; held: readonly number[] },
   chains: ReadonlyMap<number, readonly string[]> | undefined,
   ttls: { countTtlS: number; receiptTtlS: number },
   prior: unknown,
@@ -82,12 +104,13 @@ export function chainsWriteArgs(
     }
     return at;
   };
-  const argv: ScriptArg[] = [ttls.countTtlS, ttls.receiptTtlS, 'chains', task.changes.length, JSON.stringify(prior)];
+  const argv: ScriptArg[] = [ttls.countTtlS, ttls.receiptTtlS, 'chains', task.changes.length, JSON.stringify(prior), held.length];
+  for (const i of held) argv.push(asBuffer(digests[i]!));
   for (const i of parts) {
     const digest = digests[i]!;
     const chain = chainOf(chains, i, task.batchId).map((id) => keyAt(receiptKey(prefix, shard, id)));
     const mine = task.changes[i]!.filter(([sku]) => shardOf(sku, virtualShards) === shard);
-    argv.push(i + 1, Buffer.from(digest.buffer, digest.byteOffset, digest.byteLength), chain.length, ...chain, mine.length);
+    argv.push(i + 1, asBuffer(digest), chain.length, ...chain, mine.length);
     for (const [sku, delta] of mine) argv.push(keyAt(countKey(prefix, shard, sku)), String(delta));
   }
   return { keys, argv };

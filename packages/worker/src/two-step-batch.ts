@@ -58,7 +58,7 @@ import { decodeRefusals, logRefusals } from './count-refusals.js';
 import { evalshaArgs, loadScript, runScript, type ScriptArg } from './lua-scripts.js';
 import { reportingHealth } from './health-report.js';
 import { BatchWritesLostError, waitForReplicas } from './replica-wait.js';
-import { BatchFencedError } from './fenced-adoption.js';
+import { BatchFencedError, heldByShard } from './fenced-adoption.js';
 
 /** The count write and the marker occupation, their KEYS and ARGV documented in lua/*.lua (the claim: claim-parts.ts). */
 export const WRITE_COUNTS = loadScript('write_counts');
@@ -189,6 +189,7 @@ async function runOnce(redis: RedisClient, settings: WorkerSettings, task: Batch
         task,
         groups: shardWrites,
         chains: claimed.chains,
+        ...(fenced ? { held: heldByShard(task, marked, settings.virtualShards!) } : {}),
         writeCounts: WRITE_COUNTS,
         log,
         untilDone: (step, run, onFailure) => untilDone(step, task, log, run, onFailure),

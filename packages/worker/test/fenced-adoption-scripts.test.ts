@@ -33,8 +33,8 @@ interface ChainsPart {
   changes: Array<[number, string]>;
 }
 
-function chainsArgv(parts: number, sent: readonly ChainsPart[], prior: unknown[] = []): ScriptArg[] {
-  const argv: ScriptArg[] = [COUNT_TTL_S, RECEIPT_TTL_S, 'chains', parts, JSON.stringify(prior)];
+function chainsArgv(parts: number, sent: readonly ChainsPart[], prior: unknown[] = [], held: readonly Buffer[] = []): ScriptArg[] {
+  const argv: ScriptArg[] = [COUNT_TTL_S, RECEIPT_TTL_S, 'chains', parts, JSON.stringify(prior), held.length, ...held];
   for (const part of sent) {
     const chain = part.chain ?? [];
     argv.push(part.index, part.digest, chain.length, ...chain, part.changes.length);
@@ -175,7 +175,7 @@ describe('fenced adoption: the scripts', () => {
         );
       expect(await cWrite(), "C adopts d, X's; e is C's own").to.deep.equal([ScriptReply.WRITE_WRITTEN, `${ScriptReply.WRITE_PART_ADOPTED}0`, []]);
       expect(await read(), 'd counted once, by X').to.deep.equal(['6', '2']);
-      expect(await redis.sismember(`${receipt('X')}~adopted`, d)).to.equal(1);
+      expect(await redis.hget(`${receipt('X')}~adopted`, d), 'adopted by C').to.equal(receipt('C'));
       expect(await members(`${receipt('C')}~out`), 'C did not count d here: the next adopter reads so').to.deep.equal([d.toString('hex')]);
       expect(await redis.get(receipt('C'))).to.equal('20:[]');
       expect(await cWrite(), "C's rerun finds its receipt: the same answer, nothing written").to.deep.equal([ScriptReply.WRITE_RECEIPT, '20', []]);
@@ -207,6 +207,34 @@ describe('fenced adoption: the scripts', () => {
       const r = await write([receipt('R'), counts.a, receipt('X')], chainsArgv(1, [{ index: 1, digest: d, chain: [3], changes: [[2, '5']] }]));
       expect(r[1]).to.equal('');
       expect(await read(), 'counted once').to.deep.equal(['5', '0']);
+    });
+
+    it('an adopter taken over in turn leaves the part to the next adopter: its take-back finds it adopted since', async () => {
+      const { receipt, counts, write, sums, takeBack, read } = shard();
+      const d = randomBytes(16);
+      // W counted d and stalled; X adopted d (and stalled before taking it back); D adopted d from W and X.
+      await sums('W', 5, 0);
+      await write([receipt('X'), counts.a, receipt('W')], chainsArgv(1, [{ index: 1, digest: d, chain: [3], changes: [[2, '5']] }]));
+      const dReply = await write(
+        [receipt('D'), counts.a, receipt('W'), receipt('X')],
+        chainsArgv(1, [{ index: 1, digest: d, chain: [3, 4], changes: [[2, '5']] }]),
+      );
+      expect(dReply[1]).to.equal('2');
+      expect(await redis.hget(`${receipt('W')}~adopted`, d), "W's count is D's now").to.equal(receipt('D'));
+      // X wakes: d was refused on another of its shards. It must not take back the count D relies on.
+      expect((await takeBack('X', [[1, d, 5]], ['W']))[0]![0]).to.equal(ScriptReply.TAKE_BACK_ADOPTED);
+      expect(await read(), 'd still counted once').to.deep.equal(['5', '0']);
+    });
+
+    it('names the parts a run does not write in its ~out: an adopter of a part held at the rerun writes it', async () => {
+      const { receipt, counts, write, read } = shard();
+      const [d, e] = [randomBytes(16), randomBytes(16)];
+      // X's rerun finds d held by C (which took X's claim over) and writes only e here.
+      await write([receipt('X'), counts.a, counts.b], chainsArgv(2, [{ index: 2, digest: e, changes: [[3, '2']] }], [], [d]));
+      expect(await members(`${receipt('X')}~out`)).to.deep.equal([d.toString('hex')]);
+      const c = await write([receipt('C'), counts.a, receipt('X')], chainsArgv(1, [{ index: 1, digest: d, chain: [3], changes: [[2, '5']] }]));
+      expect(c[1], 'X did not count d here: C writes it').to.equal('');
+      expect(await read()).to.deep.equal(['5', '2']);
     });
 
     it('writes again what a batch of the chain took back or had refused here', async () => {
@@ -276,9 +304,9 @@ describe('fenced adoption: the scripts', () => {
       const d = randomBytes(16);
       const good = { index: 1, digest: d, chain: [3], changes: [[2, '5']] as Array<[number, string]> };
       const keys = [receipt('C'), counts.a, receipt('X')];
-      expect(await fails(keys, chainsArgv(1, [{ ...good, digest: d.subarray(0, 15) }]))).to.match(/^TALLY_SCRIPT_ARGS the part at ARGV\[6\]/);
-      expect(await fails(keys, chainsArgv(1, [{ ...good, chain: [9] }]))).to.match(/^TALLY_SCRIPT_ARGS ARGV\[9\] names no receipt/);
-      expect(await fails(keys, chainsArgv(1, [{ ...good, changes: [[2, '1.5']] }]))).to.match(/^TALLY_SCRIPT_ARGS the change at ARGV\[11\]/);
+      expect(await fails(keys, chainsArgv(1, [{ ...good, digest: d.subarray(0, 15) }]))).to.match(/^TALLY_SCRIPT_ARGS the part at ARGV\[7\]/);
+      expect(await fails(keys, chainsArgv(1, [{ ...good, chain: [9] }]))).to.match(/^TALLY_SCRIPT_ARGS ARGV\[10\] names no receipt/);
+      expect(await fails(keys, chainsArgv(1, [{ ...good, changes: [[2, '1.5']] }]))).to.match(/^TALLY_SCRIPT_ARGS the change at ARGV\[12\]/);
       await redis.set(`${receipt('X')}~out`, 'hostile');
       expect(await fails(keys, chainsArgv(1, [good]))).to.match(/^TALLY_FOREIGN_RECEIPT .*~out holds a string, not a set/);
       await redis.del(`${receipt('X')}~out`);

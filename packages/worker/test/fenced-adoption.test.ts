@@ -10,7 +10,7 @@
 import { randomBytes, randomUUID } from 'node:crypto';
 import { expect } from 'chai';
 import { Redis } from 'ioredis';
-import { countKey, PART_DONE, PART_NEW, shardOf, type BatchTask, type WorkerSettings } from '@tally/shared';
+import { countKey, PART_DONE, PART_NEW, receiptKey, shardOf, type BatchTask, type WorkerSettings } from '@tally/shared';
 import { createRedisClient } from '@tally/runtime';
 import { readMarkers, testWorkerSettings } from '@tally/testkit';
 import type { BatchHooks, BatchLog } from '../src/batch-log.js';
@@ -97,6 +97,11 @@ describe('fenced adoption: a batch that stops midway, and the batch that adopts 
     );
     await expectCountedOnce(task, "the dead batch's counts");
     expect((await readMarkers(redis, prefix)).done.size, 'no marker occupied').to.equal(0);
+    // Its receipts outlive its claims, which live the marker TTL from the end of their bucket: else found gone, fenced, counted again.
+    const { markerTtlS, markerBucketS } = daemon('aa');
+    const receiptTtls = await Promise.all((await redis.keys(receiptKey(prefix, 0, '*').replace('{0}', '{*}'))).map((key) => redis.ttl(key)));
+    expect(receiptTtls.length).to.be.greaterThan(3);
+    for (const ttl of receiptTtls) expect(ttl).to.be.within(markerTtlS + 1, markerTtlS + markerBucketS);
 
     await sleep(CLAIM_TTL_MS + 50);
     const adopter = await run('bb', redelivered(task));
@@ -139,6 +144,25 @@ describe('fenced adoption: a batch that stops midway, and the batch that adopts 
     expect([...(await stalled).marked]).to.deep.equal(new Array(30).fill(PART_NEW));
     await expectCountedOnce(task, 'counted once, by the stalled batch');
     expect((await readMarkers(redis, prefix)).done.size).to.equal(30);
+  });
+
+  it('an adopter that abandons (a shard refuses its write for its data) leaves what it adopted: the stalled batch occupies, counted once', async () => {
+    const task = wholeMessagesOf(runId, 1, 20, SHARDS);
+    const stall = gate();
+    const stalled = run('aa', task, { afterCountWrite: stall.wait });
+    await stall.reached;
+    await sleep(CLAIM_TTL_MS + 50);
+    // The adopter's receipt key on one count shard holds a foreign type: its write there fails for its data.
+    const adopter = redelivered(task);
+    await redis.hset(receiptKey(prefix, shardOf('A0', SHARDS), adopter.batchId), 'foreign', '1');
+    await run('bb', adopter).then(
+      () => expect.fail('the adopter was to fail for its data'),
+      (error: Error) => expect(error.message).to.match(/WRONGTYPE/),
+    );
+    await expectCountedOnce(task, 'the adopter took back nothing it had adopted');
+    stall.open();
+    expect([...(await stalled).marked], 'the stalled batch wakes and occupies').to.deep.equal(new Array(20).fill(PART_NEW));
+    await expectCountedOnce(task, 'counted once, by the stalled batch');
   });
 
   it("adopts this daemon's own claims under another id at once (a split batch, a batch run again), and a chain of two dead batches", async () => {

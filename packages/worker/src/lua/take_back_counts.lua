@@ -22,10 +22,11 @@
     digest, c and c KEYS indexes: the write receipts of the chain it was
     adopted from here (c is 0 for a part this batch wrote itself); the
     parts' changes follow. A part an adopter relied on this batch for here
-    (its digest in the receipt's `~adopted`) is not taken back: the adopter
-    owns it now. The digest of every part taken back joins the receipt's
-    `~out`, and its chain's, so that an adopter that comes later writes it
-    again.
+    (its digest in the receipt's `~adopted`), or one this batch adopted
+    whose chain receipt another adopter has taken over since (`~adopted`
+    maps it to another receipt), is not taken back: that adopter owns it
+    now. The digest of every part taken back joins the receipt's `~out`,
+    and its chain's, so that an adopter that comes later writes it again.
 
   Output:
     one {outcome, refusals} per part, in KEYS order
@@ -61,10 +62,10 @@ if chains then
   lastNotCount = p + 1
   written = KEYS[p + 1]
   if not written then return redis.error_reply('TALLY_SCRIPT_ARGS no write receipt after the ' .. p .. ' take-back receipts') end
-  -- Sets of ours or nothing: a foreign type would stop the script after its first take-backs.
-  for _, suffix in ipairs({'~adopted', '~out'}) do
+  -- Keys of ours or none: a foreign type would stop the script after its first take-backs.
+  for suffix, want in pairs({['~adopted'] = 'hash', ['~out'] = 'set'}) do
     local kind = redis.call('TYPE', written .. suffix)['ok']
-    if kind ~= 'none' and kind ~= 'set' then return redis.error_reply('TALLY_FOREIGN_RECEIPT ' .. written .. suffix .. ' holds a ' .. kind .. ', not a set') end
+    if kind ~= 'none' and kind ~= want then return redis.error_reply('TALLY_FOREIGN_RECEIPT ' .. written .. suffix .. ' holds a ' .. kind .. ', not a ' .. want) end
   end
   first = 5
   for i = 1, p do
@@ -80,8 +81,10 @@ if chains then
         return redis.error_reply('TALLY_SCRIPT_ARGS ARGV[' .. (first + 1 + j) .. '] names no chain receipt')
       end
       chainOf[i][j] = KEYS[keyAt]
-      local kind = redis.call('TYPE', KEYS[keyAt] .. '~out')['ok']
-      if kind ~= 'none' and kind ~= 'set' then return redis.error_reply('TALLY_FOREIGN_RECEIPT ' .. KEYS[keyAt] .. '~out holds a ' .. kind .. ', not a set') end
+      for suffix, want in pairs({['~adopted'] = 'hash', ['~out'] = 'set'}) do
+        local kind = redis.call('TYPE', KEYS[keyAt] .. suffix)['ok']
+        if kind ~= 'none' and kind ~= want then return redis.error_reply('TALLY_FOREIGN_RECEIPT ' .. KEYS[keyAt] .. suffix .. ' holds a ' .. kind .. ', not a ' .. want) end
+      end
     end
     first = first + 2 + c
   end
@@ -122,6 +125,15 @@ end
 
 -- @include count_apply
 
+-- A part this batch adopted here whose chain receipt another adopter took over since: it is that adopter's now.
+local function adoptedSince(part)
+  for _, chained in ipairs(chainOf[part]) do
+    local by = redis.call('HGET', chained .. '~adopted', digests[part])
+    if by and by ~= written then return true end
+  end
+  return false
+end
+
 local replies = {}
 local out = {}
 local pos = first
@@ -133,7 +145,7 @@ for part = 1, p do
     replies[part] = {'foreign', done.err}
   elseif done then
     replies[part] = readReceipt(receipt, done)
-  elseif chains and redis.call('SISMEMBER', written .. '~adopted', digests[part]) == 1 then
+  elseif chains and (redis.call('HEXISTS', written .. '~adopted', digests[part]) == 1 or adoptedSince(part)) then
     replies[part] = {'adopted', {}}
   else
     -- Each increment on its own: a key changed since the write refuses only its own, and every other one is taken back.
@@ -162,7 +174,8 @@ for part = 1, p do
   pos = pos + 1 + 2 * k
 end
 if #out > 0 then
-  redis.call('SADD', written .. '~out', unpack(out))
+  -- In chunks: Lua's unpack stops at a few thousand values.
+  for from = 1, #out, 1000 do redis.call('SADD', written .. '~out', unpack(out, from, math.min(from + 999, #out))) end
   redis.call('EXPIRE', written .. '~out', countTtl)
 end
 return replies

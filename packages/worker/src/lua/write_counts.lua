@@ -28,8 +28,11 @@
     'chains': fenced adoption (bench/results/notes/cluster-floor.md): as
              'parts', with ARGV[5] the prior refusals as in 'rewrite' ('[]'
              for a first write; the parts they name are sent too, for
-             their digests, and stay refused) and, per part from ARGV[6]:
-             its batch
+             their digests, and stay refused), ARGV[6] o and ARGV[7..o+6]
+             the digests of the batch's parts with changes here that this
+             run does not write (held by another batch's claim: they join
+             `~out`, or an adopter would take this receipt for them), and,
+             per part from ARGV[o+7]: its batch
              index, its 16-byte digest, c, c KEYS indexes of the write
              receipts here of the batches whose claims on it this batch
              took over (its chain, oldest first), k, then k pairs. A part
@@ -37,10 +40,11 @@
              not written again. Every receipt of a chain that is not here
              is fenced first ('fenced', for the count TTL), so its batch
              can never write here; one that is here and does not list the
-             digest in `<receipt>~out` counted it, and the digest joins
-             its `<receipt>~adopted`, which take_back_counts then leaves
-             alone. The digest of every part this batch does not leave
-             counted here (refused, or adopted) joins KEYS[1]`~out`.
+             digest in `<receipt>~out` counted it, and its
+             `<receipt>~adopted` (a hash) maps the digest to KEYS[1]: the
+             adopter take_back_counts then leaves it to. The digest of
+             every part this batch does not leave counted here (refused,
+             adopted, or held) joins KEYS[1]`~out`.
     Deltas are decimal strings (64-bit integers, never Lua doubles).
 
   Output:
@@ -96,10 +100,17 @@ if layout == 'chains' then
   if not ok or type(prior) ~= 'table' then return redis.error_reply('TALLY_SCRIPT_ARGS the prior refusals at ARGV[5] are not a JSON list') end
   local priorRefused = {}
   for _, refusal in ipairs(prior) do priorRefused[tonumber(refusal[1]) or -1] = true end
+  local out = {}
+  local o = tonumber(ARGV[6])
+  if not o or o < 0 or o % 1 ~= 0 or 6 + o > #ARGV then return redis.error_reply('TALLY_SCRIPT_ARGS no held digest count at ARGV[6]') end
+  for j = 7, 6 + o do
+    if #ARGV[j] ~= 16 then return redis.error_reply('TALLY_SCRIPT_ARGS ARGV[' .. j .. '] is not a 16-byte digest') end
+    out[#out + 1] = ARGV[j]
+  end
 
   -- Every part parsed before the first write: a call cut short would leave a shard half adopted.
   local parts = {}
-  local at = 6
+  local at = 7 + o
   while at <= #ARGV do
     local index, digest, c = tonumber(ARGV[at]), ARGV[at + 1], tonumber(ARGV[at + 2])
     if not index or index < 1 or index > n or index % 1 ~= 0 or not digest or #digest ~= 16 or not c or c < 0 or c % 1 ~= 0 then
@@ -130,15 +141,15 @@ if layout == 'chains' then
     parts[#parts + 1] = {index = index, digest = digest, chain = chain, keys = keys, deltas = deltas}
   end
 
-  -- Sets of ours or nothing: a foreign type would stop the script after its first writes.
-  local function checkSet(key)
+  -- Keys of ours or none: a foreign type would stop the script after its first writes.
+  local function check(key, want)
     local kind = redis.call('TYPE', key)['ok']
-    if kind ~= 'none' and kind ~= 'set' then return 'TALLY_FOREIGN_RECEIPT ' .. key .. ' holds a ' .. kind .. ', not a set' end
+    if kind ~= 'none' and kind ~= want then return 'TALLY_FOREIGN_RECEIPT ' .. key .. ' holds a ' .. kind .. ', not a ' .. want end
   end
-  local foreign = checkSet(KEYS[1] .. '~out')
+  local foreign = check(KEYS[1] .. '~out', 'set')
   for _, part in ipairs(parts) do
     for _, receipt in ipairs(part.chain) do
-      foreign = foreign or checkSet(receipt .. '~out') or checkSet(receipt .. '~adopted')
+      foreign = foreign or check(receipt .. '~out', 'set') or check(receipt .. '~adopted', 'hash')
     end
   end
   if foreign then return redis.error_reply(foreign) end
@@ -153,7 +164,7 @@ if layout == 'chains' then
       elseif type(state) == 'string' and state ~= 'fenced' and redis.call('SISMEMBER', receipt .. '~out', digest) == 0 then
         -- (A receipt key of another type is no receipt: its batch's write fails there for its data, and counted nothing.)
         counted = true
-        redis.call('SADD', receipt .. '~adopted', digest)
+        redis.call('HSET', receipt .. '~adopted', digest, KEYS[1])
         redis.call('EXPIRE', receipt .. '~adopted', countTtl)
       end
     end
@@ -164,7 +175,6 @@ if layout == 'chains' then
   for i = 1, n do flags[i] = '0' end
   local refusals = {}
   for _, refusal in ipairs(prior) do refusals[#refusals + 1] = refusal end
-  local out = {}
   for _, part in ipairs(parts) do
     if priorRefused[part.index] then
       flags[part.index] = '1'
@@ -182,7 +192,8 @@ if layout == 'chains' then
     end
   end
   if #out > 0 then
-    redis.call('SADD', KEYS[1] .. '~out', unpack(out))
+    -- In chunks: Lua's unpack stops at a few thousand values.
+    for from = 1, #out, 1000 do redis.call('SADD', KEYS[1] .. '~out', unpack(out, from, math.min(from + 999, #out))) end
     redis.call('EXPIRE', KEYS[1] .. '~out', countTtl)
   end
   local flagged = table.concat(flags)
