@@ -43,7 +43,7 @@ export class BatchFencedError extends Error {
   }
 }
 
-/** Receipts' values and replies compared by name. */
+/** What write_counts.lua writes into a receipt key it fences: the batch of that id may never write the shard. */
 export const FENCE_VALUE = 'fenced';
 
 /** A part's chain on one shard: the other batches' ids (never this batch's own: a rerun finds its own receipt). */
