@@ -65,7 +65,7 @@ import { countTtlOf } from './count-ttl.js';
 import { decodeRefusals } from './count-refusals.js';
 import { evalshaArgs, loadScript, runScript, type LuaScript, type ScriptArg } from './lua-scripts.js';
 import { BatchWritesLostError, waitAfterTouch, type OnWaitTimeout } from './replica-wait.js';
-import { adoptedParts, BatchFencedError, chainOf, chainsWriteArgs, FENCE_VALUE } from './fenced-adoption.js';
+import { adoptedParts, BatchFencedError, chainOf, chainsWriteArgs, digestArg, FENCE_VALUE } from './fenced-adoption.js';
 
 type Reply = [string, string, unknown];
 
@@ -163,7 +163,7 @@ export function groupByCountShard(changes: readonly PartChanges[], marked: Uint8
 export async function writeCountsAcrossSlots(deps: CrossSlotDeps): Promise<CrossSlotResult> {
   const { redis, settings, task, groups, log } = deps;
   const { prefix } = settings;
-  const markerTtlS = receiptTtlOf(settings);
+  const receiptTtlS = receiptTtlOf(settings);
   // Checked by shardWritesOf, which made the groups.
   const shards = settings.virtualShards!;
   const ttl = countTtlOf(settings.countTtlS);
@@ -218,7 +218,7 @@ export async function writeCountsAcrossSlots(deps: CrossSlotDeps): Promise<Cross
         group.shard,
         { parts: group.parts, held: deps.held?.get(group.shard) ?? [] },
         deps.chains,
-        { countTtlS: ttl.ttlS, receiptTtlS: markerTtlS },
+        { countTtlS: ttl.ttlS, receiptTtlS },
         prior,
       );
       return run(receipt, chainsWrite.keys, chainsWrite.argv);
@@ -236,13 +236,13 @@ export async function writeCountsAcrossSlots(deps: CrossSlotDeps): Promise<Cross
         adopted: fenced ? adoptedParts(reply[1]) : NONE_ADOPTED,
       };
     };
-    const chained = group.parts.some((i) => chainOf(deps.chains, i, task.batchId).length > 0);
-    if (fenced && (chained || (deps.held?.get(group.shard)?.length ?? 0) > 0 || (lost?.refusals.length ?? 0) > 0)) {
+    const chained = (): boolean => group.parts.some((i) => chainOf(deps.chains, i, task.batchId).length > 0);
+    if (fenced && ((deps.held?.get(group.shard)?.length ?? 0) > 0 || (lost?.refusals.length ?? 0) > 0 || chained())) {
       return answered(await byChains(lost?.raw ?? []));
     }
     const keys = [receipt];
     const keyIndex = new Map<string, number>();
-    const argv: Array<string | number> = [ttl.ttlS, markerTtlS, 'sums', ''];
+    const argv: Array<string | number> = [ttl.ttlS, receiptTtlS, 'sums', ''];
     for (const [sku, sum] of group.sums) {
       keys.push(countKey(prefix, group.shard, sku));
       keyIndex.set(sku, keys.length - 1);
@@ -262,11 +262,11 @@ export async function writeCountsAcrossSlots(deps: CrossSlotDeps): Promise<Cross
     let reply: Reply;
     if (lost !== undefined && lost.refusals.length > 0) {
       const refusedThere = new Set(lost.refusals.map((refusal) => refusal.part));
-      reply = await run(receipt, keys, byPart([ttl.ttlS, markerTtlS, 'rewrite', task.changes.length, JSON.stringify(lost.raw)], refusedThere));
+      reply = await run(receipt, keys, byPart([ttl.ttlS, receiptTtlS, 'rewrite', task.changes.length, JSON.stringify(lost.raw)], refusedThere));
     } else {
       reply = await run(receipt, keys, argv);
       if (reply[0] === ScriptReply.WRITE_ISOLATE) {
-        reply = fenced ? await byChains([]) : await run(receipt, keys, byPart([ttl.ttlS, markerTtlS, 'parts', task.changes.length], new Set()));
+        reply = fenced ? await byChains([]) : await run(receipt, keys, byPart([ttl.ttlS, receiptTtlS, 'parts', task.changes.length], new Set()));
       }
     }
     return answered(reply);
@@ -609,7 +609,7 @@ async function takeBackOnShard(
     for (const part of parts) {
       const digest = digests[part]!;
       const chain = adoptedHere.has(part) ? chainOf(deps.chains, part, task.batchId) : [];
-      argv.push(Buffer.from(digest.buffer, digest.byteOffset, digest.byteLength), chain.length);
+      argv.push(digestArg(digest), chain.length);
       for (const id of chain) {
         keys.push(receiptKey(settings.prefix, group.shard, id));
         argv.push(keys.length);

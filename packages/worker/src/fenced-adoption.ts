@@ -59,7 +59,10 @@ export function adoptedParts(flags: string): Set<number> {
   return adopted;
 }
 
-const asBuffer = (digest: Uint8Array): Buffer => Buffer.from(digest.buffer, digest.byteOffset, digest.byteLength);
+/** A digest as a script argument: a Buffer over its bytes, not a copy. */
+export function digestArg(digest: Uint8Array): Buffer {
+  return Buffer.from(digest.buffer, digest.byteOffset, digest.byteLength);
+}
 
 /**
  * By count shard, the parts of a batch held by another batch's claim that
@@ -105,12 +108,12 @@ export function chainsWriteArgs(
     return at;
   };
   const argv: ScriptArg[] = [ttls.countTtlS, ttls.receiptTtlS, 'chains', task.changes.length, JSON.stringify(prior), held.length];
-  for (const i of held) argv.push(asBuffer(digests[i]!));
+  for (const i of held) argv.push(digestArg(digests[i]!));
   for (const i of parts) {
     const digest = digests[i]!;
     const chain = chainOf(chains, i, task.batchId).map((id) => keyAt(receiptKey(prefix, shard, id)));
     const mine = task.changes[i]!.filter(([sku]) => shardOf(sku, virtualShards) === shard);
-    argv.push(i + 1, asBuffer(digest), chain.length, ...chain, mine.length);
+    argv.push(i + 1, digestArg(digest), chain.length, ...chain, mine.length);
     for (const [sku, delta] of mine) argv.push(keyAt(countKey(prefix, shard, sku)), String(delta));
   }
   return { keys, argv };

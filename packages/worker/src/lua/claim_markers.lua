@@ -96,7 +96,7 @@ local function stateOf(bucket, value)
   local state = batchStates[cacheKey]
   if state == nil then
     local record = redis.call('HGET', metaKey(bucket), 'b' .. value)
-    local id = record and string.match(record, '^c[^:]*:([^:]+):%d+$')
+    local id = batchId ~= '' and record and string.match(record, '^c[^:]*:([^:]+):%d+$')
     if record == '1' then
       state = 'done'
     elseif record and string.sub(record, 1, #mine) ~= mine then
@@ -154,30 +154,33 @@ if #fresh > 0 then
   writeMarkers(current, subs, fresh, tostring(batch), expiresAt)
 end
 
--- Each adopted part's chain: the one kept with the claim taken over, and that claim's id after it when it is adopted.
-local chainOf = {}
-for _, digest in ipairs(fresh) do
-  local from = claimedBy[digest]
-  if from then
-    local chain = redis.call('HGET', metaKey(from.bucket), 'a' .. from.batch .. ':' .. digest)
-    if from.adopt and from.id then chain = chain and (chain .. ' ' .. from.id) or from.id end
-    if chain then
-      chainOf[digest] = chain
-      redis.call('HSET', metaKey(current), 'a' .. batch .. ':' .. digest, chain)
-    end
-  end
-end
-
 for i = FIRST, #ARGV do
   if flags[i - FIRST + 1] == nil then flags[i - FIRST + 1] = seen[ARGV[i]] end
 end
+
+-- Each adopted part's chain: the one kept with the claim taken over, and that claim's id after it when it is
+-- adopted. Only with a batch id: nothing of it runs on an older format's claims.
 local chains = {}
-for i = FIRST, #ARGV do
-  local chain = flags[i - FIRST + 1] == '0' and chainOf[ARGV[i]]
-  if chain then
-    chains[#chains + 1] = i - FIRST + 1
-    chains[#chains + 1] = chain
-    chainOf[ARGV[i]] = nil
+if next(claimedBy) then
+  local chainOf = {}
+  for _, digest in ipairs(fresh) do
+    local from = claimedBy[digest]
+    if from then
+      local chain = redis.call('HGET', metaKey(from.bucket), 'a' .. from.batch .. ':' .. digest)
+      if from.adopt and from.id then chain = chain and (chain .. ' ' .. from.id) or from.id end
+      if chain then
+        chainOf[digest] = chain
+        redis.call('HSET', metaKey(current), 'a' .. batch .. ':' .. digest, chain)
+      end
+    end
+  end
+  for i = FIRST, #ARGV do
+    local chain = flags[i - FIRST + 1] == '0' and chainOf[ARGV[i]]
+    if chain then
+      chains[#chains + 1] = i - FIRST + 1
+      chains[#chains + 1] = chain
+      chainOf[ARGV[i]] = nil
+    end
   end
 end
 return {table.concat(flags), current, takeovers, batch, nowS, chains}
